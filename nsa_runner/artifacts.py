@@ -1,0 +1,249 @@
+"""Artifacts (DESIGN §6): atomic writers, the run id, run folders and ``manifest.json``.
+
+Public for stage authors::
+
+    from nsa_runner.artifacts import write_text, write_json, write_csv
+
+Every writer is atomic: the data goes to a temporary file in the destination folder, is
+flushed to disk, then renamed over the destination (``os.replace``). A reader never sees a
+half-written file, and a crash mid-write leaves the previous version in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_SCHEMA_VERSION = 1
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout nsa_runner was imported from
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic writers
+
+
+def _atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; parent folders are created. Returns the path."""
+    if not isinstance(text, str):
+        raise ValueError(f"write_text: expected str, got {type(text).__name__}")
+    return _atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return obj.item()
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # small numpy arrays / tensors
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"write_json: {type(obj).__name__} is not JSON serialisable")
+
+
+def to_json_text(obj: Any) -> str:
+    """The exact text ``write_json`` writes (indented, NaN rejected, trailing newline)."""
+    return json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n"
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically. NaN/Inf are rejected (ValueError): JSON has none.
+
+    Enums, paths, dataclasses, objects with ``to_dict()`` and numpy/torch scalars are converted.
+    """
+    return _atomic_write_bytes(path, to_json_text(obj).encode("utf-8"))
+
+
+def write_csv(path: str | os.PathLike, table: Any) -> Path:
+    """Write a pandas DataFrame (or a list of dicts) as CSV atomically, without the index."""
+    import pandas as pd
+
+    if isinstance(table, list):
+        table = pd.DataFrame(table)
+    if not isinstance(table, pd.DataFrame):
+        raise ValueError(
+            f"write_csv: expected a pandas DataFrame or a list of dicts, got {type(table).__name__}"
+        )
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    return _atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------
+# run id
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=60)
+
+
+def _short_hash(*chunks: bytes, n: int = 10) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(len(c).to_bytes(8, "little"))
+        h.update(c)
+    return h.hexdigest()[:n]
+
+
+def _source_hash(root: Path) -> str:
+    """Hash of the project's Python sources (for a stable id outside git)."""
+    chunks: list[bytes] = []
+    for pkg in ("nsa_core", "nsa_runner", "stages"):
+        base = root / pkg
+        if not base.is_dir():
+            continue
+        for f in sorted(base.rglob("*.py")):
+            chunks.append(f.relative_to(root).as_posix().encode())
+            chunks.append(f.read_bytes())
+    return _short_hash(*chunks, n=12)
+
+
+def run_id(root: str | os.PathLike | None = None) -> str:
+    """The run id of the code under test (DESIGN §6).
+
+    - clean git tree: the short commit sha, e.g. ``ddc72b1``;
+    - uncommitted changes: ``<sha>-dirty-<hash>``, the hash covering ``git diff HEAD`` and the
+      untracked, not ignored files (names and contents). Ignored files (e.g. ``artifacts/``)
+      never count, so running never changes the id;
+    - outside git: ``nogit-<hash of the project's .py sources>`` (stable while the code is).
+    """
+    root = Path(root) if root is not None else PROJECT_ROOT
+    try:
+        head = _git(root, "rev-parse", "--short", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        head = None
+    if head is None or head.returncode != 0:
+        return f"nogit-{_source_hash(root)}"
+    sha = head.stdout.decode().strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=all")
+    if status.returncode == 0 and not status.stdout.strip():
+        return sha
+    diff = _git(root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff")
+    chunks = [diff.stdout]
+    top = Path(_git(root, "rev-parse", "--show-toplevel").stdout.decode().strip() or root)
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z", "--full-name", ":/")
+    for name in sorted(n for n in untracked.stdout.decode(errors="surrogateescape").split("\0") if n):
+        chunks.append(name.encode(errors="surrogateescape"))
+        try:
+            chunks.append((top / name).read_bytes())
+        except OSError:  # vanished or unreadable: its name still counts
+            chunks.append(b"<unreadable>")
+    return f"{sha}-dirty-{_short_hash(*chunks, n=10)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# run folders and the manifest
+
+
+class ManifestError(ValueError):
+    """manifest.json exists but cannot be used (unreadable, not JSON, wrong schema)."""
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def load_manifest(path: str | os.PathLike) -> dict:
+    """Read and validate a manifest.json (a file or a run folder). Raises ManifestError."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no manifest.json") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != MANIFEST_SCHEMA_VERSION:
+        raise ManifestError(
+            f"{path}: schema_version {version!r} is not supported"
+            f" (this nsa-run reads {MANIFEST_SCHEMA_VERSION})"
+        )
+    stages = data.get("stages")
+    if not isinstance(stages, list) or not all(isinstance(s, dict) and "name" in s and "status" in s
+                                               for s in stages):
+        raise ManifestError(f"{path}: 'stages' must be a list of objects with 'name' and 'status'")
+    if not isinstance(data.get("run_id"), str):
+        raise ManifestError(f"{path}: 'run_id' missing or not a string")
+    return data
+
+
+_SUFFIX = re.compile(r"^(?P<base>.+?)(?:\.(?P<n>\d+))?$")
+
+
+def run_folders(out: Path, rid: str) -> list[Path]:
+    """Existing folders of run id ``rid`` under ``out``: ``rid``, ``rid.2``, ``rid.3`` ... in order."""
+    found = []
+    if not out.is_dir():
+        return found
+    for p in out.iterdir():
+        m = _SUFFIX.match(p.name)
+        if p.is_dir() and m and m.group("base") == rid:
+            found.append((int(m.group("n") or 1), p))
+    return [p for _, p in sorted(found)]
+
+
+def new_run_folder(out: Path, rid: str) -> Path:
+    """A fresh folder for a new run: ``<out>/<rid>``, or ``<rid>.2``, ``.3`` ... when taken.
+
+    An existing folder is never reused or emptied: a rerun cannot destroy earlier results.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        p = out / (rid if n == 1 else f"{rid}.{n}")
+        try:
+            p.mkdir()
+            return p
+        except FileExistsError:
+            n += 1
+
+
+def check_writable(out: Path) -> None:
+    """Raise OSError (with the reason) if ``out`` cannot be created or written to."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".nsa-run-probe-", dir=out)
+    os.close(fd)
+    os.unlink(probe)
