@@ -1,0 +1,181 @@
+"""Reference backend per branch (DESIGN §2): explicit masks + dense math. The oracle.
+
+Every function here works in float64 (pass float64 tensors) and is differentiable. Queries
+are the last ``Tq`` positions of ``S`` keys: query i sits at position ``S - Tq + i``
+(prefill: Tq == S; decode: Tq == 1). Work is chunked over queries so paper-scale cases fit
+in memory, but there is no per-token Python loop.
+
+The same branch functions run on the ``sdpa`` backend by passing ``engine="sdpa"``: the
+masks are the same (nsa_core._blocks), only the attention arithmetic changes (torch SDPA
+instead of einsum + softmax).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from nsa_core import _blocks
+from nsa_core.config import NSAConfig
+
+# elements of one [B, HQ, chunk, S] score tensor; bounds the memory of the dense paths
+_SCORE_BUDGET = 1 << 26
+
+
+def _positions(Tq: int, S: int, device) -> torch.Tensor:
+    if Tq > S:
+        raise ValueError(f"more queries ({Tq}) than keys ({S})")
+    return torch.arange(S - Tq, S, device=device)
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be [B, T, heads, dim]; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+    B, Tq, HQ, dk = q.shape
+    Bk, S, G, dk2 = k.shape
+    if Bk != B or v.shape[0] != B:
+        raise ValueError(f"batch mismatch: q {B}, k {Bk}, v {v.shape[0]}")
+    if v.shape[1] != S or v.shape[2] != G:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on [B, T, G]")
+    if dk2 != dk:
+        raise ValueError(f"q head dim {dk} != k head dim {dk2}")
+    if G == 0 or HQ % G:
+        raise ValueError(f"query heads HQ={HQ} must be a multiple of KV groups G={G}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    return B, Tq, HQ, G, S
+
+
+def _chunk(B: int, HQ: int, S: int) -> int:
+    return max(1, _SCORE_BUDGET // max(1, B * HQ * S))
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t_pos: torch.Tensor,
+                     mask_fn: Callable[[torch.Tensor, int, int], torch.Tensor], scale: float | None = None,
+                     engine: str = "math", key_range: Callable[[int, int], tuple[int, int]] | None = None,
+                     return_probs: bool = False):
+    """softmax(q k^T * scale + mask) v with GQA, rows with no visible key -> 0 (no NaN).
+
+    q [B, Tq, HQ, dk], k [B, S, G, dk], v [B, S, G, dv], t_pos [Tq] query positions
+    -> o [B, Tq, HQ, dv]. Heads are group-major: query head hq belongs to group hq // (HQ/G).
+    mask_fn(t, c0, c1) -> bool [C, S'] or [B, G, C, S'] for queries c0..c1 (positions t) over
+    the keys of key_range(t0, t1) -> (s0, s1) (default all keys; used to skip far keys).
+    """
+    B, Tq, HQ, G, S = _check_qkv(q, k, v)
+    h = HQ // G
+    dv = v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    t_all = t_pos
+    outs, probs = [], []
+    C = _chunk(B, HQ, S)
+    for c0 in range(0, Tq, C):
+        c1 = min(Tq, c0 + C)
+        t = t_all[c0:c1]
+        s0, s1 = key_range(int(t[0]), int(t[-1]) + 1) if key_range else (0, S)
+        kc, vc = k[:, s0:s1], v[:, s0:s1]
+        m = mask_fn(t, c0, c1)
+        if m.dim() == 2:
+            m = m[None, None].expand(B, G, c1 - c0, s1 - s0)
+        has = m.any(-1)  # [B, G, C]
+        qc = q[:, c0:c1].reshape(B, c1 - c0, G, h, q.shape[-1])
+        if engine == "math":
+            s = torch.einsum("bcghd,bsgd->bghcs", qc, kc) * scale
+            keep = m[:, :, None] | ~has[:, :, None, :, None]
+            s = s.masked_fill(~keep, float("-inf"))
+            p = torch.softmax(s, dim=-1) * has[:, :, None, :, None].to(s.dtype)
+            o = torch.einsum("bghcs,bsgd->bcghd", p, vc)
+            if return_probs:
+                probs.append(p.permute(0, 3, 1, 2, 4).reshape(B, c1 - c0, HQ, s1 - s0))
+        elif engine == "sdpa":
+            if return_probs:
+                raise ValueError("the sdpa engine does not return probabilities")
+            qh = qc.permute(0, 2, 3, 1, 4).reshape(B, HQ, c1 - c0, -1)
+            kh = kc.permute(0, 2, 1, 3).repeat_interleave(h, dim=1)
+            vh = vc.permute(0, 2, 1, 3).repeat_interleave(h, dim=1)
+            keep = (m | ~has[..., None])[:, :, None].expand(B, G, h, c1 - c0, s1 - s0)
+            oh = torch.nn.functional.scaled_dot_product_attention(
+                qh, kh, vh, attn_mask=keep.reshape(B, HQ, c1 - c0, s1 - s0), scale=scale)
+            oh = oh * has[:, :, None, :, None].expand(B, G, h, c1 - c0, 1).reshape(B, HQ, c1 - c0, 1).to(oh.dtype)
+            o = oh.reshape(B, G, h, c1 - c0, dv).permute(0, 3, 1, 2, 4)
+        else:
+            raise ValueError(f"unknown engine {engine!r}")
+        outs.append(o.reshape(B, c1 - c0, HQ, dv))
+    o = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+    if return_probs:
+        return o, (torch.cat(probs, dim=1) if len(probs) > 1 else probs[0])
+    return o
+
+
+# ---- compression -------------------------------------------------------------------------
+
+def compress_avg(x: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
+    """avg phi: x [B, T, G, D] -> [B, Tc, G, D], token i = mean of x[:, i*d : i*d + l]."""
+    B, T, G, D = x.shape
+    Tc = cfg.num_cmp(T)
+    if Tc == 0:
+        return x.new_zeros(B, 0, G, D)
+    return x.unfold(1, cfg.l, cfg.d)[:, :Tc].mean(dim=-1)
+
+
+# ---- branches ----------------------------------------------------------------------------
+
+def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S: int, cfg: NSAConfig,
+                         scale: float | None = None, engine: str = "math", return_probs: bool = False):
+    """Queries (the last Tq of S positions) over COMPRESSED keys kc/vc [B, Tc, G, D].
+
+    Compressed token i is visible to query t iff i*d + l - 1 <= t; a query that sees none
+    gets o = 0 and an empty score row (no NaN).
+    """
+    B, Tq, HQ = q.shape[:3]
+    Tc = kc.shape[1]
+    if Tc == 0:
+        o = q.new_zeros(B, Tq, HQ, vc.shape[-1])
+        return (o, q.new_zeros(B, Tq, HQ, 0)) if return_probs else o
+    t_pos = _positions(Tq, S, q.device)
+    return masked_attention(q, kc, vc, t_pos, lambda t, c0, c1: _blocks.cmp_visibility_mask(t, Tc, cfg),
+                            scale, engine, return_probs=return_probs)
+
+
+def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor,
+                        block_count: torch.Tensor, block_size: int, scale: float | None = None,
+                        engine: str = "math") -> torch.Tensor:
+    """Attention over the raw tokens of the selected blocks, causally masked (Eq. 12).
+
+    q [B, Tq, HQ, dk]; k [B, S, G, dk]; v [B, S, G, dv]; block_idx [B, Tq, G, n] int
+    (ascending ids, -1 padded); block_count [B, Tq, G]. -> o [B, Tq, HQ, dv].
+    """
+    B, Tq, HQ, G, S = _check_qkv(q, k, v)
+    if block_idx.shape[:3] != (B, Tq, G) or block_count.shape != (B, Tq, G):
+        raise ValueError(
+            f"block_idx {tuple(block_idx.shape)} / block_count {tuple(block_count.shape)} must be "
+            f"[B, T, G, n] / [B, T, G] = [{B}, {Tq}, {G}, n] / [{B}, {Tq}, {G}]")
+    def mask_fn(t, c0, c1):
+        return _blocks.selected_token_mask(block_idx[:, c0:c1], block_count[:, c0:c1], t, S, block_size)
+
+    return masked_attention(q, k, v, _positions(Tq, S, q.device), mask_fn, scale, engine)
+
+
+def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
+                      scale: float | None = None, engine: str = "math") -> torch.Tensor:
+    """Attention over keys max(0, t-w+1)..t."""
+    def key_range(t0, t1):
+        return max(0, t0 - w + 1), t1
+
+    def mask_fn(t, c0, c1):
+        s0, s1 = key_range(int(t[0]), int(t[-1]) + 1)
+        s = torch.arange(s0, s1, device=t.device)
+        return (s[None, :] <= t[:, None]) & (s[None, :] > t[:, None] - w)
+
+    _check_qkv(q, k, v)
+    t_pos = _positions(q.shape[1], k.shape[1], q.device)
+    return masked_attention(q, k, v, t_pos, mask_fn, scale, engine, key_range=key_range)
+
+
+def full_attention(q, k, v, scale=None, engine: str = "math"):
+    """Full causal attention (the equivalence anchor)."""
+    _check_qkv(q, k, v)
+    t_pos = _positions(q.shape[1], k.shape[1], q.device)
+    return masked_attention(q, k, v, t_pos, lambda t, c0, c1: _blocks.causal_mask(t, k.shape[1]), scale, engine)
