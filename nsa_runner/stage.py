@@ -8,9 +8,10 @@ the entry-point group ``nsa_runner.stages``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class Status(str, enum.Enum):
@@ -43,7 +44,7 @@ class StageResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StageResult":
+    def from_dict(cls, d: dict) -> StageResult:
         return cls(
             Status(d["status"]),
             d.get("reason", ""),
@@ -106,7 +107,7 @@ class Stage:
     options: tuple[Option, ...] = ()
     timeout_s: float = 900.0  # default per-stage timeout; --timeout overrides
 
-    def run(self, ctx: "RunContextLike") -> StageResult:  # pragma: no cover - interface
+    def run(self, ctx: RunContextLike) -> StageResult:  # pragma: no cover - interface
         raise NotImplementedError
 
 

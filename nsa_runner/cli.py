@@ -1,0 +1,34 @@
+"""The ``nsa-run`` typer app. This module only wires commands: one module per command under
+``nsa_runner/commands/``, each with ``register(app)``. Adding a command is one line in COMMANDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+COMMANDS = (
+    "nsa_runner.commands.oneshot",
+    "nsa_runner.commands.stage",
+    "nsa_runner.commands.list_stages",
+)
+
+app = typer.Typer(
+    name="nsa-run",
+    help="Validate Native Sparse Attention kernels on this machine and keep the evidence.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _module in COMMANDS:
+    importlib.import_module(_module).register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What ``oneshot`` and ``stage`` share: option validation, run folders, running, reporting."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from nsa_runner._ui import ProgressObserver, err_console, fail, report
+from nsa_runner.artifacts import ManifestError, check_writable, load_manifest, run_folders, run_id
+from nsa_runner.executor import RunInterrupted, Settings, counts, execute, exit_code
+from nsa_runner.manifest import RunManifest
+from nsa_runner.registry import Machine, StageEntry, cuda_available, triton_installed
+
+DEFAULT_OUT = Path("artifacts/runner")
+DEVICES = ("cuda", "cpu")
+PROFILES = ("quick", "full")
+EXIT_INTERRUPTED = 130
+
+# typer option declarations shared by both commands
+OUT = typer.Option(DEFAULT_OUT, "--out", help="Output root; the run folder is <out>/<run-id>/.")
+DEVICE = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available).")
+PROFILE = typer.Option(None, "--profile",
+                       help="quick (tiny shapes) or full (default: full on CUDA, quick otherwise).")
+TIMEOUT = typer.Option(None, "--timeout", help="Per-stage timeout in seconds (overrides each stage's own).")
+STRICT = typer.Option(False, "--strict", help="Also fail on skips this machine should be able to run.")
+JSON = typer.Option(False, "--json", help="Machine-readable result on stdout (JSON only).")
+
+
+def resolve_machine(device: str | None, profile: str | None, timeout: float | None) -> tuple[Machine, str]:
+    """Validate --device / --profile / --timeout; returns (machine, profile)."""
+    if device is not None and device not in DEVICES:
+        fail(f"--device {device!r} is not one of {', '.join(DEVICES)}")
+    if profile is not None and profile not in PROFILES:
+        fail(f"--profile {profile!r} is not one of {', '.join(PROFILES)}")
+    if timeout is not None and not (timeout > 0):
+        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    cuda = cuda_available()
+    if device == "cuda" and not cuda:
+        fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)",
+             "run without --device, or use --device cpu")
+    device = device or ("cuda" if cuda else "cpu")
+    machine = Machine(cuda=cuda, triton=triton_installed(), device=device)
+    return machine, profile or ("full" if device == "cuda" else "quick")
+
+
+def check_out(out: Path) -> Path:
+    try:
+        check_writable(out)
+    except OSError as e:
+        fail(f"--out {out}: cannot write there ({e.strerror or e})",
+             "choose a writable folder with --out")
+    return out
+
+
+def check_earlier_runs(out: Path, rid: str) -> list[Path]:
+    """Earlier run folders of this run id; exit 2 (touching nothing) if one is unusable."""
+    folders = run_folders(out, rid)
+    for folder in folders:
+        try:
+            load_manifest(folder)
+        except ManifestError as e:
+            fail(f"earlier run folder is unusable: {e}",
+                 f"nothing was changed; repair or move {folder} aside, then rerun")
+    return folders
+
+
+def parse_stage_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
+    """Parse ``--flag value`` / ``--flag=value`` against the stage's options; defaults filled in."""
+    opts = {o.flag: o for o in entry.options}
+    values: dict[str, Any] = {o.dest: o.default for o in entry.options}
+    known = ", ".join(opts) or "none"
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            fail(f"unexpected argument {arg!r} for stage {entry.name}", f"its options: {known}")
+        flag, eq, text = arg.partition("=")
+        if flag not in opts:
+            fail(f"unknown option {flag} for stage {entry.name}", f"its options: {known}")
+        if not eq:
+            if i + 1 >= len(args):
+                fail(f"option {flag} of stage {entry.name} needs a value")
+            i += 1
+            text = args[i]
+        try:
+            values[opts[flag].dest] = opts[flag].convert(text)
+        except (ValueError, TypeError) as e:
+            fail(f"invalid value {text!r} for {flag} of stage {entry.name}: {e}")
+        i += 1
+    return values
+
+
+def default_options(entry: StageEntry) -> dict[str, Any]:
+    return {o.dest: o.default for o in entry.options}
+
+
+def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunManifest,
+                   machine: Machine, profile: str, timeout: float | None, strict: bool,
+                   as_json: bool) -> None:
+    """Execute the plan with live progress, report, and exit with the DESIGN §5 code."""
+    settings = Settings(device=machine.device, profile=profile, timeout_s=timeout, strict=strict)
+    err = err_console()
+    err.print(f"[bold]nsa-run[/] run {manifest.data['run_id']} -> {manifest.dir}  "
+              f"(device={machine.device}, profile={profile})")
+    interrupted = False
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):  # a CI cancel stops the stage like Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        with ProgressObserver(err) as obs:
+            records = execute(plan, manifest, settings, machine, obs)
+    except RunInterrupted as intr:
+        interrupted, records = True, intr.records
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
+    payload = {
+        "schema_version": 1,
+        "run_id": manifest.data["run_id"],
+        "run_dir": str(manifest.dir),
+        "manifest": str(manifest.path),
+        "device": machine.device,
+        "profile": profile,
+        "interrupted": interrupted,
+        "exit_code": code,
+        "counts": counts(records),
+        "stages": [r.to_dict() for r in records],
+    }
+    if interrupted:
+        err.print("[bold red]interrupted[/]: the running stage was stopped; finished stages are kept")
+    err.print(f"artifacts: {manifest.dir}")
+    report(records, as_json=as_json, payload=payload, strict=strict,
+           title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")
+    sys.stdout.flush()
+    raise typer.Exit(code)
+
+
+def current_run_id() -> str:
+    return run_id()

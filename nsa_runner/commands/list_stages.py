@@ -1,0 +1,67 @@
+"""``nsa-run list``: stages known here (built-in and plugins), order, requirements, options,
+where each comes from, and whether it can run on this machine (and why not).
+
+Exit 1 when a plugin is broken (it would fail ``oneshot``), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from nsa_runner._ui import out_console
+from nsa_runner.commands import _common as c
+from nsa_runner.registry import Machine, StageEntry, discover, skip_reason, unmet
+
+
+def _row(e: StageEntry, machine: Machine) -> dict:
+    if e.stage is None:
+        runs, why = False, f"broken: {e.error}"
+    elif unmet(e.stage, machine):
+        reason, hint = skip_reason(e.stage, machine)
+        runs, why = False, f"{reason}" + (f" (fix: {hint})" if hint else "")
+    else:
+        runs, why = True, ""
+    return {
+        "name": e.name,
+        "order": e.order,
+        "requires": list(e.requires),
+        "source": e.source,
+        "entry_point": e.value,
+        "options": [{"flag": o.flag, "default": o.default, "help": o.help, "choices": list(o.choices)}
+                    for o in e.options],
+        "description": (e.stage.description if e.stage is not None else ""),
+        "runs_here": runs,
+        "why_not": why,
+    }
+
+
+def list_stages(
+    device: str = c.DEVICE,
+    as_json: bool = c.JSON,
+) -> None:
+    """List the registered stages and whether each can run on this machine."""
+    machine, _ = c.resolve_machine(device, None, None)
+    rows = [_row(e, machine) for e in discover()]
+    broken = [r["name"] for r in rows if r["why_not"].startswith("broken:")]
+    if as_json:
+        print(json.dumps({"schema_version": 1, "device": machine.device, "stages": rows}, indent=2,
+                         default=str))
+    else:
+        t = Table(title=f"nsa-run stages (device={machine.device})")
+        for col in ("order", "stage", "requires", "source", "options", "runs here"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {escape(r['why_not'])}"
+            t.add_row("-" if r["order"] is None else str(r["order"]), r["name"],
+                      ", ".join(r["requires"]) or "-", escape(r["source"]),
+                      " ".join(o["flag"] for o in r["options"]) or "-", runs)
+        out_console().print(t)
+    raise typer.Exit(1 if broken else 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_stages)

@@ -1,0 +1,60 @@
+"""``nsa-run oneshot``: every registered stage, in order, into a new run folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from nsa_runner._ui import fail
+from nsa_runner.commands import _common as c
+from nsa_runner.manifest import RunManifest
+from nsa_runner.registry import discover
+
+
+def _names(text: str | None, flag: str, known: list[str]) -> list[str]:
+    if text is None:
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        fail(f"{flag} needs a comma-separated list of stage names", f"known stages: {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        fail(f"{flag}: unknown stage {', '.join(repr(n) for n in unknown)}",
+             f"known stages: {', '.join(known)} (see `nsa-run list`)")
+    return names
+
+
+def oneshot(
+    out: Path = c.OUT,
+    only: str = typer.Option(None, "--only", help="Run only these stages (comma-separated)."),
+    skip: str = typer.Option(None, "--skip", help="Do not run these stages (comma-separated)."),
+    profile: str = c.PROFILE,
+    device: str = c.DEVICE,
+    strict: bool = c.STRICT,
+    timeout: float = c.TIMEOUT,
+    as_json: bool = c.JSON,
+) -> None:
+    """Run every registered stage in order (built-ins and plugins) on this machine."""
+    machine, profile = c.resolve_machine(device, profile, timeout)
+    entries = discover()
+    known = [e.name for e in entries]
+    selected = set(_names(only, "--only", known) or known) - set(_names(skip, "--skip", known))
+    plan = [(e, c.default_options(e)) for e in entries if e.name in selected]
+    if not plan:
+        fail("nothing to run: --only/--skip leave no stage", f"known stages: {', '.join(known)}")
+    c.check_out(out)
+    rid = c.current_run_id()
+    c.check_earlier_runs(out, rid)
+    from nsa_runner.artifacts import new_run_folder
+
+    folder = new_run_folder(out, rid)
+    manifest = RunManifest.create(folder, rid, sys.argv, device=machine.device, profile=profile,
+                                  strict=strict, selection={"only": only, "skip": skip},
+                                  command="oneshot")
+    c.run_and_report(plan, manifest, machine, profile, timeout, strict, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("oneshot")(oneshot)

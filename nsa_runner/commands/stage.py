@@ -1,0 +1,55 @@
+"""``nsa-run stage NAME [stage options]``: one stage into this code's run folder.
+
+The run folder is the latest ``<out>/<run-id>[.N]/`` (created when there is none). When the
+stage already has a result there, its files and log move to ``history/<stage>-<time>/`` and
+its manifest entry to the manifest's ``history``; nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from nsa_runner._ui import err_console, fail
+from nsa_runner.artifacts import new_run_folder
+from nsa_runner.commands import _common as c
+from nsa_runner.manifest import RunManifest
+from nsa_runner.registry import discover
+
+
+def stage(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Stage name (see `nsa-run list`)."),
+    out: Path = c.OUT,
+    profile: str = c.PROFILE,
+    device: str = c.DEVICE,
+    strict: bool = c.STRICT,
+    timeout: float = c.TIMEOUT,
+    as_json: bool = c.JSON,
+) -> None:
+    """Run one stage. Stage options follow the name, e.g. `nsa-run stage decode-bench --S-list 1k,2k`;
+    `nsa-run list` shows each stage's options."""
+    machine, profile = c.resolve_machine(device, profile, timeout)
+    entries = {e.name: e for e in discover()}
+    if name not in entries:
+        fail(f"unknown stage {name!r}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
+    entry = entries[name]
+    options = c.parse_stage_options(entry, list(ctx.args))
+    c.check_out(out)
+    rid = c.current_run_id()
+    folders = c.check_earlier_runs(out, rid)
+    if folders:
+        manifest = RunManifest.open(folders[-1], sys.argv)
+        moved = manifest.set_aside(name)
+        if moved is not None:
+            err_console().print(f"earlier {name} result moved to {moved}")
+    else:
+        manifest = RunManifest.create(new_run_folder(out, rid), rid, sys.argv, device=machine.device,
+                                      profile=profile, strict=strict, command="stage")
+    c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("stage", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(stage)

@@ -1,0 +1,357 @@
+"""Executor: each stage in its own process, with a timeout (DESIGN §5 "Isolation").
+
+The child is ``python -m nsa_runner._worker JOB RESULT`` in a new session (its own process
+group), cwd = the run folder, stdout+stderr -> ``logs/<stage>.log``. Outcomes:
+
+- the child wrote a result            -> that StageResult (declared files are checked)
+- it ran past its timeout             -> TIMEOUT; the whole process group is killed
+- it died (signal, abort, exit != 0)  -> ERROR with the signal / exit code and the log tail
+- Ctrl-C in the parent                -> the child's group is killed, the stage is recorded as
+                                         ERROR "interrupted", and KeyboardInterrupt propagates
+
+A stage whose requirements are unmet is recorded as SKIP without spawning anything.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nsa_runner
+from nsa_runner.artifacts import now_iso
+from nsa_runner.context import RunContext
+from nsa_runner.manifest import RunManifest
+from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet
+from nsa_runner.stage import StageResult, Status
+
+LOG_TAIL_LINES = 40
+POLL_S = 0.1
+KILL_GRACE_S = 3.0
+
+
+@dataclass
+class StageRecord:
+    """The outcome of one stage as it goes into the manifest."""
+
+    name: str
+    order: int | None
+    source: str
+    status: Status
+    reason: str = ""
+    hint: str = ""
+    files: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    started: str = ""
+    finished: str = ""
+    log: str = ""
+    traceback: str = ""
+    log_tail: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    strict_fail: bool = False  # a SKIP that --strict counts as a failure
+
+    def to_dict(self) -> dict:
+        d = {
+            "name": self.name,
+            "order": self.order,
+            "source": self.source,
+            "status": self.status.value,
+            "duration_s": round(self.duration_s, 3),
+            "reason": self.reason,
+            "hint": self.hint,
+            "files": list(self.files),
+            "log": self.log,
+            "started": self.started,
+            "finished": self.finished,
+            "options": {k: _jsonable(v) for k, v in self.options.items()},
+            "metrics": self.metrics,
+        }
+        if self.status is Status.SKIP:
+            d["strict_fail"] = self.strict_fail
+        if self.traceback:
+            d["traceback"] = self.traceback
+        if self.log_tail:
+            d["log_tail"] = self.log_tail
+        return d
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+class Observer:
+    """Progress callbacks (the CLI renders them with rich); the default does nothing."""
+
+    def on_start(self, entry: StageEntry) -> None: ...
+
+    def on_tick(self, entry: StageEntry, elapsed: float, last_line: str) -> None: ...
+
+    def on_finish(self, entry: StageEntry, record: StageRecord) -> None: ...
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _last_line(path: Path) -> str:
+    t = tail(path, lines=1, max_bytes=4096).strip()
+    return t[-120:]
+
+
+def _child_env(device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"  # must be set before anything imports triton
+    # the child must import the same nsa_runner as this process, even from a plain checkout
+    pkg_parent = str(Path(nsa_runner.__file__).resolve().parent.parent)
+    site_dirs = set(site.getsitepackages() + [site.getusersitepackages()])
+    if pkg_parent not in site_dirs:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left after a grace period."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        if wait is None:
+            break
+        deadline = time.monotonic() + wait
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill processes a finished stage left behind in its group (orphans must not outlive it)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"process died with {name}"
+    return f"process exited with code {rc} without a result"
+
+
+def _check_files(run_dir: Path, result: StageResult) -> list[str]:
+    """Declared files that are absent or outside the run folder."""
+    bad = []
+    root = run_dir.resolve()
+    for rel in result.files:
+        p = (run_dir / rel).resolve()
+        if root not in p.parents or not p.exists():
+            bad.append(str(rel))
+    return bad
+
+
+def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
+            observer: Observer | None = None) -> StageRecord:
+    """Run (or skip, or record as broken) one stage; never raises except KeyboardInterrupt.
+
+    Calls ``observer.on_start`` / ``on_tick`` while a stage process runs; ``execute`` calls
+    ``on_finish`` for every record, including skips and broken plugins.
+    """
+    observer = observer or Observer()
+    rec = StageRecord(entry.name, entry.order, entry.source, Status.ERROR, started=now_iso(),
+                      options=dict(ctx.options))
+    if entry.stage is None:  # a plugin that failed to load: the run fails, the CLI goes on
+        rec.reason, rec.traceback = entry.error, entry.traceback
+        rec.finished = now_iso()
+        return rec
+    missing = unmet(entry.stage, machine)
+    if missing:
+        rec.status = Status.SKIP
+        rec.reason, rec.hint = skip_reason(entry.stage, machine)
+        rec.strict_fail = strict_counts_skip(entry.stage, machine, by_requirement=True)
+        rec.finished = now_iso()
+        return rec
+
+    run_dir = ctx.dir
+    log_rel = f"logs/{entry.name}.log"
+    log_path = run_dir / log_rel
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    rec.log = log_rel
+    observer.on_start(entry)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-") as tmp:
+        job = Path(tmp) / "job.pkl"
+        result_path = Path(tmp) / "result.json"
+        with open(job, "wb") as f:
+            pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nsa_runner._worker", str(job), str(result_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=run_dir, env=_child_env(ctx.device), start_new_session=True,
+            )
+        timed_out = False
+        try:
+            while proc.poll() is None:
+                elapsed = time.monotonic() - t0
+                if elapsed > timeout_s:
+                    timed_out = True
+                    _kill_group(proc)
+                    break
+                observer.on_tick(entry, elapsed, _last_line(log_path))
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            rec.duration_s = time.monotonic() - t0
+            rec.reason = "interrupted (Ctrl-C): the stage was stopped"
+            rec.log_tail = tail(log_path)
+            rec.finished = now_iso()
+            raise _Interrupted(rec) from None
+        _reap_group(proc.pid)
+        rec.duration_s = time.monotonic() - t0
+        rec.finished = now_iso()
+        if timed_out:
+            rec.status = Status.TIMEOUT
+            rec.reason = f"no result after {timeout_s:g}s: process group killed"
+            rec.log_tail = tail(log_path)
+        elif result_path.exists():
+            _apply_result(rec, result_path, run_dir, machine, log_path)
+        else:
+            rec.reason = _describe_exit(proc.returncode)
+            rec.log_tail = tail(log_path)
+    return rec
+
+
+class _Interrupted(KeyboardInterrupt):
+    def __init__(self, record: StageRecord):
+        super().__init__(record.name)
+        self.record = record
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``execute``: ``records`` holds every stage recorded so far."""
+
+    def __init__(self, records: list[StageRecord]):
+        super().__init__("interrupted")
+        self.records = records
+
+
+def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: Machine,
+                  log_path: Path) -> None:
+    import json
+
+    try:
+        payload = json.loads(result_path.read_text())
+        result = StageResult.from_dict(payload["result"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        rec.reason = f"unreadable stage result: {e}"
+        rec.log_tail = tail(log_path)
+        return
+    rec.status, rec.reason, rec.hint = result.status, result.reason, result.hint
+    rec.files, rec.metrics = list(result.files), dict(result.metrics)
+    rec.traceback = payload.get("traceback") or ""
+    if rec.status is Status.SKIP:
+        rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
+    bad = _check_files(run_dir, result)
+    if bad:
+        rec.files = [f for f in rec.files if f not in bad]
+        note = f"declared file(s) missing or outside the run folder: {', '.join(bad)}"
+        if rec.status in (Status.PASS, Status.SKIP):
+            rec.status = Status.ERROR
+        rec.reason = f"{rec.reason}; {note}" if rec.reason else note
+    if rec.status.failed and not rec.log_tail:
+        rec.log_tail = tail(log_path)
+
+
+@dataclass
+class Settings:
+    device: str
+    profile: str
+    timeout_s: float | None = None  # None: each stage's own timeout_s
+    strict: bool = False
+
+
+def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunManifest,
+            settings: Settings, machine: Machine, observer: Observer | None = None) -> list[StageRecord]:
+    """Run the stages in the given order, writing the manifest after each one.
+
+    On Ctrl-C (KeyboardInterrupt) the running stage is stopped and recorded as ERROR
+    "interrupted", the manifest is finished with ``interrupted: true`` (so it stays valid), and
+    ``RunInterrupted`` (a KeyboardInterrupt carrying the records so far) is raised.
+    """
+    observer = observer or Observer()
+    records: list[StageRecord] = []
+    run_id = manifest.data["run_id"]
+    try:
+        for entry, options in entries:
+            ctx = RunContext(manifest.dir, settings.device, settings.profile, options, run_id, entry.name)
+            timeout = settings.timeout_s
+            if timeout is None:
+                timeout = float(entry.stage.timeout_s) if entry.stage is not None else 60.0
+            try:
+                rec = run_one(entry, ctx, machine, timeout, observer)
+            except _Interrupted as intr:
+                rec = intr.record
+                records.append(rec)
+                manifest.record(rec.to_dict())
+                observer.on_finish(entry, rec)
+                raise
+            records.append(rec)
+            manifest.record(rec.to_dict())
+            observer.on_finish(entry, rec)
+    except KeyboardInterrupt:
+        manifest.finish(interrupted=True)
+        raise RunInterrupted(records) from None
+    manifest.finish()
+    return records
+
+
+def counts(records: Iterable[StageRecord]) -> dict[str, int]:
+    c = {"passed": 0, "failed": 0, "skipped": 0}
+    for r in records:
+        if r.status is Status.PASS:
+            c["passed"] += 1
+        elif r.status is Status.SKIP:
+            c["skipped"] += 1
+        else:
+            c["failed"] += 1
+    return c
+
+
+def exit_code(records: list[StageRecord], strict: bool) -> int:
+    """0 nothing failed; 1 something failed (or, with --strict, a skip this machine should run)."""
+    if any(r.status.failed for r in records):
+        return 1
+    if strict and any(r.status is Status.SKIP and r.strict_fail for r in records):
+        return 1
+    return 0
