@@ -1,0 +1,375 @@
+"""Backend per NSA branch for this machine, and why (DESIGN §3; docs/routing.md).
+
+    from nsa_core import routing
+    r = routing.decide("cuda")                    # or decide("cpu"), decide(dev, overrides=...)
+    r.backend("win")          -> "flash" | "sdpa" | ...      (r.backend("win", S=8192) uses the threshold)
+    r.reason("win")           -> "varlen is >= 1.2x faster than sdpa from S=4096 on ... (fa2-probe run abc, ...)"
+    r.to_json()               -> the dict the runner writes as routing.json
+
+The decision uses only facts (device, GPU name / capability, torch version, whether Triton,
+``nsa_core.triton_sel`` and each flash kernel can be imported) and *measured* thresholds: the
+smallest sequence length at which a flash path is >= 1.2x faster than the SDPA path, written by
+the ``fa2-probe`` stage into a JSON file (format in docs/routing.md, ``load_thresholds``).
+Without a measurement for this GPU + torch, the compressed and sliding branches stay on SDPA:
+flash kernels are 5-100x slower than SDPA on small shapes on some machines, so "installed"
+is not a reason to use one.
+
+Overrides are explicit: ``decide(..., overrides={"win": "sdpa"})`` or ONE JSON file
+(``{"schema_version": 1, "backends": {...}, "thresholds": "path"}``); both are recorded in
+``to_json()["overrides"]``. There are no environment flags.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1  # routing.json
+THRESHOLDS_SCHEMA_VERSION = 1  # the thresholds file
+OVERRIDES_SCHEMA_VERSION = 1  # the overrides file
+
+BRANCHES = ("cmp", "slc", "win")
+BACKENDS = {
+    "cmp": ("reference", "sdpa", "flash"),
+    "slc": ("reference", "sdpa", "triton"),
+    "win": ("reference", "sdpa", "flash"),
+}
+SPEEDUP_REQUIRED = 1.2  # a flash path must be this much faster than SDPA to be chosen
+
+# Default thresholds file: <checkout>/artifacts/routing/thresholds.json (docs/routing.md).
+DEFAULT_THRESHOLDS = Path(__file__).resolve().parent.parent / "artifacts" / "routing" / "thresholds.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# thresholds file
+
+
+def _fail(path, msg: str) -> ValueError:
+    return ValueError(f"thresholds file {path}: {msg}")
+
+
+def validate_thresholds(data: Any, path: str | os.PathLike = "<thresholds>") -> dict:
+    """Check the structure of a thresholds document (docs/routing.md); return it. ValueError if bad."""
+    if not isinstance(data, dict):
+        raise _fail(path, f"expected a JSON object at the top, got {type(data).__name__}")
+    v = data.get("schema_version")
+    if v != THRESHOLDS_SCHEMA_VERSION:
+        raise _fail(path, f"schema_version {v!r} is not supported (this nsa_core reads {THRESHOLDS_SCHEMA_VERSION})")
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise _fail(path, "'entries' must be a list")
+    for n, e in enumerate(entries):
+        where = f"entries[{n}]"
+        if not isinstance(e, dict):
+            raise _fail(path, f"{where} must be an object")
+        for key in ("gpu", "capability", "torch", "measured", "source_run"):
+            if not isinstance(e.get(key), str) or not e.get(key):
+                raise _fail(path, f"{where}.{key} must be a non-empty string")
+        try:
+            _dt.date.fromisoformat(e["measured"][:10])
+        except ValueError:
+            raise _fail(path, f"{where}.measured {e['measured']!r} is not an ISO date (YYYY-MM-DD)") from None
+        br = e.get("branches")
+        if not isinstance(br, dict) or not br:
+            raise _fail(path, f"{where}.branches must be a non-empty object {{branch: {{path: {{min_len}}}}}}")
+        for b, paths in br.items():
+            if b not in ("cmp", "win"):
+                raise _fail(path, f"{where}.branches: unknown branch {b!r} (flash thresholds exist for 'cmp', 'win')")
+            if not isinstance(paths, dict) or not paths:
+                raise _fail(path, f"{where}.branches.{b} must be a non-empty object {{path: {{min_len}}}}")
+            for p, rec in paths.items():
+                if not isinstance(rec, dict) or "min_len" not in rec:
+                    raise _fail(path, f"{where}.branches.{b}.{p} must be an object with 'min_len'")
+                m = rec["min_len"]
+                if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
+                    raise _fail(path, f"{where}.branches.{b}.{p}.min_len must be a positive int or null (never), "
+                                      f"got {m!r}")
+    return data
+
+
+def load_thresholds(path: str | os.PathLike) -> dict:
+    """Read and validate a thresholds file. ValueError naming the file and the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _fail(path, "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail(path, f"cannot read: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _fail(path, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    return validate_thresholds(data, path)
+
+
+def merge_thresholds(existing: dict | None, entry: dict) -> dict:
+    """Return a thresholds document with ``entry`` replacing the one for the same GPU/capability/torch."""
+    doc = {"schema_version": THRESHOLDS_SCHEMA_VERSION, "entries": []}
+    if existing:
+        doc["entries"] = [e for e in existing["entries"] if _key(e) != _key(entry)]
+    doc["entries"].append(entry)
+    return validate_thresholds(doc, "<merged>")
+
+
+def _key(e: dict) -> tuple:
+    return e.get("gpu"), e.get("capability"), e.get("torch")
+
+
+# ---------------------------------------------------------------------------------------------
+# facts about this machine
+
+
+def _module_state(name: str, do_import: bool = True) -> tuple[bool, str]:
+    """(importable, reason). Guarded: an import error is a reason, not a crash.
+
+    ``do_import=False`` only locates the module (on CPU, importing triton before the runner set
+    TRITON_INTERPRET=1 would be a side effect; nothing there needs the import).
+    """
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        return False, f"{name}: {e}"
+    if spec is None:
+        return False, f"{name} is not installed"
+    if not do_import:
+        return True, f"{name} found (not imported: device is not CUDA)"
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any import failure is a fact to report
+        return False, f"{name} fails to import: {type(e).__name__}: {e}"
+    return True, f"{name} imports"
+
+
+def machine_facts(device: str = "cpu") -> dict:
+    """The facts routing decides from (JSON-able)."""
+    import torch
+
+    dev = torch.device(device)
+    facts: dict[str, Any] = {"device": dev.type, "torch": torch.__version__, "cuda_runtime": torch.version.cuda}
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"routing: device {device!r} requested but torch.cuda.is_available() is False")
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        cap = torch.cuda.get_device_capability(idx)
+        facts.update(gpu=torch.cuda.get_device_name(idx), capability=f"{cap[0]}.{cap[1]}")
+    else:
+        facts.update(gpu=None, capability=None)
+    cuda = dev.type == "cuda"
+    ok, why = _module_state("triton", do_import=cuda)
+    facts["triton"] = {"present": ok, "reason": why}
+    if ok:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            facts["triton"]["version"] = version("triton")
+        except PackageNotFoundError:
+            facts["triton"]["version"] = "?"
+    ok, why = _module_state("nsa_core.triton_sel", do_import=cuda)
+    facts["triton_sel"] = {"present": ok, "reason": why}
+    facts["flash_paths"] = _flash_paths(dev.type)
+    return facts
+
+
+def _flash_paths(device_type: str) -> dict:
+    """{path: {"present": bool, "reason": str}} from nsa_core.flash (cheap checks, no kernel calls)."""
+    try:
+        from nsa_core import flash
+    except Exception as e:  # noqa: BLE001
+        return {"(nsa_core.flash)": {"present": False, "reason": f"nsa_core.flash fails to import: {e}"}}
+    return flash.available_paths(device_type)
+
+
+# ---------------------------------------------------------------------------------------------
+# overrides
+
+
+def _load_overrides(overrides) -> tuple[dict, dict]:
+    """-> (backends {branch: backend}, record for routing.json). ValueError on bad input."""
+    if overrides is None:
+        return {}, {"source": None}
+    if isinstance(overrides, (str, os.PathLike)):
+        path = Path(overrides)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ValueError(f"routing overrides file {path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"routing overrides file {path}: cannot read: {e}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"routing overrides file {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, dict) or data.get("schema_version") != OVERRIDES_SCHEMA_VERSION:
+            raise ValueError(f"routing overrides file {path}: expected an object with "
+                             f"schema_version {OVERRIDES_SCHEMA_VERSION}")
+        src = str(path)
+        extra = set(data) - {"schema_version", "backends", "thresholds"}
+        if extra:
+            raise ValueError(f"routing overrides file {path}: unknown keys {sorted(extra)}")
+        thr = data.get("thresholds")
+        if thr is not None and not isinstance(thr, str):
+            raise ValueError(f"routing overrides file {path}: 'thresholds' must be a path string")
+        if thr is not None and not os.path.isabs(thr):
+            thr = str((path.parent / thr).resolve())
+        backends = data.get("backends", {})
+    elif isinstance(overrides, dict):
+        src = "argument"
+        if "backends" in overrides or "thresholds" in overrides:
+            extra = set(overrides) - {"backends", "thresholds", "schema_version"}
+            if extra:
+                raise ValueError(f"routing overrides: unknown keys {sorted(extra)}")
+            backends, thr = overrides.get("backends", {}), overrides.get("thresholds")
+        else:
+            backends, thr = overrides, None
+    else:
+        raise ValueError(f"routing overrides must be a dict or a path, got {type(overrides).__name__}")
+    if not isinstance(backends, dict):
+        raise ValueError(f"routing overrides ({src}): 'backends' must be an object {{branch: backend}}")
+    for b, be in backends.items():
+        if b not in BACKENDS:
+            raise ValueError(f"routing overrides ({src}): unknown branch {b!r}; expected one of {BRANCHES}")
+        if be not in BACKENDS[b]:
+            raise ValueError(f"routing overrides ({src}): backend {be!r} is not valid for branch {b!r}; "
+                             f"expected one of {BACKENDS[b]}")
+    return dict(backends), {"source": src, "backends": dict(backends), "thresholds": thr}
+
+
+# ---------------------------------------------------------------------------------------------
+# the decision
+
+
+@dataclass
+class Choice:
+    backend: str
+    reason: str
+    path: str | None = None  # flash path (flash backend) or None
+    min_len: int | None = None  # flash only from this S on (None: always / not applicable)
+
+
+@dataclass
+class Routing:
+    """The backend per branch, why, and the facts it came from."""
+
+    choices: dict[str, Choice]
+    facts: dict
+    thresholds: dict = field(default_factory=dict)  # {"source", "entry" or None, "note"}
+    overrides: dict = field(default_factory=dict)
+
+    def _choice(self, branch: str) -> Choice:
+        if branch not in self.choices:
+            raise ValueError(f"unknown branch {branch!r}; expected one of {BRANCHES}")
+        return self.choices[branch]
+
+    def backend(self, branch: str, S: int | None = None) -> str:
+        """Backend for ``branch``; with the key length ``S``, flash only where it measured faster."""
+        c = self._choice(branch)
+        if c.backend == "flash" and c.min_len is not None and S is not None and S < c.min_len:
+            return "sdpa"
+        return c.backend
+
+    def reason(self, branch: str) -> str:
+        return self._choice(branch).reason
+
+    def path(self, branch: str) -> str | None:
+        return self._choice(branch).path
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "branches": {b: {"backend": c.backend, "reason": c.reason, "flash_path": c.path,
+                             "flash_min_len": c.min_len} for b, c in self.choices.items()},
+            "facts": self.facts,
+            "thresholds": self.thresholds,
+            "overrides": self.overrides,
+            "speedup_required": SPEEDUP_REQUIRED,
+        }
+
+
+def _thresholds_for(facts: dict, path: str | os.PathLike | None, explicit: bool) -> dict:
+    """Find this machine's entry. Explicit path: must load (ValueError otherwise). Default: optional."""
+    p = Path(path) if path is not None else DEFAULT_THRESHOLDS
+    rec: dict[str, Any] = {"source": str(p), "entry": None, "note": ""}
+    if not explicit and not p.exists():
+        rec["note"] = f"no thresholds file at the default location {p}; run `nsa-run stage fa2-probe` on a GPU"
+        return rec
+    doc = load_thresholds(p)  # ValueError for a bad file, explicit or default: never silently ignored
+    if facts["gpu"] is None:
+        rec["note"] = "no GPU: thresholds do not apply"
+        return rec
+    same_gpu = [e for e in doc["entries"] if e["gpu"] == facts["gpu"] and e["capability"] == facts["capability"]]
+    match = [e for e in same_gpu if e["torch"] == facts["torch"]]
+    if match:
+        rec["entry"] = match[-1]
+        rec["note"] = f"entry for {facts['gpu']} (sm {facts['capability']}), torch {facts['torch']}"
+    elif same_gpu:
+        rec["note"] = (f"thresholds for {facts['gpu']} exist only for torch "
+                       f"{sorted({e['torch'] for e in same_gpu})}, not {facts['torch']}: re-run fa2-probe")
+    else:
+        rec["note"] = f"no entry for {facts['gpu']} (sm {facts['capability']}) in {p}: run fa2-probe on it"
+    return rec
+
+
+def _decide_slc(facts: dict) -> Choice:
+    if facts["device"] != "cuda":
+        return Choice("sdpa", f"device {facts['device']}: the Triton selection kernel runs on CUDA only")
+    if not facts["triton"]["present"]:
+        return Choice("sdpa", f"{facts['triton']['reason']} (install: pip install triton)")
+    if not facts["triton_sel"]["present"]:
+        return Choice("sdpa", f"Triton selection kernel unavailable: {facts['triton_sel']['reason']}")
+    return Choice("triton", f"CUDA {facts['gpu']} with triton {facts['triton'].get('version', '?')}: "
+                            "group-centric Triton selection kernel (paper §3.4)")
+
+
+def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
+    if facts["device"] != "cuda":
+        return Choice("sdpa", f"device {facts['device']}: no flash kernel off CUDA")
+    paths = facts["flash_paths"]
+    usable = [p for p, st in paths.items() if st.get("present") and branch in st.get("branches", ())]
+    if not usable:
+        why = "; ".join(f"{p}: {st.get('reason', '?')}" for p, st in paths.items())
+        return Choice("sdpa", f"no flash path for {branch} on this machine ({why})")
+    best = usable[0]  # nsa_core.flash lists paths in its preference order
+    entry = thr.get("entry")
+    if entry is None:
+        return Choice("sdpa", f"flash path {best!r} present but not measured here ({thr.get('note')}); "
+                              "SDPA until fa2-probe shows flash is faster")
+    rec = entry["branches"].get(branch, {}).get(best)
+    src = f"fa2-probe run {entry['source_run']}, {entry['measured'][:10]}"
+    if rec is None:
+        return Choice("sdpa", f"thresholds entry has no {branch}/{best} measurement ({src})")
+    if rec["min_len"] is None:
+        hi = rec.get("max_measured")
+        rng = f" up to S={hi}" if hi else ""
+        return Choice("sdpa", f"{best} never >= {SPEEDUP_REQUIRED}x faster than sdpa{rng} ({src})")
+    return Choice("flash", f"{best} >= {SPEEDUP_REQUIRED}x faster than sdpa from S={rec['min_len']} on "
+                           f"{facts['gpu']} ({src}); sdpa below", path=best, min_len=int(rec["min_len"]))
+
+
+def decide(device: str = "cpu", overrides: dict | str | os.PathLike | None = None, *,
+           thresholds: str | os.PathLike | None = None) -> Routing:
+    """Decide the backend per branch for ``device`` ("cpu", "cuda", "cuda:1").
+
+    overrides: ``{branch: backend}``, ``{"backends": {...}, "thresholds": path}``, or the path
+    of ONE JSON file with that content plus ``"schema_version": 1``. ``thresholds``: explicit
+    thresholds file (else the overrides' one, else DEFAULT_THRESHOLDS when it exists).
+    Raises ValueError for an unknown branch/backend, a bad overrides or thresholds file.
+    """
+    forced, orec = _load_overrides(overrides)
+    facts = machine_facts(device)
+    tpath = thresholds if thresholds is not None else orec.get("thresholds")
+    thr = _thresholds_for(facts, tpath, explicit=tpath is not None)
+    choices = {
+        "cmp": _decide_flash("cmp", facts, thr),
+        "slc": _decide_slc(facts),
+        "win": _decide_flash("win", facts, thr),
+    }
+    for b, be in forced.items():
+        auto = choices[b]
+        choices[b] = Choice(be, f"override ({orec['source']}); automatic choice was {auto.backend}: {auto.reason}",
+                            path=auto.path if be == "flash" else None)
+    return Routing(choices, facts, thr, orec)
