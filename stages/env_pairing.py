@@ -1,0 +1,237 @@
+"""Stage ``env-pairing``: do torch / triton / CUDA / driver / flash-attn fit together here?
+
+The verdict comes from facts, never from a hand-written version table:
+- the triton requirement torch itself declares in its metadata vs the installed triton;
+- a real tiny Triton launch (the interpreter on CPU, compiled on GPU);
+- a real tiny CUDA op, and the driver's CUDA version vs torch's CUDA runtime;
+- real imports of flash_attn (FA-2), flash_attn_interface (FA-3), flash_attn.cute (FA-4), in a
+  child process. "Not installed" is reported with an install hint and is not a failure; an
+  import that fails (e.g. an undefined symbol: built for another torch) is a FAIL.
+Writes env.txt (for people) and env.json (schema_version 1).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import sys
+import traceback
+
+from nsa_runner.artifacts import now_iso, write_json, write_text
+from nsa_runner.envinfo import collect, probe_flash
+from nsa_runner.registry import GROUP
+from nsa_runner.stage import Stage, StageResult, Status
+
+OK, FAIL, INFO = "ok", "FAIL", "info"
+
+
+def _check(name: str, status: str, detail: str) -> dict:
+    return {"check": name, "status": status, "detail": detail}
+
+
+def _triton_checks(facts: dict, device: str) -> list[dict]:
+    checks = []
+    pin, tri, torch_v = facts["torch_triton_requirement"], facts["triton"], facts["torch"].get("version")
+    if pin.get("declared") is None:
+        checks.append(_check("triton-pin", INFO, f"torch {torch_v}: {pin.get('note', 'no triton pin')}"))
+    else:
+        from packaging.specifiers import SpecifierSet
+
+        if not tri["installed"]:
+            checks.append(_check("triton-pin", FAIL, f"torch {torch_v} declares {pin['declared']} but triton "
+                                 f"is not installed (fix: pip install '{pin['declared'].split(';')[0]}')"))
+        elif SpecifierSet(pin["specifier"]).contains(tri["version"], prereleases=True):
+            checks.append(_check("triton-pin", OK, f"torch {torch_v} declares {pin['declared']}; "
+                                 f"installed triton {tri['version']}"))
+        else:
+            checks.append(_check("triton-pin", FAIL, f"torch {torch_v} declares {pin['declared']} but triton "
+                                 f"{tri['version']} is installed (fix: pip install '{pin['declared']}')"))
+    if not tri["installed"]:
+        checks.append(_check("triton-launch", INFO, "triton not installed: the Triton selection kernel "
+                             "cannot run here (fix: pip install triton)"))
+        return checks
+    if tri.get("import_error"):
+        checks.append(_check("triton-launch", FAIL, f"import triton failed: {tri['import_error']}"))
+        return checks
+    try:
+        from nsa_runner import _triton_probe
+
+        r = _triton_probe.launch(device)
+    except Exception as e:  # noqa: BLE001 - the failure is the finding
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        checks.append(_check("triton-launch", FAIL, f"tiny Triton kernel on {device} raised "
+                             f"{type(e).__name__}: {first}"))
+        return checks
+    if r["ok"]:
+        checks.append(_check("triton-launch", OK, f"tiny Triton kernel ran on {device} ({r['mode']}), "
+                             f"{r['n']} elements exact (max_abs {r['max_abs']:.1e})"))
+    else:
+        checks.append(_check("triton-launch", FAIL, f"tiny Triton kernel on {device} ({r['mode']}) gave wrong "
+                             f"results: max_abs {r['max_abs']}"))
+    return checks
+
+
+def _cuda_checks(facts: dict) -> list[dict]:
+    t, gpu, smi = facts["torch"], facts["gpu"], facts["nvidia_smi"]
+    if t.get("hip"):
+        return [_check("cuda", INFO, f"ROCm/HIP build (HIP {t['hip']}); CUDA checks do not apply")]
+    if not t.get("cuda_runtime"):
+        return [_check("cuda", INFO, "CPU build of torch: no CUDA path on this machine")]
+    if not gpu["cuda_available"]:
+        if smi.get("present") and smi.get("query_rc") == 0:
+            return [_check("cuda", FAIL, f"nvidia-smi sees a GPU but torch (CUDA {t['cuda_runtime']}) cannot use "
+                           f"it: {gpu.get('cuda_error', 'torch.cuda.is_available() is False')}")]
+        return [_check("cuda", INFO, f"CUDA {t['cuda_runtime']} build of torch, no GPU visible")]
+    checks = []
+    drv, rt = gpu.get("driver_cuda_version"), t["cuda_runtime"]
+    if drv is None:
+        checks.append(_check("cuda-driver", INFO, "driver CUDA version unknown (libcuda not found by ctypes)"))
+    else:
+        dmaj, dmin = (int(x) for x in drv.split(".")[:2])
+        rmaj, rmin = (int(x) for x in rt.split(".")[:2])
+        if dmaj < rmaj:
+            checks.append(_check("cuda-driver", FAIL, f"driver supports CUDA {drv} but torch is built for CUDA "
+                                 f"{rt}: update the driver or install a torch built for CUDA {dmaj}.x"))
+        elif (dmaj, dmin) < (rmaj, rmin):
+            checks.append(_check("cuda-driver", INFO, f"driver CUDA {drv} < runtime {rt}: runs through minor-"
+                                 "version compatibility (PTX JIT of newer code may fail)"))
+        else:
+            checks.append(_check("cuda-driver", OK, f"driver supports CUDA {drv} >= torch runtime {rt}"))
+    try:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(0)
+        a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+        got = (a.cuda() @ b.cuda()).double().cpu()
+        torch.cuda.synchronize()
+        rel = float((got - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm())
+        # fp32 matmul may run in TF32 on the GPU: 1e-2 is generous for that and catches garbage
+        status = OK if rel < 1e-2 else FAIL
+        checks.append(_check("cuda-op", status, f"64x64 fp32 matmul on {torch.cuda.get_device_name(0)}: "
+                             f"rel err {rel:.1e}"))
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        checks.append(_check("cuda-op", FAIL, f"tiny CUDA matmul raised {type(e).__name__}: {e}"))
+    return checks
+
+
+def _flash_checks(probes: list[dict], torch_version: str | None) -> list[dict]:
+    checks = []
+    for p in probes:
+        label = f"{p['module']} ({p['what']})"
+        if p["ok"]:
+            v = p.get("version") or p.get("dist_version") or "unknown version"
+            checks.append(_check(p["module"], OK, f"{label} {v} imports"))
+        elif p.get("not_installed"):
+            checks.append(_check(p["module"], INFO, f"{label} not installed (fix: {p['hint']})"))
+        elif "undefined symbol" in p["error"]:
+            sym = p["error"].split("undefined symbol:")[-1].strip()[:120]
+            checks.append(_check(p["module"], FAIL, f"{p['module']}: undefined symbol — built for another torch "
+                                 f"(installed torch {torch_version}; symbol {sym})"))
+        else:
+            checks.append(_check(p["module"], FAIL, f"{p['module']}: import failed: {p['error'][:400]}"))
+    return checks
+
+
+def _paths(facts: dict, checks: dict[str, dict], device: str) -> dict[str, str]:
+    tri = checks.get("triton-launch", {})
+    paths = {
+        "triton selection kernel": (f"yes ({'interpreter' if device == 'cpu' else 'compiled'})"
+                                    if tri.get("status") == OK else f"no: {tri.get('detail', '')}"),
+        "flash-attn (FA-2) varlen": ("yes" if checks.get("flash_attn", {}).get("status") == OK
+                                     and facts["gpu"]["cuda_available"] else "no"),
+        "torch SDPA": "yes",
+    }
+    try:
+        import torch
+
+        if facts["gpu"]["cuda_available"]:
+            fa = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: None)()
+            paths["torch SDPA flash kernel"] = {True: "yes", False: "no", None: "unknown"}[fa]
+    except Exception:  # noqa: BLE001
+        pass
+    return paths
+
+
+def _plugins() -> list[dict]:
+    """Entry points of the stage group with their distributions (not imported here)."""
+    out = []
+    for ep in md.entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        out.append({"name": ep.name, "value": ep.value, "dist": dist.metadata["Name"] if dist else "?",
+                    "version": dist.version if dist else "?"})
+    return sorted(out, key=lambda p: p["name"])
+
+
+def _render(env: dict) -> str:
+    f = env["facts"]
+    t, tri, gpu = f["torch"], f["triton"], f["gpu"]
+    lines = [f"nsa-run env-pairing  run {env['run_id']}  {env['time']}",
+             f"verdict: {env['verdict']}  {env['reason']}", "",
+             f"python        {f['python']['version']} ({f['python']['implementation']}) {f['python']['executable']}",
+             f"platform      {f['python']['platform']}",
+             f"torch         {t.get('version', 'not importable: ' + t.get('error', ''))}  build={t.get('build')}",
+             f"torch pins    {f['torch_triton_requirement'].get('declared') or 'no triton requirement'}",
+             f"triton        {tri.get('version') or 'not installed'}",
+             f"CUDA runtime  {t.get('cuda_runtime') or '-'}   driver supports CUDA "
+             f"{gpu.get('driver_cuda_version') or '-'}   cuda available: {gpu['cuda_available']}"]
+    for d in gpu["devices"]:
+        lines.append(f"GPU {d['index']}         {d['name']}  capability {d['capability']}  {d['memory_gib']} GiB")
+    for p in env["flash"]:
+        state = (p.get("version") or "ok") if p["ok"] else ("not installed" if p.get("not_installed")
+                                                            else "BROKEN: " + p["error"][:200])
+        lines.append(f"{p['what']:<13} {p['module']}: {state}")
+    lines += ["", "checks:"]
+    lines += [f"  [{c['status']:<4}] {c['check']:<22} {c['detail']}" for c in env["checks"]]
+    lines += ["", "what can run here:"]
+    lines += [f"  {k:<28} {v}" for k, v in env["paths"].items()]
+    lines += ["", f"stage plugins (entry-point group {GROUP}):"]
+    lines += [f"  {p['name']:<16} {p['value']:<36} {p['dist']} {p['version']}" for p in env["plugins"]]
+    smi = f["nvidia_smi"]
+    lines += ["", "nvidia-smi:", *(("  " + x) for x in (smi.get("summary") or "").splitlines())] \
+        if smi.get("present") else ["", "nvidia-smi: not present"]
+    return "\n".join(lines) + "\n"
+
+
+class EnvPairing(Stage):
+    name = "env-pairing"
+    order = 10
+    requires = ()
+    description = "torch / triton / CUDA / driver / flash-attn versions fit together (from facts)"
+    timeout_s = 600.0
+
+    def run(self, ctx) -> StageResult:
+        if ctx.device == "cpu" and "triton" not in sys.modules:
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter is Triton's CPU path
+        facts = collect()
+        if not facts["torch"].get("installed"):
+            checks = [_check("torch", FAIL, f"import torch failed: {facts['torch']['error']}")]
+        else:
+            checks = [_check("torch", INFO, f"torch {facts['torch']['version']} ({facts['torch']['build']} build)")]
+            checks += _triton_checks(facts, ctx.device)
+            checks += _cuda_checks(facts)
+        flash = probe_flash()
+        checks += _flash_checks(flash, facts["torch"].get("version"))
+        fails = [c["detail"] for c in checks if c["status"] == FAIL]
+        status = Status.FAIL if fails else Status.PASS
+        if fails:
+            reason = "; ".join(fails)
+        else:
+            by = {c["check"]: c for c in checks}
+            tri = by.get("triton-launch", {})
+            reason = (f"torch {facts['torch']['version']} ({facts['torch']['build']}), triton "
+                      f"{facts['triton'].get('version') or 'absent'}"
+                      + (" launch ok" if tri.get("status") == OK else "")
+                      + ", flash: " + ", ".join(f"{p['what']} " + ("ok" if p["ok"] else "absent") for p in flash))
+        env = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": ctx.device,
+               "verdict": status.value, "reason": reason, "checks": checks,
+               "paths": _paths(facts, {c["check"]: c for c in checks}, ctx.device),
+               "flash": flash, "plugins": _plugins(), "facts": facts}
+        write_json(ctx.dir / "env.json", env)
+        text = _render(env)
+        write_text(ctx.dir / "env.txt", text)
+        print(text)
+        return StageResult(status, reason, files=["env.txt", "env.json"],
+                           metrics={"checks_failed": len(fails), "torch": facts["torch"].get("version"),
+                                    "triton": facts["triton"].get("version")})
