@@ -1,0 +1,288 @@
+"""Stage ``sanity``: every NSA branch and the NSAAttention module run forward + backward on this
+run's device, through the backends the router picks here.
+
+Writes routing.json (backend per branch and why, from ``nsa_core.routing.decide``), sanity.out
+(a table for people) and sanity.json (schema_version 1). Checks, on fresh random inputs:
+
+- per branch (cmp, slc, win) with the routed backend: output shape, finite; forward and the
+  input gradients within the DESIGN §7 tolerance of a float64 reference; causality (changing
+  keys/values after position t0 leaves outputs up to t0 unchanged);
+- selection: block_idx/block_count structure (ascending, -1 padded, block 0 and the local
+  blocks forced, nothing in the future), GQA consistency (permuting the heads of a group does
+  not change its blocks; another group's queries do not affect them);
+- NSAAttention: forward + backward, right shapes, finite output and parameter gradients, causal.
+Shapes: tiny on the quick profile (CPU / CI), moderate on full (GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from dataclasses import dataclass
+
+from nsa_runner.artifacts import now_iso, write_json, write_text
+from nsa_runner.stage import Stage, StageResult, Status
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    T: int
+    HQ: int
+    G: int
+    dk: int
+    dv: int
+    dim: int
+    cfg: dict
+
+    @property
+    def h(self) -> int:
+        return self.HQ // self.G
+
+
+# quick: T spans 6 selection blocks with n_sel=4, so top-n really chooses; w < T so the window slides
+SHAPES = {
+    "quick": Shape(B=1, T=96, HQ=4, G=2, dk=16, dv=16, dim=32,
+                   cfg=dict(l=8, d=4, l_sel=16, n_sel=4, w=32)),
+    "full": Shape(B=2, T=2048, HQ=16, G=2, dk=64, dv=64, dim=256,
+                  cfg=dict(l=32, d=16, l_sel=64, n_sel=16, w=512)),
+}
+
+
+class _Checks:
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, name: str, ok: bool, detail: str, **extra) -> bool:
+        self.rows.append({"check": name, "ok": bool(ok), "detail": detail, **extra})
+        print(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+        return ok
+
+    def guard(self, name: str, fn) -> None:
+        """Run fn(); an exception from the code under test is a failed check with its message."""
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            self.add(name, False, f"raised {type(e).__name__}: {first}")
+
+
+def _rand(gen, *shape, device, dtype, requires_grad=False):
+    import torch
+
+    t = torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def _branch_inputs(branch: str, s: Shape, gen, device, dtype):
+    q = _rand(gen, s.B, s.T, s.HQ, s.dk, device=device, dtype=dtype)
+    k = _rand(gen, s.B, s.T, s.G, s.dk, device=device, dtype=dtype)
+    v = _rand(gen, s.B, s.T, s.G, s.dv, device=device, dtype=dtype)
+    return q, k, v
+
+
+def _run_branch(F, branch, q, k, v, sel, cfg, backend):
+    if branch == "cmp":
+        return F.compressed_attention(q, k, v, cfg, backend)
+    if branch == "slc":
+        return F.selection_attention(q, k, v, sel[0], sel[1], cfg, backend)
+    return F.sliding_attention(q, k, v, cfg, backend)
+
+
+def _check_branch(c: _Checks, F, testing, branch, backend, s: Shape, cfg, gen, device, sel_q, sel_k):
+    import torch
+
+    dtype = torch.bfloat16 if backend == "flash" else torch.float32
+    tf32 = device == "cuda" and backend in ("triton", "flash") and dtype == torch.float32
+    q, k, v = _branch_inputs(branch, s, gen, device, dtype)
+    # the selection every slc run uses: from independent queries / raw compression keys
+    sel = F.select_blocks(sel_q.to(dtype), sel_k.to(dtype), cfg) if branch == "slc" else None
+    name = f"{branch}/{backend}"
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    o = _run_branch(F, branch, *leaves, sel, cfg, backend)
+    want = (s.B, s.T, s.HQ, s.dv)
+    if not c.add(f"{name} shape", tuple(o.shape) == want, f"{tuple(o.shape)} (want {want})"):
+        return
+    c.add(f"{name} finite", bool(torch.isfinite(o).all()), f"{int((~torch.isfinite(o)).sum())} non-finite values")
+    do = _rand(gen, *o.shape, device=device, dtype=dtype)
+    o.backward(do)
+    refs = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
+    o_ref = _run_branch(F, branch, *refs, sel, cfg, "reference")
+    o_ref.backward(do.to(torch.float64))
+    cmp = testing.compare(o, o_ref, dtype, tf32=tf32)
+    c.add(f"{name} forward vs fp64 reference", cmp.ok, str(cmp), rel_err=cmp.rel_err, tol=cmp.tol)
+    for label, got, ref in zip(("dq", "dk", "dv"), leaves, refs, strict=True):
+        if got.grad is None:
+            c.add(f"{name} {label}", False, "no gradient reached this input")
+            continue
+        g = testing.compare(got.grad, ref.grad, dtype, tf32=tf32)
+        c.add(f"{name} {label} vs fp64 reference", g.ok and tuple(got.grad.shape) == tuple(got.shape),
+              f"{g} shape {tuple(got.grad.shape)}", rel_err=g.rel_err, tol=g.tol)
+    # causality: change keys/values after t0; outputs up to t0 must not move
+    t0 = s.T // 2 - 1
+    with torch.no_grad():
+        k2, v2 = k.detach().clone(), v.detach().clone()
+        k2[:, t0 + 1:] = _rand(gen, s.B, s.T - t0 - 1, s.G, s.dk, device=device, dtype=dtype)
+        v2[:, t0 + 1:] = _rand(gen, s.B, s.T - t0 - 1, s.G, s.dv, device=device, dtype=dtype)
+        o1 = _run_branch(F, branch, q.detach(), k.detach(), v.detach(), sel, cfg, backend)
+        o2 = _run_branch(F, branch, q.detach(), k2, v2, sel, cfg, backend)
+        past = float((o1[:, : t0 + 1] - o2[:, : t0 + 1]).abs().max())
+        future = float((o1[:, t0 + 1:] - o2[:, t0 + 1:]).abs().max())
+    scale = float(o1.abs().max()) or 1.0
+    c.add(f"{name} causal", past <= 1e-6 * scale and future > 0,
+          f"t0={t0}: max change at t<=t0 {past:.1e}, after t0 {future:.1e} (must be 0 / > 0)")
+
+
+def _check_selection(c: _Checks, F, s: Shape, cfg, gen, device):
+    import torch
+
+    q = _rand(gen, s.B, s.T, s.HQ, s.dk, device=device, dtype=torch.float32)
+    k = _rand(gen, s.B, s.T, s.G, s.dk, device=device, dtype=torch.float32)
+    idx, cnt = F.select_blocks(q, k, cfg)
+    want = (s.B, s.T, s.G, cfg.n_sel)
+    c.add("select shape/dtype", tuple(idx.shape) == want and tuple(cnt.shape) == want[:3]
+          and idx.dtype == torch.int32 and cnt.dtype == torch.int32,
+          f"block_idx {tuple(idx.shape)} {idx.dtype}, block_count {tuple(cnt.shape)} {cnt.dtype} (want {want} int32)")
+    t = torch.arange(s.T, device=device)
+    cur = (t // cfg.l_sel)[None, :, None]  # [1, T, 1]
+    exp_cnt = torch.clamp(cur + 1, max=cfg.n_sel)
+    slot = torch.arange(cfg.n_sel, device=device)
+    valid = slot[None, None, None, :] < cnt[..., None]
+    ids = idx.long()
+    problems = []
+    if not torch.equal(cnt.long(), exp_cnt.expand_as(cnt)):
+        problems.append("block_count != min(n, t//l_sel + 1)")
+    if bool((ids[~valid] != -1).any()):
+        problems.append("padding after block_count is not -1")
+    big = torch.where(valid, ids, torch.full_like(ids, 1 << 40))
+    if bool((big[..., 1:] <= big[..., :-1]).logical_and(valid[..., 1:]).any()):
+        problems.append("chosen ids not strictly ascending")
+    if bool(((ids > cur[..., None]) & valid).any()):
+        problems.append("a block after t's own block is selected (future)")
+    has = lambda j: ((ids == j[..., None]) & valid).any(-1)  # noqa: E731
+    if not bool(has(torch.zeros_like(cur).expand_as(cnt)).all()):
+        problems.append("block 0 not always selected")
+    if not bool(has(cur.expand_as(cnt)).all()):
+        problems.append("current block t//l_sel not always selected")
+    prev = (cur - 1).expand_as(cnt)
+    if not bool((has(prev) | (prev < 0)).all()):
+        problems.append("previous block t//l_sel-1 not always selected")
+    c.add("select structure", not problems, "; ".join(problems) or
+          f"ascending, -1 padded, forced blocks present, causal, counts min(n, t//l'+1) (n={cfg.n_sel})")
+    # GQA: permuting the heads within each group must not change the group's blocks,
+    # and changing another group's queries must not change them either
+    perm = torch.cat([g * s.h + torch.randperm(s.h, generator=gen).to(device) for g in range(s.G)])
+    idx_p, _ = F.select_blocks(q[:, :, perm], k, cfg)
+    c.add("select GQA: head order within a group", torch.equal(idx_p, idx),
+          "identical block_idx after permuting heads within each group" if torch.equal(idx_p, idx)
+          else f"{int((idx_p != idx).sum())} entries changed")
+    if s.G > 1:
+        q2 = q.clone()
+        q2[:, :, s.h:] = _rand(gen, s.B, s.T, s.HQ - s.h, s.dk, device=device, dtype=torch.float32)
+        idx2, _ = F.select_blocks(q2, k, cfg)
+        same0 = torch.equal(idx2[:, :, 0], idx[:, :, 0])
+        changed = not torch.equal(idx2[:, :, 1:], idx[:, :, 1:])
+        c.add("select GQA: groups independent", same0 and changed,
+              f"group 0 unchanged={same0} when other groups' queries change (they changed={changed})")
+
+
+def _check_module(c: _Checks, NSAAttention, NSAConfig, s: Shape, cfg, gen, device, backends):
+    import torch
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    m = NSAAttention(s.dim, s.HQ, s.G, s.dk, s.dv, cfg, backend=backends).to(device)
+    x = _rand(gen, s.B, s.T, s.dim, device=device, dtype=torch.float32, requires_grad=True)
+    y, _cache = m(x)
+    ok = c.add("module forward shape", tuple(y.shape) == (s.B, s.T, s.dim), f"y {tuple(y.shape)}")
+    c.add("module forward finite", bool(torch.isfinite(y).all()), f"{int((~torch.isfinite(y)).sum())} non-finite")
+    if not ok:
+        return
+    (y * _rand(gen, *y.shape, device=device, dtype=torch.float32)).sum().backward()
+    missing = [n for n, p in m.named_parameters() if p.requires_grad and p.grad is None]
+    bad = [n for n, p in m.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    zero = [n for n, p in m.named_parameters() if p.grad is not None and float(p.grad.abs().max()) == 0.0]
+    n_params = sum(1 for _ in m.parameters())
+    c.add("module backward", not missing and not bad and not zero and x.grad is not None
+          and bool(torch.isfinite(x.grad).all()),
+          f"{n_params} parameter tensors: no grad {missing or '-'}, non-finite {bad or '-'}, all-zero {zero or '-'}")
+    t0 = s.T // 2 - 1
+    with torch.no_grad():
+        x2 = x.detach().clone()
+        x2[:, t0 + 1:] = _rand(gen, s.B, s.T - t0 - 1, s.dim, device=device, dtype=torch.float32)
+        y1, _ = m(x.detach())
+        y2, _ = m(x2)
+        past = float((y1[:, : t0 + 1] - y2[:, : t0 + 1]).abs().max())
+    c.add("module causal", past <= 1e-6 * (float(y1.abs().max()) or 1.0),
+          f"t0={t0}: max change of y at t<=t0 after changing x after t0: {past:.1e}")
+
+
+def _render(doc: dict) -> str:
+    s = doc["shape"]
+    lines = [f"nsa-run sanity  run {doc['run_id']}  {doc['time']}",
+             f"device {doc['device']}  profile {doc['profile']}  seed {doc['seed']}",
+             f"shape B={s['B']} T={s['T']} HQ={s['HQ']} G={s['G']} dk={s['dk']} dv={s['dv']} dim={s['dim']}  "
+             f"cfg {doc['cfg']}", "", "routing:"]
+    lines += [f"  {b:<4} {r['backend']:<9} {r['reason']}" for b, r in doc["routing"].items()]
+    lines += ["", "checks:"]
+    lines += [f"  [{'ok' if r['ok'] else 'FAIL':<4}] {r['check']:<40} {r['detail']}" for r in doc["checks"]]
+    n_fail = sum(not r["ok"] for r in doc["checks"])
+    lines += ["", f"{len(doc['checks']) - n_fail} ok, {n_fail} failed"]
+    return "\n".join(lines) + "\n"
+
+
+class Sanity(Stage):
+    name = "sanity"
+    order = 20
+    requires = ()
+    description = "every branch and NSAAttention: forward + backward, finite, shapes, causal, GQA-consistent"
+    timeout_s = 900.0
+
+    def run(self, ctx) -> StageResult:
+        import torch
+
+        from nsa_core import NSAAttention, NSAConfig, routing, testing
+        from nsa_core import functional as F
+
+        shape = SHAPES[ctx.profile]
+        cfg = NSAConfig(**shape.cfg)
+        device = ctx.device
+        try:
+            r = routing.decide(device)
+        except ValueError as e:
+            return StageResult(Status.FAIL, f"routing.decide({device!r}) rejected its input: {e}")
+        rj = r.to_json()
+        write_json(ctx.dir / "routing.json", rj)
+        backends = {b: r.backend(b, S=shape.T) for b in ("cmp", "slc", "win")}
+        seed = int.from_bytes(os.urandom(4), "little")
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        c = _Checks()
+        sel_q = _rand(gen, shape.B, shape.T, shape.HQ, shape.dk, device=device, dtype=torch.float32)
+        sel_k = _rand(gen, shape.B, shape.T, shape.G, shape.dk, device=device, dtype=torch.float32)
+        for branch in ("cmp", "slc", "win"):
+            c.guard(f"{branch}/{backends[branch]}",
+                    lambda b=branch: _check_branch(c, F, testing, b, backends[b], shape, cfg, gen, device,
+                                                   sel_q, sel_k))
+        c.guard("select", lambda: _check_selection(c, F, shape, cfg, gen, device))
+        c.guard("module", lambda: _check_module(c, NSAAttention, NSAConfig, shape, cfg, gen, device, backends))
+        doc = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": device,
+               "profile": ctx.profile, "seed": seed, "shape": {k: v for k, v in vars(shape).items() if k != "cfg"},
+               "cfg": cfg.to_dict(), "backends": backends,
+               "routing": {b: {"backend": backends[b], "reason": rj["branches"][b]["reason"]} for b in backends},
+               "checks": c.rows}
+        if device == "cuda":
+            doc["gpu"] = torch.cuda.get_device_name(0)
+        write_json(ctx.dir / "sanity.json", doc)
+        write_text(ctx.dir / "sanity.out", _render(doc))
+        files = ["routing.json", "sanity.out", "sanity.json"]
+        failed = [r_["check"] + ": " + r_["detail"] for r_ in c.rows if not r_["ok"]]
+        worst = max((r_.get("rel_err", 0.0) / r_["tol"] for r_ in c.rows if r_.get("tol")
+                     and math.isfinite(r_.get("rel_err", math.nan))), default=None)
+        metrics = {"checks": len(c.rows), "failed": len(failed), "backends": backends,
+                   "worst_err_over_tol": worst}
+        if failed:
+            return StageResult(Status.FAIL, f"{len(failed)}/{len(c.rows)} checks failed: " + "; ".join(failed[:3]),
+                               files=files, metrics=metrics)
+        return StageResult(Status.PASS, f"{len(c.rows)} checks ok on {device} (backends "
+                           + ", ".join(f"{b}={be}" for b, be in backends.items()) + ")", files=files, metrics=metrics)
