@@ -1,0 +1,374 @@
+"""Triton selection attention (NSA Eq. 12, paper §3.4 / Fig. 3): ``backend="triton"``.
+
+Four layers (STYLE.md): the ``@triton.jit`` kernels live in ``nsa_core._triton_sel_kernels``;
+this file holds the host launchers (tiles, grid, outputs), one ``torch.autograd.Function`` and
+the public functions with their input checks.
+
+Forward: one program per (token, KV group) loads the group's h query heads once (padded to
+``HP = max(16, next_pow2(h))`` rows for ``tl.dot``) and streams the selected key blocks with an
+online softmax in fp32; keys after the query are neither loaded nor attended.
+
+Backward: ``delta = rowsum(do * o)``; dq by one program per (token, group) over the same
+blocks; dk/dv through an inverted index (for each (b, g, key block) the sorted list of queries
+that selected it, built with ``torch.sort`` + ``bincount``), processed per key block and split
+into segments of at most ``seg`` queries so a block chosen by every query (block 0) does not
+serialise the grid. Blocks split over several segments write fp32 partial tiles that a second
+kernel sums in segment order: every path of the default backward is deterministic (no
+atomics), so ``deterministic=True`` changes nothing there; it forbids the atomic variants.
+Two atomic variants are kept for measurement (``dkv_mode``): ``"atomic"`` (each (token, group)
+adds its dk/dv contributions with fp32 atomics) and ``"index_dq_atomic"`` (dk/dv by the index,
+dq added with atomics from the same kernel). bench/bench_selection.py measures all three;
+docs/benchmarks.md has the numbers behind the default.
+
+fp32 inputs use IEEE fp32 dots (no tf32), so the fp32 tolerance of DESIGN §7 (1e-5) applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # optional dependency: the module imports without triton, the functions then raise
+    import triton
+
+    from nsa_core import _triton_sel_kernels as _k
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    _k = None
+
+__all__ = ["selection_attention", "selection_attention_fwd", "selection_attention_bwd", "available",
+           "DKV_MODES"]
+
+DKV_MODES = ("index", "atomic", "index_dq_atomic")
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_H = 16
+
+# Launch settings (tuned on an H100, see docs/benchmarks.md). Keys: kernel name -> dict.
+CONFIG = {
+    "fwd": {"num_warps": 4, "num_stages": 2},
+    "dq": {"num_warps": 4, "num_stages": 2},
+    "dkv": {"num_warps": 4, "num_stages": 1, "rows": 64, "seg": 512},
+    "atomic": {"num_warps": 4, "num_stages": 1},
+}
+DEFAULT_DKV_MODE = "index"
+
+
+def available() -> bool:
+    """True when triton imports (on CPU the kernels run only with TRITON_INTERPRET=1)."""
+    return triton is not None
+
+
+def _np2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---- input checks ---------------------------------------------------------------------------
+
+def _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices: bool = True):
+    if triton is None:
+        raise RuntimeError("nsa_core.triton_sel needs triton: pip install triton")
+    for name, x in (("q", q), ("k", k), ("v", v), ("block_idx", block_idx), ("block_count", block_count)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"selection_attention: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("selection_attention: q, k, v must be [B, T, heads, dim]; got "
+                         f"q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+    B, Tq, HQ, dk = q.shape
+    Bk, S, G, dk2 = k.shape
+    if Bk != B or v.shape[0] != B:
+        raise ValueError(f"selection_attention: batch mismatch q {B}, k {Bk}, v {v.shape[0]}")
+    if v.shape[1] != S or v.shape[2] != G:
+        raise ValueError(f"selection_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must agree on [B, T, G]")
+    if dk2 != dk:
+        raise ValueError(f"selection_attention: q head dim {dk} != k head dim {dk2}")
+    if Tq > S:
+        raise ValueError(f"selection_attention: more queries ({Tq}) than keys ({S})")
+    if G == 0 or HQ % G:
+        raise ValueError(f"selection_attention: HQ={HQ} must be a multiple of G={G}")
+    h = HQ // G
+    if not 1 <= h <= MAX_H:
+        raise ValueError(f"selection_attention: heads per group h = HQ/G = {h} is outside 1..{MAX_H}")
+    if min(B, Tq, dk, v.shape[3]) == 0:
+        raise ValueError(f"selection_attention: empty input q{tuple(q.shape)} v{tuple(v.shape)}")
+    if dk > 256 or v.shape[3] > 256:
+        raise ValueError(f"selection_attention: head dims up to 256 are supported, got dk={dk}, dv={v.shape[3]}")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"selection_attention: dtype {q.dtype} not supported (float32, float16, bfloat16)")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"selection_attention: dtype mix q {q.dtype}, k {k.dtype}, v {v.dtype}; use one dtype")
+    if not (q.device == k.device == v.device == block_idx.device == block_count.device):
+        raise ValueError("selection_attention: all tensors must be on one device; got "
+                         f"q {q.device}, k {k.device}, v {v.device}, block_idx {block_idx.device}, "
+                         f"block_count {block_count.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"selection_attention: tensors on {q.device} need a CUDA device, or TRITON_INTERPRET=1 "
+                         "set before triton is imported (CPU interpreter)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"selection_attention: {name} must be contiguous in its last dim (stride {x.stride()})")
+    if block_idx.dtype != torch.int32 or block_count.dtype != torch.int32:
+        raise ValueError(f"selection_attention: block_idx / block_count must be int32, got "
+                         f"{block_idx.dtype} / {block_count.dtype}")
+    if block_idx.dim() != 4 or tuple(block_idx.shape[:3]) != (B, Tq, G) or tuple(block_count.shape) != (B, Tq, G):
+        raise ValueError(f"selection_attention: block_idx {tuple(block_idx.shape)} / block_count "
+                         f"{tuple(block_count.shape)} must be [B, T, G, n] / [B, T, G] = [{B}, {Tq}, {G}, n] / "
+                         f"[{B}, {Tq}, {G}]")
+    if not block_idx.is_contiguous() or not block_count.is_contiguous():
+        raise ValueError("selection_attention: block_idx and block_count must be contiguous")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 256:
+        raise ValueError(f"selection_attention: block_size must be an int in 1..256, got {block_size!r}")
+    if validate_indices:
+        _check_indices(block_idx, block_count, S, block_size)
+
+
+def _check_indices(block_idx: torch.Tensor, block_count: torch.Tensor, S: int, block_size: int) -> None:
+    """Counts in 0..n; the first count ids strictly ascending in 0..NB-1; the rest -1. One host sync."""
+    n = block_idx.shape[-1]
+    NB = (S + block_size - 1) // block_size
+    live = torch.arange(n, device=block_idx.device) < block_count[..., None]
+    bad_count = (block_count < 0) | (block_count > n)
+    bad_id = live & ((block_idx < 0) | (block_idx >= NB))
+    bad_pad = ~live & (block_idx != -1)
+    bad_order = live[..., 1:] & (block_idx[..., 1:] <= block_idx[..., :-1]) if n > 1 else None
+    flags = torch.stack([bad_count.any(), bad_id.any(), bad_pad.any(),
+                         bad_order.any() if bad_order is not None else bad_count.new_zeros(())])
+    bc, bi, bp, bo = flags.tolist()
+    if bc:
+        raise ValueError(f"selection_attention: block_count outside 0..n={n} "
+                         f"(min {int(block_count.min())}, max {int(block_count.max())})")
+    if bi:
+        bad = block_idx[bad_id]
+        raise ValueError(f"selection_attention: block id out of range 0..{NB - 1} (T={S}, block_size={block_size}): "
+                         f"found {int(bad.min()) if int(bad.min()) < 0 else int(bad.max())} in a live slot")
+    if bp:
+        raise ValueError("selection_attention: block_idx slots at or past block_count must be -1 (padding)")
+    if bo:
+        raise ValueError("selection_attention: the live block ids of each (token, group) must be strictly ascending "
+                         "(distinct); a repeated block would be counted twice")
+
+
+# ---- host launchers -------------------------------------------------------------------------
+
+def _geometry(q, k, v, block_idx, block_size):
+    B, Tq, HQ, dk = q.shape
+    S, G = k.shape[1], k.shape[2]
+    dv = v.shape[3]
+    h = HQ // G
+    return dict(B=B, Tq=Tq, HQ=HQ, dk=dk, dv=dv, S=S, G=G, h=h, n=block_idx.shape[-1],
+                NB=(S + block_size - 1) // block_size, HP=max(16, _np2(h)), BK=max(16, _np2(dk)),
+                BV=max(16, _np2(dv)), BS=max(16, _np2(block_size)))
+
+
+def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=None, *,
+                            validate_indices: bool = True, config: dict | None = None):
+    """Forward launcher. Shapes as in :func:`selection_attention`.
+
+    -> (o [B, T, HQ, dv] in q.dtype, lse [B, T, HQ] float32, natural log; -inf where a query
+    sees no key, and then o = 0).
+    """
+    _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices)
+    geo = _geometry(q, k, v, block_idx, block_size)
+    scale = 1.0 / math.sqrt(geo["dk"]) if scale is None else float(scale)
+    cfg = {**CONFIG["fwd"], **(config or {})}
+    o = torch.empty(geo["B"], geo["Tq"], geo["HQ"], geo["dv"], dtype=q.dtype, device=q.device)
+    lse = torch.empty(geo["B"], geo["Tq"], geo["HQ"], dtype=torch.float32, device=q.device)
+    grid = (geo["Tq"], geo["B"] * geo["G"])
+    _k._fwd_kernel[grid](
+        q, k, v, o, lse, block_idx, block_count,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
+        G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
+        HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return o, lse
+
+
+def _delta(o, do):
+    B, Tq, HQ, dv = o.shape
+    delta = torch.empty(B, Tq, HQ, dtype=torch.float32, device=o.device)
+    n_rows = B * Tq * HQ
+    BR = 64
+    _k._bwd_pre_kernel[(triton.cdiv(n_rows, BR),)](
+        o, do, delta, do.stride(0), do.stride(1), do.stride(2), n_rows, Tq, HQ=HQ, DV=dv, BR=BR,
+        BV=max(16, _np2(dv)), num_warps=4)
+    return delta
+
+
+def _inverted_index(block_idx, block_count, geo, seg: int):
+    """(b, g, key block) -> sorted selecting query rows, split in segments of <= seg queries.
+
+    Returns csr_t [P] int32 (query rows t, grouped by key = (b*G + g)*NB + j, ascending t),
+    per-segment arrays seg_key / seg_start / seg_end / seg_out (int32; seg_out = -1 when the
+    segment is its block's only one, else its fp32 workspace slot), and for the blocks split
+    over several segments red_key / red_start / red_end (their workspace slot ranges).
+    Every key block has at least one segment, so every dk/dv row is written.
+    """
+    B, Tq, G, n, NB = geo["B"], geo["Tq"], geo["G"], geo["n"], geo["NB"]
+    dev = block_idx.device
+    nkeys = B * G * NB
+    live = torch.arange(n, device=dev) < block_count[..., None]  # [B, Tq, G, n]
+    b_ix = torch.arange(B, device=dev).view(B, 1, 1, 1)
+    g_ix = torch.arange(G, device=dev).view(1, 1, G, 1)
+    t_ix = torch.arange(Tq, device=dev).view(1, Tq, 1, 1)
+    key = (b_ix * G + g_ix) * NB + block_idx.long()
+    combined = (key * Tq + t_ix)[live]
+    combined = torch.sort(combined).values  # unique values: ordering is deterministic
+    keys_sorted = combined // Tq
+    csr_t = (combined - keys_sorted * Tq).to(torch.int32)
+    counts = torch.bincount(keys_sorted, minlength=nkeys)
+    offsets = torch.cumsum(counts, 0) - counts
+    nseg = torch.clamp((counts + seg - 1) // seg, min=1)
+    seg_first = torch.cumsum(nseg, 0) - nseg
+    total = int(nseg.sum())
+    seg_key = torch.repeat_interleave(torch.arange(nkeys, device=dev), nseg, output_size=total)
+    local = torch.arange(total, device=dev) - seg_first[seg_key]
+    seg_start = offsets[seg_key] + local * seg
+    seg_end = torch.minimum(seg_start + seg, offsets[seg_key] + counts[seg_key])
+    multi = nseg[seg_key] > 1
+    slot = torch.cumsum(multi.to(torch.int64), 0) - 1
+    seg_out = torch.where(multi, slot, torch.full_like(slot, -1))
+    red_mask = nseg > 1
+    red_key = torch.nonzero(red_mask).flatten()
+    red_start = seg_out[seg_first[red_key]]
+    red_end = red_start + nseg[red_key]
+    i32 = torch.int32
+    return (csr_t, seg_key.to(i32), seg_start.to(i32), seg_end.to(i32), seg_out.to(i32), int(multi.sum()),
+            red_key.to(i32), red_start.to(i32), red_end.to(i32))
+
+
+def selection_attention_bwd(q, k, v, o, lse, do, block_idx, block_count, block_size, scale=None, *,
+                            deterministic: bool = False, dkv_mode: str | None = None,
+                            config: dict | None = None):
+    """Backward launcher -> (dq, dk, dv) in the input dtype. ``o``/``lse`` from the forward.
+
+    dkv_mode: "index" (default; deterministic), "atomic" or "index_dq_atomic" (fp32 atomics,
+    not bitwise reproducible; refused with deterministic=True).
+    """
+    mode = dkv_mode or ("index" if deterministic else DEFAULT_DKV_MODE)
+    if mode not in DKV_MODES:
+        raise ValueError(f"selection_attention_bwd: dkv_mode {mode!r} is not one of {DKV_MODES}")
+    if deterministic and mode != "index":
+        raise ValueError(f"selection_attention_bwd: dkv_mode {mode!r} uses atomics; deterministic=True needs 'index'")
+    if do.shape != o.shape:
+        raise ValueError(f"selection_attention_bwd: do {tuple(do.shape)} must match o {tuple(o.shape)}")
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    do = do.to(q.dtype)
+    geo = _geometry(q, k, v, block_idx, block_size)
+    scale = 1.0 / math.sqrt(geo["dk"]) if scale is None else float(scale)
+    B, Tq, HQ, S, G, dk, dv = geo["B"], geo["Tq"], geo["HQ"], geo["S"], geo["G"], geo["dk"], geo["dv"]
+    ieee = q.dtype == torch.float32
+    common = dict(G=G, H=geo["h"], BLOCK_SIZE=block_size, DK=dk, DV=dv, BK=geo["BK"], BV=geo["BV"], BS=geo["BS"],
+                  IEEE=ieee)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    qk_scale = scale * _k.LOG2E
+    delta = _delta(o, do)
+    dev = q.device
+
+    if mode == "atomic":
+        c = {**CONFIG["atomic"], **(config or {}).get("atomic", {})}
+        dq = torch.empty(B, Tq, HQ, dk, dtype=q.dtype, device=dev)
+        dk32 = torch.zeros(B, S, G, dk, dtype=torch.float32, device=dev)
+        dv32 = torch.zeros(B, S, G, dv, dtype=torch.float32, device=dev)
+        _k._bwd_atomic_kernel[(Tq, B * G)](
+            q, k, v, do, lse, delta, dq, dk32, dv32, block_idx, block_count, *strides,
+            Tq, S, S - Tq, qk_scale, scale, N=geo["n"], HP=geo["HP"], **common,
+            num_warps=c["num_warps"], num_stages=c["num_stages"])
+        return dq, dk32.to(k.dtype), dv32.to(v.dtype)
+
+    dkv_cfg = {**CONFIG["dkv"], **(config or {}).get("dkv", {})}
+    if mode == "index":
+        c = {**CONFIG["dq"], **(config or {}).get("dq", {})}
+        dq = torch.empty(B, Tq, HQ, dk, dtype=q.dtype, device=dev)
+        _k._bwd_dq_kernel[(Tq, B * G)](
+            q, k, v, do, lse, delta, dq, block_idx, block_count, *strides,
+            Tq, S, S - Tq, qk_scale, scale, N=geo["n"], HP=geo["HP"], **common,
+            num_warps=c["num_warps"], num_stages=c["num_stages"])
+        dq32 = delta  # unused placeholder pointer
+    else:
+        dq32 = torch.zeros(B, Tq, HQ, dk, dtype=torch.float32, device=dev)
+
+    (csr_t, seg_key, seg_start, seg_end, seg_out, n_ws, red_key, red_start,
+     red_end) = _inverted_index(block_idx, block_count, geo, int(dkv_cfg["seg"]))
+    dk_out = torch.empty(B, S, G, dk, dtype=k.dtype, device=dev)
+    dv_out = torch.empty(B, S, G, dv, dtype=v.dtype, device=dev)
+    BS = geo["BS"]
+    wsk = torch.empty(max(n_ws, 1) * BS * geo["BK"], dtype=torch.float32, device=dev)
+    wsv = torch.empty(max(n_ws, 1) * BS * geo["BV"], dtype=torch.float32, device=dev)
+    HPd = _np2(geo["h"])
+    BQ = max(1, int(dkv_cfg["rows"]) // HPd)
+    if BQ * HPd < 16:
+        BQ = 16 // HPd
+    _k._bwd_dkv_kernel[(seg_key.numel(),)](
+        q, k, v, do, lse, delta, dk_out, dv_out, wsk, wsv, dq32,
+        seg_key, seg_start, seg_end, seg_out, csr_t, *strides,
+        Tq, S, S - Tq, geo["NB"], qk_scale, scale, HP=HPd, BQ=BQ, ATOMIC_DQ=mode == "index_dq_atomic", **common,
+        num_warps=dkv_cfg["num_warps"], num_stages=dkv_cfg["num_stages"])
+    if red_key.numel():
+        _k._bwd_dkv_reduce_kernel[(red_key.numel(),)](
+            wsk, wsv, dk_out, dv_out, red_key, red_start, red_end, S, geo["NB"], G=G, BLOCK_SIZE=block_size,
+            DK=dk, DV=dv, BK=geo["BK"], BV=geo["BV"], BS=BS, num_warps=4)
+    if mode == "index_dq_atomic":
+        dq = dq32.to(q.dtype)
+    return dq, dk_out, dv_out
+
+
+# ---- autograd -------------------------------------------------------------------------------
+
+class _SelectionAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block_idx, block_count, block_size, scale, deterministic, dkv_mode):
+        o, lse = selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale,
+                                         validate_indices=False)
+        ctx.save_for_backward(q, k, v, o, lse, block_idx, block_count)
+        ctx.block_size = block_size
+        ctx.scale = scale
+        ctx.deterministic = deterministic
+        ctx.dkv_mode = dkv_mode
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, block_idx, block_count = ctx.saved_tensors
+        dq, dk, dv = selection_attention_bwd(q, k, v, o, lse, do, block_idx, block_count, ctx.block_size,
+                                             ctx.scale, deterministic=ctx.deterministic, dkv_mode=ctx.dkv_mode)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+# ---- public ---------------------------------------------------------------------------------
+
+def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor,
+                        block_count: torch.Tensor, block_size: int, scale: float | None = None,
+                        deterministic: bool = False, *, dkv_mode: str | None = None) -> torch.Tensor:
+    """Selected attention (NSA Eq. 12) with the Triton kernels; differentiable.
+
+    q [B, T, HQ, dk], k [B, S, G, dk], v [B, S, G, dv] (one dtype: float32 / float16 /
+    bfloat16; last dim contiguous; h = HQ/G in 1..16; dk, dv <= 256; queries are the last T of
+    S positions, S == T for prefill); block_idx [B, T, G, n] int32 (per (token, group) the
+    block_count chosen block ids, strictly ascending, then -1), block_count [B, T, G] int32.
+    Block j covers keys [j*block_size, (j+1)*block_size); keys after the query are masked.
+    scale defaults to 1/sqrt(dk). -> o [B, T, HQ, dv] (q.dtype); a query with no visible key
+    gets 0.
+
+    deterministic=True guarantees bitwise-identical gradients across runs (the default
+    backward already is; it refuses the atomic ``dkv_mode`` variants).
+    Raises ValueError for bad shapes, dtype mixes, non-contiguous inputs, out-of-range or
+    unsorted block ids.
+    """
+    mode = dkv_mode or ("index" if deterministic else DEFAULT_DKV_MODE)
+    if mode not in DKV_MODES:
+        raise ValueError(f"selection_attention: dkv_mode {mode!r} is not one of {DKV_MODES}")
+    if deterministic and mode != "index":
+        raise ValueError(f"selection_attention: dkv_mode {mode!r} uses atomics; deterministic=True needs 'index'")
+    _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices=True)
+    return _SelectionAttention.apply(q, k, v, block_idx, block_count, block_size, scale, bool(deterministic), mode)

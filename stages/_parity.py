@@ -1,0 +1,279 @@
+"""Shared parity machinery of the ``triton-fwd`` / ``triton-bwd`` stages (private).
+
+The case matrix, fresh random inputs with realistic block indices (``F.select_blocks``), the
+float64 reference (``nsa_core._reference.selection_attention``; gradients by autograd through
+it, chunked over queries so paper-scale cases fit on a GPU) and the CSV/txt writers.
+
+Test hook: the stages call :func:`kernel`, which returns ``KERNEL`` when a test has set it (a
+function with the signature of ``nsa_core.triton_sel.selection_attention``), else the real
+Triton kernel. A deliberately wrong kernel injected there must turn both stages FAIL.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+from nsa_runner.stage import StageResult, Status
+
+KERNEL = None  # test hook (see module docstring)
+
+INSTALL_HINT = "pip install triton   (CPU runs use the Triton interpreter, TRITON_INTERPRET=1)"
+COLUMNS = ["case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", "rel_err", "tol", "status"]
+
+
+@dataclass(frozen=True)
+class Case:
+    B: int
+    T: int
+    HQ: int
+    G: int
+    dk: int
+    dv: int
+    dtype: str  # "fp32" / "fp16" / "bf16"
+    n: int = 4
+    l_sel: int = 16
+    ragged: bool = False  # drop random live blocks: counts < n, some queries see nothing
+    gpu_only: bool = False  # paper-scale: too big for the CPU interpreter
+
+    @property
+    def id(self) -> str:
+        from nsa_core.testing import case_id
+
+        cid = case_id(self.B, self.T, self.HQ, self.G, self.dk, self.dv, self.dtype, n=self.n, l=self.l_sel)
+        return cid + ("-ragged" if self.ragged else "")
+
+    @property
+    def cfg(self):
+        from nsa_core import NSAConfig
+
+        if self.l_sel >= 64:
+            return NSAConfig(l=32, d=16, l_sel=self.l_sel, n_sel=self.n, w=512)
+        return NSAConfig(l=self.l_sel, d=max(1, self.l_sel // 2), l_sel=self.l_sel, n_sel=self.n, w=32)
+
+
+# Quick: tiny shapes the interpreter runs in seconds. h in {1, 2, 3, 4}, dk != dv, non-power-of-2
+# head dims, T not a multiple of the block, B = 2, fewer selected blocks than n (early tokens and
+# the ragged case, where some queries select nothing).
+QUICK = (
+    Case(B=2, T=70, HQ=4, G=2, dk=24, dv=16, dtype="fp32"),
+    Case(B=1, T=50, HQ=2, G=2, dk=16, dv=32, dtype="fp16"),
+    Case(B=1, T=45, HQ=8, G=2, dk=32, dv=16, dtype="fp16", n=3),
+    Case(B=1, T=40, HQ=6, G=2, dk=16, dv=24, dtype="fp32", ragged=True),
+)
+# Full (GPU): the quick matrix plus paper-scale cases (HQ=64, G=4, dk=192, dv=128, n=16, l'=64).
+PAPER = dict(HQ=64, G=4, dk=192, dv=128, n=16, l_sel=64, gpu_only=True)
+FULL = QUICK + (
+    Case(B=1, T=40, HQ=16, G=1, dk=32, dv=16, dtype="fp32"),  # h = 16 on a small shape
+    Case(B=1, T=8192, dtype="bf16", **PAPER),
+    Case(B=1, T=8000, dtype="fp16", **PAPER),  # T not a multiple of l'
+    Case(B=2, T=2048, dtype="bf16", **PAPER),
+    Case(B=1, T=2048, dtype="fp32", **PAPER),
+    Case(B=1, T=2048, HQ=24, G=2, dk=192, dv=128, dtype="bf16", n=16, l_sel=64, ragged=True, gpu_only=True),
+    Case(B=1, T=4096, HQ=16, G=1, dk=128, dv=128, dtype="bf16", n=16, l_sel=64, gpu_only=True),  # h = 16
+    Case(B=1, T=2048, HQ=4, G=4, dk=128, dv=128, dtype="fp16", n=16, l_sel=64, gpu_only=True),  # h = 1
+)
+
+
+def cases_for(profile: str, only: str | None = None) -> tuple[Case, ...]:
+    cases = FULL if profile == "full" else QUICK
+    if only:
+        keys = [s.strip() for s in only.split(",") if s.strip()]
+        cases = tuple(c for c in cases if any(k in c.id for k in keys))
+    return cases
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def kernel():
+    if KERNEL is not None:
+        return KERNEL
+    from nsa_core import triton_sel
+
+    return triton_sel.selection_attention
+
+
+def preflight(ctx) -> StageResult | None:
+    """SKIP when triton is missing or when a CPU run cannot use the interpreter."""
+    if not triton_available():
+        return StageResult(Status.SKIP, "triton is not installed", hint=INSTALL_HINT)
+    if ctx.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return StageResult(Status.SKIP, "CPU run without TRITON_INTERPRET=1 (set it before triton is imported; "
+                           "the nsa-run executor does this)", hint="TRITON_INTERPRET=1 nsa-run stage ...")
+    return None
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+def make_inputs(case: Case, device: str, seed: int):
+    """Fresh random q, k, v (case dtype), realistic block_idx/block_count, do. Never zeros."""
+    import torch
+
+    from nsa_core import functional as F
+    from nsa_core.testing import DTYPES_BY_NAME
+
+    dt = DTYPES_BY_NAME[case.dtype]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dt)
+
+    B, T = case.B, case.T
+    q, k, v = rnd(B, T, case.HQ, case.dk), rnd(B, T, case.G, case.dk), rnd(B, T, case.G, case.dv)
+    k_cmp = torch.randn(B, T, case.G, case.dk, generator=gen).to(device)
+    block_idx, block_count = F.select_blocks(q.float(), k_cmp, case.cfg)
+    if case.ragged:
+        block_idx, block_count = _ragged(block_idx, block_count, gen)
+    do = rnd(B, T, case.HQ, case.dv)
+    return q, k, v, block_idx.contiguous(), block_count.contiguous(), do
+
+
+def _ragged(block_idx, block_count, gen):
+    """Keep a random ~60% of each row's live blocks (ascending, -1 padded, counts adjusted)."""
+    import torch
+
+    n = block_idx.shape[-1]
+    live = torch.arange(n, device=block_idx.device) < block_count[..., None]
+    keep = live & (torch.rand(block_idx.shape, generator=gen).to(block_idx.device) < 0.6)
+    big = torch.iinfo(torch.int32).max
+    idx = torch.sort(torch.where(keep, block_idx, torch.full_like(block_idx, big)), dim=-1).values
+    idx = torch.where(idx == big, torch.full_like(idx, -1), idx)
+    return idx.contiguous(), keep.sum(-1).to(torch.int32).contiguous()
+
+
+# ---- float64 reference ------------------------------------------------------------------------
+
+def _chunk_rows(B: int, HQ: int, S: int) -> int:
+    return max(1, (1 << 27) // max(1, B * HQ * S))
+
+
+def _chunk_selection(block_idx, block_count, c1: int, block_size: int):
+    """Selection rows of queries < c1 restricted to the key blocks that exist among keys 0..c1-1.
+
+    Blocks starting at or after c1 are in the future of every query of the chunk (fully masked),
+    and the ids are ascending, so dropping them only shortens each row's live prefix.
+    """
+    import torch
+
+    nb = (c1 + block_size - 1) // block_size
+    n = block_idx.shape[-1]
+    live = (torch.arange(n, device=block_idx.device) < block_count[..., None]) & (block_idx < nb)
+    return torch.where(live, block_idx, torch.full_like(block_idx, -1)), live.sum(-1).to(torch.int32)
+
+
+def reference(q, k, v, block_idx, block_count, block_size, do=None):
+    """float64 reference: o, and with ``do`` also (dq, dk, dv), on the inputs' device.
+
+    Query chunk [c0, c1) is evaluated against keys 0..c1-1 (its queries sit at positions c0..c1-1,
+    exactly as in the full problem); dk/dv sum the chunks' contributions.
+    """
+    import torch
+
+    from nsa_core import _reference
+
+    B, T, HQ, _ = q.shape
+    q64, k64, v64 = (x.detach().to(torch.float64) for x in (q, k, v))
+    do64 = None if do is None else do.detach().to(torch.float64)
+    C = _chunk_rows(B, HQ, T)
+    outs = []
+    dq = torch.zeros_like(q64) if do is not None else None
+    dk = torch.zeros_like(k64) if do is not None else None
+    dv = torch.zeros_like(v64) if do is not None else None
+    for c0 in range(0, T, C):
+        c1 = min(T, c0 + C)
+        idx, cnt = _chunk_selection(block_idx[:, c0:c1], block_count[:, c0:c1], c1, block_size)
+        if do is None:
+            with torch.no_grad():
+                outs.append(_reference.selection_attention(q64[:, c0:c1], k64[:, :c1], v64[:, :c1], idx, cnt,
+                                                           block_size))
+            continue
+        qc = q64[:, c0:c1].clone().requires_grad_(True)
+        kc = k64[:, :c1].clone().requires_grad_(True)
+        vc = v64[:, :c1].clone().requires_grad_(True)
+        oc = _reference.selection_attention(qc, kc, vc, idx, cnt, block_size)
+        gq, gk, gv = torch.autograd.grad(oc, (qc, kc, vc), do64[:, c0:c1])
+        outs.append(oc.detach())
+        dq[:, c0:c1] = gq
+        dk[:, :c1] += gk
+        dv[:, :c1] += gv
+        del qc, kc, vc, oc, gq, gk, gv
+    o = torch.cat(outs, dim=1)
+    return o if do is None else (o, dq, dk, dv)
+
+
+# ---- running a matrix -------------------------------------------------------------------------
+
+def run_matrix(ctx, which: str, measure) -> StageResult:
+    """Run ``measure(case, device, seed) -> dict`` over the profile's cases; write CSV + txt.
+
+    ``measure`` returns the row's numbers (max_abs, rel_err, tol, ok, + extra columns). A case
+    that raises becomes a row with status ERROR; any row not PASS makes the stage FAIL naming it.
+    """
+    import torch
+
+    from nsa_runner.artifacts import write_csv, write_text
+
+    opts = getattr(ctx, "options", {}) or {}
+    seed = int(opts.get("seed") or 0)
+    device = ctx.device
+    cases = cases_for(ctx.profile, opts.get("cases"))
+    if not cases:
+        return StageResult(Status.FAIL, f"--cases {opts.get('cases')!r} matches no case of the {ctx.profile} profile")
+    rows = []
+    for i, case in enumerate(cases):
+        base = {"case": case.id, "B": case.B, "T": case.T, "HQ": case.HQ, "G": case.G, "dk": case.dk,
+                "dv": case.dv, "dtype": case.dtype}
+        if case.gpu_only and device != "cuda":
+            rows.append({**base, "max_abs": float("nan"), "rel_err": float("nan"), "tol": float("nan"),
+                         "status": "SKIP", "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
+            print(f"[SKIP] {case.id}: needs CUDA", flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            m = measure(case, device, seed + 1000 * i)
+            status = "PASS" if m.pop("ok") else "FAIL"
+            row = {**base, **m, "status": status}
+        except Exception as e:  # noqa: BLE001 - the kernel under test failed on this case
+            traceback.print_exc()
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            row = {**base, "max_abs": float("nan"), "rel_err": float("nan"), "tol": float("nan"),
+                   "status": "ERROR", "note": f"{type(e).__name__}: {first}"}
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        rows.append(row)
+        print(f"[{row['status']}] {case.id}: max_abs={row['max_abs']:.3e} rel_err={row['rel_err']:.3e} "
+              f"tol={row['tol']:.0e} ({row['seconds']} s)", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[COLUMNS + extra]
+    stem = f"triton_{which}"
+    write_csv(ctx.dir / f"{stem}.csv", df)
+    ran = df[df.status != "SKIP"]
+    bad = ran[ran.status != "PASS"]
+    skipped = df[df.status == "SKIP"]
+    head = [f"triton-{which}: Triton selection kernel vs float64 reference (DESIGN §7 tolerances; fp32 uses",
+            "IEEE fp32 dots, no tf32, so fp32 tol = 1e-5)",
+            f"device={device} profile={ctx.profile} seed={seed} cases run={len(ran)} failed={len(bad)} "
+            f"skipped={len(skipped)}", ""]
+    write_text(ctx.dir / f"{stem}.txt", "\n".join(head) + df.to_string(index=False) + "\n")
+    files = [f"{stem}.csv", f"{stem}.txt"]
+    metrics = {"cases": int(len(ran)), "failed": int(len(bad)), "skipped": int(len(skipped)),
+               "worst_rel_err": float(ran.rel_err.max()) if len(ran) and ran.rel_err.notna().all() else None}
+    skip_note = f"; {len(skipped)} paper-scale case(s) not run here (need CUDA)" if len(skipped) else ""
+    if len(bad):
+        names = ", ".join(f"{r.case} ({r.status}, rel_err={r.rel_err:.2e} tol={r.tol:.0e})" for r in bad.itertuples())
+        return StageResult(Status.FAIL, f"{len(bad)}/{len(ran)} case(s) failed: {names}{skip_note}", files, metrics)
+    return StageResult(Status.PASS, f"{len(ran)}/{len(ran)} cases within tolerance "
+                                    f"(worst rel_err {metrics['worst_rel_err']:.2e}){skip_note}", files, metrics)

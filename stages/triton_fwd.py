@@ -1,0 +1,43 @@
+"""Stage ``triton-fwd``: the Triton selection forward matches the float64 reference (DESIGN §5).
+
+Case matrix per profile (``stages._parity``): quick = tiny shapes in the Triton interpreter on
+CPU (fp32/fp16); full = the quick matrix plus paper-scale cases on CUDA (HQ=64, G=4, dk=192,
+dv=128, n=16, l'=64, T up to 8K, bf16/fp16/fp32, B=2, h=1/12/16, T not a multiple of l').
+Each case is a row of triton_fwd.csv (case, B, T, HQ, G, dk, dv, dtype, max_abs, rel_err, tol,
+status, ...) and of the readable triton_fwd.txt. Any case over tolerance -> FAIL naming it.
+"""
+
+from __future__ import annotations
+
+from nsa_runner.stage import Option, Stage, StageResult
+from stages import _parity
+
+
+def _measure(case, device, seed):
+    import torch
+
+    from nsa_core.testing import DTYPES_BY_NAME, compare
+
+    q, k, v, idx, cnt, _ = _parity.make_inputs(case, device, seed)
+    with torch.no_grad():
+        o = _parity.kernel()(q, k, v, idx, cnt, case.l_sel)
+    ref = _parity.reference(q, k, v, idx, cnt, case.l_sel)
+    c = compare(o, ref, DTYPES_BY_NAME[case.dtype])
+    return {"max_abs": c.max_abs, "rel_err": c.rel_err, "tol": c.tol, "ok": c.ok, "n": case.n, "l_sel": case.l_sel}
+
+
+class TritonFwd(Stage):
+    name = "triton-fwd"
+    order = 30
+    requires = ("triton",)
+    description = "Triton selection attention forward vs the float64 reference over a case matrix"
+    options = (
+        Option("--cases", str, None, "only cases whose id contains one of these comma-separated substrings"),
+        Option("--seed", int, 0, "base seed of the random inputs"),
+    )
+
+    def run(self, ctx) -> StageResult:
+        skip = _parity.preflight(ctx)
+        if skip is not None:
+            return skip
+        return _parity.run_matrix(ctx, "fwd", _measure)
