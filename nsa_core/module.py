@@ -133,16 +133,96 @@ class NSAAttention(nn.Module):
         return self.o_proj(o.reshape(B, T, self.HQ * self.dv))
 
     # ---- forward ------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, cache=None):
+    def forward(self, x: torch.Tensor, cache=None, *, max_len: int | None = None):
+        """Prefill (cache=None) or decode (cache from an earlier call); returns (y, cache).
+
+        max_len: capacity to preallocate at prefill (default T + ``decode_headroom``); decode
+        past it grows the cache by doubling (never per step).
+        """
         if cache is not None:
             return self._decode(x, cache)
         p = self.project(x, 0)
         o = F.nsa_attention(p.q, p.k_cmp, p.v_cmp, p.k_sel, p.v_sel, p.k_win, p.v_win, p.gates, self.cfg,
                             self.backend, phi_k=self.phi_k, phi_v=self.phi_v)
-        return self.out(o), self._make_cache(p)
+        return self.out(o), self._make_cache(p, max_len=max_len)
 
-    def _make_cache(self, p: BranchInputs):
-        return None  # replaced by the decode path (nsa_core.cache)
+    # ---- decode (DESIGN §4; nsa_core.cache, nsa_core._decode, nsa_core._decode_fast) --------------
+    decode_headroom = 1024  # default extra capacity after a prefill of T tokens
 
-    def _decode(self, x, cache):
-        raise NotImplementedError("decode is not implemented yet (nsa_core.cache)")
+    @torch.no_grad()
+    def _make_cache(self, p: BranchInputs, max_len: int | None = None):
+        """Fill an NSACache from a prefill's projections (the compressed tokens prefill used)."""
+        from nsa_core.cache import NSACache
+
+        B, T = p.q.shape[:2]
+        if max_len is not None and (not isinstance(max_len, int) or max_len < T):
+            raise ValueError(f"NSAAttention: max_len={max_len!r} must be an int >= the prefill length {T}")
+        cap = max_len if max_len is not None else T + self.decode_headroom
+        cache = NSACache.empty(self.cfg, B, self.G, self.dk, self.dv, cap, dtype=p.k_sel.dtype,
+                               device=p.k_sel.device)
+        kc = F.compress(p.k_cmp, self.cfg, self.phi_k)
+        vc = F.compress(p.v_cmp, self.cfg, self.phi_v)
+        cache.fill_(p.k_cmp, p.v_cmp, p.k_sel, p.v_sel, p.k_win, p.v_win, kc, vc)
+        return cache
+
+    def new_cache(self, B: int, max_len: int, *, dtype=None, device=None):
+        """An empty NSACache for this layer (decode from position 0, or a direct fill)."""
+        from nsa_core.cache import NSACache
+
+        w = self.q_proj.weight
+        return NSACache.empty(self.cfg, B, self.G, self.dk, self.dv, max_len, dtype=dtype or w.dtype,
+                              device=device or w.device)
+
+    def _check_cache(self, x: torch.Tensor, cache) -> None:
+        from nsa_core.cache import NSACache
+
+        if not isinstance(cache, NSACache):
+            raise ValueError(f"NSAAttention: cache must be an NSACache (from a prefill), got {type(cache).__name__}")
+        if cache.cfg != self.cfg:
+            raise ValueError(f"NSAAttention: cache was built for {cache.cfg}, this layer uses {self.cfg}")
+        want = (self.G, self.dk, self.dv)
+        got = (cache.groups, cache.K_sel.shape[-1], cache.V_sel.shape[-1])
+        if got != want:
+            raise ValueError(f"NSAAttention: cache has (G, dk, dv) = {got}, this layer {want}")
+        if x.dim() != 3 or x.shape[0] != cache.batch:
+            raise ValueError(f"NSAAttention: decode input must be [B={cache.batch}, T, {self.dim}], "
+                             f"got {tuple(x.shape)}")
+
+    @torch.no_grad()
+    def _decode(self, x: torch.Tensor, cache):
+        """Decode x [B, k, dim] (k >= 1 new tokens at positions cache.length..) one token at a time.
+
+        Each token is appended to every branch cache, then attends exactly as prefill would at
+        its position (nsa_core._decode.attend). Runs without autograd. cache.reads holds the
+        last token's read counters, cache.reads_per_step one dict per token.
+        """
+        from nsa_core import _decode
+        from nsa_core.cache import read_counts
+
+        self._check_cache(x, cache)
+        B, T, _ = x.shape
+        if T == 0:
+            raise ValueError("NSAAttention: decode needs at least one new token")
+        t0 = cache.length
+        p = self.project(x, t0)
+        cache.reserve(t0 + T)
+        outs, per_step = [], []
+        for i in range(T):
+            t = t0 + i
+            cache.append_(p.k_cmp[:, i], p.v_cmp[:, i], p.k_sel[:, i], p.v_sel[:, i], p.k_win[:, i],
+                          p.v_win[:, i], self.phi_k, self.phi_v)
+            o, idx, cnt = _decode.attend(p.q[:, i:i + 1], p.gates[:, i:i + 1], cache, t, self.cfg, self.backend)
+            outs.append(o)
+            per_step.append(read_counts(t + 1, idx[:, 0], cnt[:, 0], self.cfg))
+            cache.last_selection = torch.where(
+                torch.arange(idx.shape[-1], device=idx.device) < cnt[:, 0, :, None], idx[:, 0], -1)
+        cache.reads, cache.reads_per_step = per_step[-1], per_step
+        o = torch.cat(outs, dim=1) if T > 1 else outs[0]
+        return self.out(o), cache
+
+    def decoder(self, cache, **kw):
+        """A static-shape (CUDA-graph capturable) decode stepper over ``cache``: see
+        nsa_core._decode_fast.StaticDecoder."""
+        from nsa_core._decode_fast import StaticDecoder
+
+        return StaticDecoder(self, cache, **kw)
