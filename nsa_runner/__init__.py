@@ -1,6 +1,6 @@
 """nsa-run: a validation runner for Native Sparse Attention kernels."""
 
-from nsa_runner.stage import Option, Stage, StageResult, Status
+from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 
-__all__ = ["Option", "Stage", "StageResult", "Status"]
+__all__ = ["Option", "Stage", "StageResult", "Status", "int_list"]
 __version__ = "0.1.0"

@@ -8,13 +8,14 @@ JSON only and the counts line goes to stderr).
 from __future__ import annotations
 
 import json
+import os
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from nsa_runner.executor import Observer, StageRecord, counts
 from nsa_runner.registry import StageEntry
@@ -34,15 +35,18 @@ def err_console() -> Console:
 
 
 def out_console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    c = Console(highlight=False, soft_wrap=False)
+    if not c.is_terminal and "COLUMNS" not in os.environ:  # logs / CI / pipes: do not fold at 80
+        c = Console(highlight=False, soft_wrap=False, width=140)
+    return c
 
 
 def fail(message: str, hint: str = "", exit_code: int = 2) -> NoReturn:
     """Print ``error: message`` (and the hint) to stderr and exit with ``exit_code`` (usage: 2)."""
     c = err_console()
-    c.print(f"[bold red]error:[/] {escape(message)}")
+    c.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # paths stay copy-pasteable
     if hint:
-        c.print(f"[dim]hint:[/] {escape(hint)}")
+        c.print(f"[dim]hint:[/] {escape(hint)}", soft_wrap=True)
     raise typer.Exit(exit_code)
 
 
@@ -56,9 +60,9 @@ class ProgressObserver(Observer):
     def __init__(self, console: Console):
         self.progress = Progress(
             SpinnerColumn(finished_text="•"),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=14)),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"),
+            TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
             console=console,
             transient=False,
         )
@@ -93,7 +97,7 @@ class ProgressObserver(Observer):
 def results_table(records: list[StageRecord], title: str = "") -> Table:
     t = Table(title=title or None, show_lines=False)
     t.add_column("order", justify="right")
-    t.add_column("stage", style="bold")
+    t.add_column("stage", style="bold", no_wrap=True)
     t.add_column("status")
     t.add_column("time", justify="right")
     t.add_column("reason", overflow="fold")

@@ -53,7 +53,7 @@ def list_stages(
     else:
         t = Table(title=f"nsa-run stages (device={machine.device})")
         for col in ("order", "stage", "requires", "source", "options", "runs here"):
-            t.add_column(col, overflow="fold")
+            t.add_column(col, overflow="fold", no_wrap=col in ("order", "stage"))
         for r in rows:
             runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {escape(r['why_not'])}"
             t.add_row("-" if r["order"] is None else str(r["order"]), r["name"],
