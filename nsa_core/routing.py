@@ -333,21 +333,37 @@ def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
     if not usable:
         why = "; ".join(f"{p}: {st.get('reason', '?')}" for p, st in paths.items())
         return Choice("sdpa", f"no flash path for {branch} on this machine ({why})")
-    best = usable[0]  # nsa_core.flash lists paths in its preference order
     entry = thr.get("entry")
     if entry is None:
-        return Choice("sdpa", f"flash path {best!r} present but not measured here ({thr.get('note')}); "
+        return Choice("sdpa", f"flash paths {usable} present but not measured here ({thr.get('note')}); "
                               "SDPA until fa2-probe shows flash is faster")
-    rec = entry["branches"].get(branch, {}).get(best)
     src = f"fa2-probe run {entry['source_run']}, {entry['measured'][:10]}"
-    if rec is None:
-        return Choice("sdpa", f"thresholds entry has no {branch}/{best} measurement ({src})")
-    if rec["min_len"] is None:
-        hi = rec.get("max_measured")
-        rng = f" up to S={hi}" if hi else ""
-        return Choice("sdpa", f"{best} never >= {SPEEDUP_REQUIRED}x faster than sdpa{rng} ({src})")
+    measured = {p: entry["branches"].get(branch, {}).get(p) for p in usable}
+    measured = {p: r for p, r in measured.items() if r is not None}
+    if not measured:
+        return Choice("sdpa", f"thresholds entry has no {branch} measurement for {usable} ({src})")
+    wins = {p: r for p, r in measured.items() if r["min_len"] is not None}
+    if not wins:
+        never = ", ".join(f"{p} (up to S={r.get('max_measured', '?')})" for p, r in measured.items())
+        return Choice("sdpa", f"no flash path is ever >= {SPEEDUP_REQUIRED}x faster than sdpa: {never} ({src})")
+    # the path that pays off earliest; ties -> the larger speedup at the longest measured S
+    best = min(wins, key=lambda p: (wins[p]["min_len"], -float(wins[p].get("speedup_at_max") or 0.0)))
+    rec = wins[best]
     return Choice("flash", f"{best} >= {SPEEDUP_REQUIRED}x faster than sdpa from S={rec['min_len']} on "
                            f"{facts['gpu']} ({src}); sdpa below", path=best, min_len=int(rec["min_len"]))
+
+
+_CACHE: dict = {}
+
+
+def cached_decide(device: str = "cpu") -> Routing:
+    """decide(device) with the default thresholds, memoised per device for this process.
+
+    Used by ``nsa_core.flash`` to pick the measured-best path when none is pinned.
+    """
+    if device not in _CACHE:
+        _CACHE[device] = decide(device)
+    return _CACHE[device]
 
 
 def decide(device: str = "cpu", overrides: dict | str | os.PathLike | None = None, *,

@@ -1,0 +1,225 @@
+"""Parity and speed of the flash paths (the fa2-probe stage's measurements).
+
+``parity(...)``: each flash path, both branches, forward and backward (dq, dk, dv) against the
+float64 reference on fresh random inputs, one row per (case, branch, path), compared with
+``nsa_core.testing.compare``. ``bench(...)``: each path that passed parity against the SDPA
+backend (``backend="sdpa"``) over a list of S, forward and forward+backward, median of
+``triton.testing.do_bench`` (CUDA events when Triton is missing). ``thresholds(...)``: the
+smallest S from which a path stays >= 1.2x faster than SDPA (or None: never in the range).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from nsa_core import _reference, flash
+from nsa_core import functional as F
+from nsa_core.config import NSAConfig
+from nsa_core.testing import DTYPE_NAMES, case_id, compare
+
+SPEEDUP = 1.2
+
+
+@dataclass(frozen=True)
+class Case:
+    B: int
+    T: int  # keys S
+    HQ: int
+    G: int
+    D: int
+    Tq: int | None = None  # queries = last Tq positions (None: Tq == T)
+    why: str = ""
+
+    def id(self, dtype, w: int) -> str:
+        extra = {"w": w} if self.Tq is None else {"w": w, "q": self.Tq}
+        return case_id(self.B, self.T, self.HQ, self.G, self.D, self.D, dtype, **extra)
+
+
+def parity_cases(profile: str = "full") -> list[Case]:
+    """The case matrix: T < l, T < w, T % d != 0, h in {1, 4, 16}, head dims 64/128, B > 1, Tq < T."""
+    cases = [
+        Case(1, 20, 4, 1, 64, why="T < l (no compressed token visible)"),
+        Case(2, 300, 4, 4, 64, why="T < w, h=1, B=2"),
+        Case(2, 1000, 16, 1, 128, why="T > w, T % d != 0, h=16, B=2"),
+        Case(1, 777, 8, 2, 128, why="h=4, T % d != 0"),
+        Case(2, 1000, 8, 2, 64, Tq=9, why="last 9 queries of 1000 (chunked prefill / decode)"),
+    ]
+    if profile == "full":
+        cases += [Case(1, 2085, 16, 4, 128, why="T > 4w, h=4"), Case(3, 600, 4, 1, 64, Tq=1, why="decode, B=3")]
+    return cases
+
+
+def _inputs(c: Case, dev, seed: int):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    Tq = c.T if c.Tq is None else c.Tq
+    q = torch.randn(c.B, Tq, c.HQ, c.D, generator=g, dtype=torch.float64)
+    k = torch.randn(c.B, c.T, c.G, c.D, generator=g, dtype=torch.float64)
+    v = torch.randn(c.B, c.T, c.G, c.D, generator=g, dtype=torch.float64)
+    do = torch.randn(c.B, Tq, c.HQ, c.D, generator=g, dtype=torch.float64)
+    return [x.to(dev) for x in (q, k, v, do)]
+
+
+def _grads(fn, leaves, do):
+    leaves = [x.detach().requires_grad_(True) for x in leaves]
+    o = fn(*leaves)
+    if o.requires_grad:
+        gs = torch.autograd.grad(o, leaves, do.to(o.dtype), allow_unused=True)
+    else:  # nothing visible (e.g. T < l): the output is a constant 0
+        gs = [None] * len(leaves)
+    gs = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, gs)]
+    return o.detach(), gs
+
+
+def _branch_fns(branch: str, cfg: NSAConfig, S: int, path: str | None):
+    if branch == "cmp":
+        if path is None:
+            return lambda q, kc, vc: _reference.compressed_attention(q, kc, vc, S, cfg)
+        return lambda q, kc, vc: flash.compressed_attention(q, kc, vc, S, cfg, path=path)
+    if path is None:
+        return lambda q, k, v: _reference.sliding_attention(q, k, v, cfg.w)
+    return lambda q, k, v: flash.sliding_attention(q, k, v, cfg.w, path=path)
+
+
+def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
+           seed: int = 0) -> list[dict]:
+    """paths: {"cmp": [...], "win": [...]} -> rows (case, branch, path, dtype, rel errors, status)."""
+    rows = []
+    for n, c in enumerate(cases):
+        q, k, v, do = _inputs(c, device, seed + n)
+        S = c.T
+        kc, vc = _reference.compress_avg(k, cfg), _reference.compress_avg(v, cfg)
+        for branch in ("cmp", "win"):
+            leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
+            ref_o, ref_g = _grads(_branch_fns(branch, cfg, S, None), leaves, do)
+            for dtype in dtypes:
+                for path in paths.get(branch, []):
+                    row = {"case": c.id(dtype, cfg.w), "branch": branch, "path": path, "dtype": DTYPE_NAMES[dtype],
+                           "B": c.B, "T": c.T, "Tq": c.Tq or c.T, "HQ": c.HQ, "G": c.G, "D": c.D, "why": c.why}
+                    try:
+                        o, gs = _grads(_branch_fns(branch, cfg, S, path), [x.to(dtype) for x in leaves], do)
+                    except flash.PathUnavailable as e:
+                        rows.append({**row, "status": "N/A", "note": str(e)[:200]})
+                        continue
+                    except Exception as e:  # noqa: BLE001 - a crash of a path is a FAIL row, not a crash
+                        rows.append({**row, "status": "FAIL", "note": f"{type(e).__name__}: {str(e)[:200]}"})
+                        continue
+                    comps = {"o": compare(o, ref_o, dtype)}
+                    for name, gr, rg in zip(("dq", "dk", "dv"), gs, ref_g):
+                        comps[name] = compare(gr, rg, dtype)
+                    for name, cmp_ in comps.items():
+                        row[f"rel_{name}"] = cmp_.rel_err
+                    row["max_abs_o"] = comps["o"].max_abs
+                    row["tol"] = comps["o"].tol
+                    bad = [nm for nm, cmp_ in comps.items() if not cmp_.ok]
+                    row["status"] = "FAIL" if bad else "PASS"
+                    row["note"] = ("over tolerance / non-finite: " + ",".join(bad)) if bad else ""
+                    rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# speed
+
+
+def _timer(device: str):
+    try:
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, warmup=10, rep=60, quantiles=[0.5, 0.2, 0.8]), "triton.testing.do_bench"
+    except ImportError:
+        pass
+
+    def events(fn, n=20):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(n):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b))
+        ts.sort()
+        return [ts[len(ts) // 2], ts[len(ts) // 5], ts[(4 * len(ts)) // 5]]
+
+    return events, "cuda events"
+
+
+def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cfg: NSAConfig, *,
+          B: int = 1, HQ: int = 32, G: int = 2, D: int = 128, dtype=torch.bfloat16, seed: int = 0) -> tuple[list, str]:
+    """Rows (branch, path, S, fwd_ms, fwdbwd_ms, p20/p80, speedups vs sdpa). Returns (rows, timer name)."""
+    timer, tname = _timer(device)
+    rows = []
+    for S in S_list:
+        g = torch.Generator(device="cpu").manual_seed(seed + S)
+        q = torch.randn(B, S, HQ, D, generator=g).to(device, dtype)
+        k = torch.randn(B, S, G, D, generator=g).to(device, dtype)
+        v = torch.randn(B, S, G, D, generator=g).to(device, dtype)
+        do = torch.randn(B, S, HQ, D, generator=g).to(device, dtype)
+        kc, vc = F.compress(k, cfg), F.compress(v, cfg)
+        for branch in ("cmp", "win"):
+            leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
+            sdpa = (lambda q_, k_, v_: _reference.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")) \
+                if branch == "cmp" else (lambda q_, k_, v_: _reference.sliding_attention(q_, k_, v_, cfg.w,
+                                                                                          engine="sdpa"))
+            cands = [("sdpa", sdpa)] + [(p, _branch_fns(branch, cfg, S, p)) for p in branch_paths.get(branch, [])]
+            base = None
+            for name, fn in cands:
+                row = {"branch": branch, "path": name, "S": S, "B": B, "HQ": HQ, "G": G, "D": D,
+                       "dtype": DTYPE_NAMES[dtype]}
+                try:
+                    fw = timer(lambda fn=fn: fn(*leaves))
+                    lv = [x.detach().requires_grad_(True) for x in leaves]
+
+                    def fb(fn=fn, lv=lv, do=do):
+                        o = fn(*lv)
+                        torch.autograd.grad(o, lv, do)
+
+                    fbw = timer(fb)
+                except torch.cuda.OutOfMemoryError as e:
+                    rows.append({**row, "note": f"OOM: {str(e)[:120]}"})
+                    torch.cuda.empty_cache()
+                    continue
+                row.update(fwd_ms=fw[0], fwd_p20=fw[1], fwd_p80=fw[2], fwdbwd_ms=fbw[0], fwdbwd_p20=fbw[1],
+                           fwdbwd_p80=fbw[2], note="")
+                if name == "sdpa":
+                    base = row
+                if base is not None:
+                    row["speedup_fwd"] = base["fwd_ms"] / row["fwd_ms"]
+                    row["speedup_fwdbwd"] = base["fwdbwd_ms"] / row["fwdbwd_ms"]
+                rows.append(row)
+            if branch == "cmp":  # what recomputing the selection scores costs, next to the branch itself
+                sc = timer(lambda: F.block_scores(q, kc, S, cfg))
+                rows.append({"branch": "cmp", "path": "block_scores (recompute p_cmp)", "S": S, "B": B, "HQ": HQ,
+                             "G": G, "D": D, "dtype": DTYPE_NAMES[dtype], "fwd_ms": sc[0], "fwd_p20": sc[1],
+                             "fwd_p80": sc[2], "note": "selection scores, fp32 (functional.block_scores)"})
+        torch.cuda.empty_cache()
+    return rows, tname
+
+
+def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
+    """{branch: {path: {"min_len", "max_measured", "speedup_at_max"}}}: the smallest measured S from
+    which the path stays >= ``speedup`` x faster than sdpa, forward AND forward+backward."""
+    out: dict = {}
+    by: dict = {}
+    for r in rows:
+        if r["path"] in ("sdpa",) or r["path"].startswith("block_scores"):
+            continue
+        by.setdefault((r["branch"], r["path"]), []).append(r)
+    for (branch, path), rs in by.items():
+        rs = sorted(rs, key=lambda r: r["S"])
+        wins = [(r["S"], min(r.get("speedup_fwd", 0.0), r.get("speedup_fwdbwd", 0.0))) for r in rs]
+        min_len = None
+        for i in range(len(wins) - 1, -1, -1):
+            if wins[i][1] >= speedup and not math.isnan(wins[i][1]):
+                min_len = wins[i][0]
+            else:
+                break
+        out.setdefault(branch, {})[path] = {"min_len": min_len, "max_measured": rs[-1]["S"],
+                                            "speedup_at_max": round(wins[-1][1], 3)}
+    return out

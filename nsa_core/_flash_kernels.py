@@ -1,0 +1,269 @@
+"""Adapters to the attention kernels nsa_core.flash can drive, one per *path*.
+
+Each adapter computes plain attention on the flash-attn layout and exposes only what every
+kernel can express without an arbitrary mask:
+
+    causal(q, k, v, scale, path)        q [B, Lq, H, D], k/v [B, Lk, G, D|Dv] -> [B, Lq, H, Dv]
+        bottom-right causal: query i sees keys j <= i + Lk - Lq (flash-attn >= 2.1 convention)
+    window(q, k, v, w, scale, path)     same layout; query i (position Lk - Lq + i) sees the keys
+        max(0, pos - w + 1) .. pos
+
+Paths (preference order = PATHS): flash-attn 3 (``flash_attn_interface``), flash-attn 2
+(``flash_attn``), torch's ``torch.nn.attention.varlen.varlen_attn`` (torch's bundled FA-2
+kernels, with ``window_size``), and SDPA restricted to one backend (flash / cuDNN /
+memory-efficient; ``sdpa-math`` is the CPU-capable twin used by tests, never chosen
+automatically). GQA: query head ``hq`` uses KV head ``hq // (H // G)`` (group-major).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+# name -> (branches it serves, SDPA backend name or None)
+PATHS = {
+    "fa3": ("cmp", "win"),
+    "fa2": ("cmp", "win"),
+    "varlen": ("cmp", "win"),
+    "sdpa-flash": ("cmp",),  # no mask: the sliding band cannot be expressed (only w >= S)
+    "sdpa-cudnn": ("cmp", "win"),
+    "sdpa-efficient": ("cmp", "win"),
+}
+TEST_PATHS = ("sdpa-math",)  # CPU twin: the same packing through SDPA's math backend
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+                 "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
+
+_MODULES = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}
+_imported: dict[str, object] = {}
+
+
+class PathUnavailable(RuntimeError):
+    """This kernel path cannot run here (not installed, wrong device/dtype/shape); the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# availability (cheap: import checks and capability, no kernel call)
+
+
+def _import(path: str):
+    if path not in _imported:
+        mod = importlib.import_module(_MODULES[path])
+        _imported[path] = mod
+    return _imported[path]
+
+
+def install_hint(path: str) -> str:
+    return {
+        "fa2": "pip install flash-attn --no-build-isolation (a wheel built for this torch + CUDA; "
+               "never a 45-minute source build on a pod)",
+        "fa3": "build hopper/ of Dao-AILab/flash-attention (FA-3, sm_90): cd hopper && python setup.py install",
+        "varlen": "torch >= 2.10 on CUDA (torch.nn.attention.varlen.varlen_attn)",
+    }.get(path, "a CUDA build of torch on an sm_80+ GPU")
+
+
+def status(path: str, device_type: str) -> dict:
+    """{"present": bool, "reason": str, "branches": (...)} for one path on this device type."""
+    out = {"present": False, "reason": "", "branches": PATHS.get(path, ("cmp", "win"))}
+    if device_type != "cuda" and path not in TEST_PATHS:
+        out["reason"] = f"device {device_type}: flash kernels run on CUDA only"
+        return out
+    if path in _MODULES:
+        name = _MODULES[path]
+        if importlib.util.find_spec(name) is None:
+            out["reason"] = f"{name} not installed ({install_hint(path)})"
+            return out
+        try:
+            _import(path)
+        except Exception as e:  # noqa: BLE001 - an ABI mismatch shows up as any exception type
+            out["reason"] = (f"{name} fails to import ({type(e).__name__}: {e}); "
+                             "typically a wheel built for another torch/CUDA")
+            return out
+    elif path == "varlen":
+        fn = _varlen_fn()
+        if fn is None:
+            out["reason"] = f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+            return out
+        if "window_size" not in inspect.signature(fn).parameters:
+            out["reason"] = f"torch {torch.__version__} varlen_attn has no window_size"
+            out["branches"] = ("cmp",)
+    if device_type == "cuda" and path != "sdpa-math":
+        cap = torch.cuda.get_device_capability()
+        if cap < (8, 0):
+            out["reason"] = f"GPU sm_{cap[0]}{cap[1]} < sm_80: no flash kernels"
+            return out
+        if path == "fa3" and cap[0] != 9:
+            out["reason"] = f"FA-3 needs Hopper (sm_90), this GPU is sm_{cap[0]}{cap[1]}"
+            return out
+        if path == "sdpa-flash" and not torch.backends.cuda.is_flash_attention_available():
+            out["reason"] = "this torch build has no SDPA flash kernel"
+            return out
+    out["present"] = True
+    out["reason"] = out["reason"] or "available"
+    return out
+
+
+def _varlen_fn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def check(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branch: str) -> None:
+    """Raise PathUnavailable if ``path`` cannot run this call (device, dtype, head dims, branch)."""
+    if path not in PATHS and path not in TEST_PATHS:
+        raise ValueError(f"unknown flash path {path!r}; expected one of {tuple(PATHS) + TEST_PATHS}")
+    if path in PATHS and branch not in PATHS[path]:
+        raise PathUnavailable(f"{path} cannot express the {branch} branch")
+    st = status(path, q.device.type)
+    if not st["present"]:
+        raise PathUnavailable(f"{path}: {st['reason']}")
+    if branch not in st["branches"]:
+        raise PathUnavailable(f"{path}: {st['reason']}")
+    if path in ("fa2", "fa3", "varlen", "sdpa-flash", "sdpa-cudnn"):
+        if q.dtype not in FLASH_DTYPES:
+            raise PathUnavailable(f"{path}: dtype {q.dtype} unsupported (fp16/bf16 only)")
+        if q.shape[-1] != v.shape[-1] and path in ("fa2", "varlen", "sdpa-flash"):
+            raise PathUnavailable(f"{path}: needs dk == dv, got dk={q.shape[-1]} dv={v.shape[-1]}")
+        if q.shape[-1] > 256 or q.shape[-1] % 8:
+            raise PathUnavailable(f"{path}: head dim {q.shape[-1]} unsupported (multiple of 8, <= 256)")
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+def _expand_kv(x: torch.Tensor, H: int) -> torch.Tensor:
+    """[B, L, G, D] -> [B, L, H, D] (group-major: head hq uses group hq // (H // G))."""
+    G = x.shape[2]
+    return x if G == H else x.repeat_interleave(H // G, dim=2)
+
+
+# SDPA backends that take enable_gqa (measured on torch 2.11 / H100: the memory-efficient one
+# refuses it, so its KV heads are expanded instead)
+_SDPA_GQA = {"sdpa-flash": True, "sdpa-cudnn": True, "sdpa-efficient": False, "sdpa-math": True}
+
+
+def _sdpa(q, k, v, scale, path, *, is_causal=False, attn_mask=None):
+    """q [B, Lq, H, D], k/v [B, Lk, G, D] -> [B, Lq, H, Dv] through one SDPA backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    H, G = q.shape[2], k.shape[2]
+    gqa = G != H and _SDPA_GQA[path]
+    if G != H and not gqa:
+        k, v = _expand_kv(k, H), _expand_kv(v, H)
+    kw = {"enable_gqa": True} if gqa else {}
+    with sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[path])]):
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
+    return o.transpose(1, 2)
+
+
+def _pack(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _cu(B: int, L: int, device) -> torch.Tensor:
+    return torch.arange(0, (B + 1) * L, L, device=device, dtype=torch.int32)
+
+
+def _varlen(q, k, v, scale, window):
+    fn = _varlen_fn()
+    B, Lq, H = q.shape[:3]
+    Lk, G = k.shape[1], k.shape[2]
+    params = inspect.signature(fn).parameters
+    kw = {"scale": scale} if "scale" in params else {}
+    if "enable_gqa" in params and G != H:
+        kw["enable_gqa"] = True
+    elif G != H:
+        k, v = _expand_kv(k, H), _expand_kv(v, H)
+    if "window_size" in params:
+        kw["window_size"] = window
+    elif window != (-1, 0):
+        raise PathUnavailable("varlen_attn of this torch has no window_size")
+    else:
+        kw["is_causal"] = True
+    o = fn(_pack(q), _pack(k), _pack(v), _cu(B, Lq, q.device), _cu(B, Lk, q.device), Lq, Lk, **kw)
+    if isinstance(o, tuple):
+        o = o[0]
+    return o.reshape(B, Lq, H, -1)
+
+
+def _fa(path, q, k, v, scale, window):
+    mod = _import(path)
+    kw = {"softmax_scale": scale, "causal": True}
+    if window != (-1, 0):
+        kw["window_size"] = window
+    o = mod.flash_attn_func(q, k, v, **kw)
+    return o[0] if isinstance(o, tuple) else o  # FA-3 versions return (out, lse)
+
+
+def causal(q, k, v, scale: float, path: str) -> torch.Tensor:
+    """Bottom-right causal attention (see module doc). q [B, Lq, H, D], k/v [B, Lk, G, D]."""
+    Lq, Lk = q.shape[1], k.shape[1]
+    if path in ("fa2", "fa3"):
+        return _fa(path, q, k, v, scale, (-1, 0))
+    if path == "varlen":
+        return _varlen(q, k, v, scale, (-1, 0))
+    # SDPA: is_causal is top-left. Lq == 1 sees every key; Lq == Lk is the same either way;
+    # otherwise pad queries at the front to Lk rows (their output is dropped).
+    if Lq == 1:
+        return _sdpa(q, k, v, scale, path)
+    if Lq == Lk:
+        return _sdpa(q, k, v, scale, path, is_causal=True)
+    if Lq > Lk:
+        raise ValueError(f"causal: more query rows ({Lq}) than keys ({Lk})")
+    qp = F.pad(q, (0, 0, 0, 0, Lk - Lq, 0))
+    return _sdpa(qp, k, v, scale, path, is_causal=True)[:, Lk - Lq:]
+
+
+def window(q, k, v, w: int, scale: float, path: str, tile: int | None = None) -> torch.Tensor:
+    """Sliding-window attention: query i at position Lk - Lq + i sees keys pos-w+1 .. pos."""
+    Lk = k.shape[1]
+    if w >= Lk:  # the window covers every key: plain causal
+        return causal(q, k, v, scale, path)
+    if path in ("fa2", "fa3"):
+        return _fa(path, q, k, v, scale, (w - 1, 0))
+    if path == "varlen":
+        return _varlen(q, k, v, scale, (w - 1, 0))
+    if path == "sdpa-flash":
+        raise PathUnavailable("sdpa-flash takes no mask: a window shorter than the sequence needs one")
+    return _window_tiles(q, k, v, w, scale, path, tile)
+
+
+def _window_tiles(q, k, v, w, scale, path, tile):
+    """Query tiles of c rows, each against its c + w - 1 keys with a band mask (SDPA with a mask).
+
+    Tile n holds query positions a .. a+c-1 (a = p0 + n*c); its keys are positions a-w+1 .. a+c-1
+    (front-padded with w-1 zero rows that the mask hides). Row r sees key j iff r <= j <= r+w-1
+    and the key position a-w+1+j >= 0. Work per query: c+w-1 keys instead of S.
+    """
+    B, Lq, H, D = q.shape
+    Lk, G = k.shape[1], k.shape[2]
+    c = tile or max(16, min(256, w))
+    nt = -(-Lq // c)
+    p0 = Lk - Lq
+    L = c + w - 1
+    qp = F.pad(q, (0, 0, 0, 0, 0, nt * c - Lq)).reshape(B * nt, c, H, D)
+    back = p0 + nt * c - Lk
+    kp = F.pad(k, (0, 0, 0, 0, w - 1, back))[:, p0:]  # index of position p: p - p0 + w - 1 (in kp)
+    vp = F.pad(v, (0, 0, 0, 0, w - 1, back))[:, p0:]
+    # tiles of L keys with stride c: [B, nt, G, D, L] view -> [B*nt, L, G, D]
+    kt = kp.unfold(1, L, c).permute(0, 1, 4, 2, 3).reshape(B * nt, L, G, D)
+    vt = vp.unfold(1, L, c).permute(0, 1, 4, 2, 3).reshape(B * nt, L, G, v.shape[-1])
+    r = torch.arange(c, device=q.device)
+    j = torch.arange(L, device=q.device)
+    a = p0 + torch.arange(nt, device=q.device) * c  # first query position per tile
+    band = (j[None, :] >= r[:, None]) & (j[None, :] <= r[:, None] + w - 1)  # [c, L]
+    real = (a[:, None] - w + 1 + j[None, :]) >= 0  # [nt, L]
+    mask = band[None] & real[:, None, :]  # [nt, c, L]
+    mask = mask[None].expand(B, nt, c, L).reshape(B * nt, 1, c, L)
+    o = _sdpa(qp, kt, vt, scale, path, attn_mask=mask)
+    return o.reshape(B, nt * c, H, -1)[:, :Lq]
+

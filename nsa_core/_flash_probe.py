@@ -1,0 +1,197 @@
+"""Which flash kernels exist on this machine and whether they work (the fa2-probe stage's probe).
+
+``probe(device) -> list[dict]``, one row per kernel family, each with
+``name, kind, present, version, works, reason, install``. ``works`` is None when no call was
+tried (not installed, not CUDA); True means: a real tiny call on
+``device`` (causal window, fp16, GQA) ran, was finite and matched a float64 reference within
+the fp16 tolerance. A row that is not present says why (not installed -> the install command;
+import error -> the symbol and "built for another torch?"; unsupported GPU / dtype / head dim).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+
+import torch
+
+from nsa_core import _flash_kernels as _k
+from nsa_core import _reference
+from nsa_core.testing import compare
+
+INSTALL = {
+    "flash_attn (FA-2)": "pip install flash-attn --no-build-isolation  (needs a wheel built for torch "
+                         f"{torch.__version__.split('+')[0]} + CUDA {torch.version.cuda or '?'}; a source build "
+                         "takes 30-60 min)",
+    "flash_attn_interface (FA-3)": "git clone Dao-AILab/flash-attention && cd hopper && python setup.py install "
+                                   "(Hopper sm_90 only)",
+    "flash_attn.cute (FA-4)": "pip install flash-attn-cute (CuTe DSL; Hopper/Blackwell)",
+    "torch varlen_attn": "torch >= 2.10 with CUDA",
+}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return _dist_version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _tiny(device: str, dtype=torch.float16, D: int = 64):
+    g = torch.Generator(device="cpu").manual_seed(1234)
+    B, T, HQ, G, w = 2, 80, 4, 2, 24
+    q = torch.randn(B, T, HQ, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, T, G, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, G, D, generator=g, dtype=torch.float64)
+    ref = _reference.sliding_attention(q, k, v, w)
+    return [x.to(device=device, dtype=dtype) for x in (q, k, v)], ref, w
+
+
+def _exercise(fn, device: str) -> tuple[bool, str]:
+    """Run fn(q, k, v, w, scale) on the tiny case; (works, reason)."""
+    (q, k, v), ref, w = _tiny(device)
+    try:
+        out = fn(q, k, v, w, q.shape[-1] ** -0.5)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - every failure is a reported reason
+        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        return False, f"tiny call failed: {type(e).__name__}: {msg}"
+    c = compare(out.float(), ref, torch.float16)
+    if not c.ok:
+        return False, f"tiny call ran but is wrong: {c}"
+    return True, f"tiny causal-window call (B2 T80 HQ4 G2 d64 fp16) matches the reference: rel_err={c.rel_err:.1e}"
+
+
+def _import_row(name: str, module: str, dist: str | None, symbols: tuple[str, ...]) -> tuple[dict, object]:
+    row = {"name": name, "kind": "package", "present": False, "version": _version(dist) if dist else None,
+           "works": None, "reason": "", "install": INSTALL.get(name, "")}
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # parent package missing (flash_attn.cute without flash_attn)
+        found = False
+    if not found:
+        row["reason"] = f"not installed ({module} not found); install: {row['install']}"
+        return row, None
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001
+        row["reason"] = (f"import {module} fails: {type(e).__name__}: {str(e)[:200]} "
+                         "(an undefined symbol usually means a wheel built for another torch / CUDA)")
+        return row, None
+    missing = [s for s in symbols if not hasattr(mod, s)]
+    if missing:
+        row["reason"] = f"{module} imports but lacks {', '.join(missing)} (version {row['version']})"
+        return row, None
+    row["present"] = True
+    return row, mod
+
+
+def _fa_fn(mod):
+    def fn(q, k, v, w, scale):
+        o = mod.flash_attn_func(q, k, v, softmax_scale=scale, causal=True, window_size=(w - 1, 0))
+        return o[0] if isinstance(o, tuple) else o
+    return fn
+
+
+def _fa_varlen_fn(mod):
+    def fn(q, k, v, w, scale):
+        B, T, H, D = q.shape
+        cu = torch.arange(0, (B + 1) * T, T, device=q.device, dtype=torch.int32)
+        o = mod.flash_attn_varlen_func(q.reshape(B * T, H, D), k.reshape(B * T, -1, D), v.reshape(B * T, -1, D),
+                                       cu, cu, T, T, softmax_scale=scale, causal=True, window_size=(w - 1, 0))
+        o = o[0] if isinstance(o, tuple) else o
+        return o.reshape(B, T, H, D)
+    return fn
+
+
+def _path_fn(path):
+    return lambda q, k, v, w, scale: _k.window(q, k, v, w, scale, path)
+
+
+def probe(device: str = "cuda") -> list[dict]:
+    """One row per kernel family; see the module doc."""
+    cuda = device.startswith("cuda") and torch.cuda.is_available()
+    rows = []
+    if cuda:
+        cap = torch.cuda.get_device_capability()
+        gpu = f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})"
+    # flash-attn packages
+    for name, module, dist, symbols, fns in (
+        ("flash_attn (FA-2)", "flash_attn", "flash-attn", ("flash_attn_varlen_func", "flash_attn_func"),
+         lambda m: [("varlen", _fa_varlen_fn(m)), ("func", _fa_fn(m))]),
+        ("flash_attn_interface (FA-3)", "flash_attn_interface", "flash-attn-3", ("flash_attn_func",),
+         lambda m: [("func", _fa_fn(m))]),
+    ):
+        row, mod = _import_row(name, module, dist, symbols)
+        if mod is not None:
+            if not cuda:
+                row["reason"] = f"installed, but device {device} is not CUDA"
+            else:
+                reasons = []
+                row["works"] = True
+                for label, fn in fns(mod):
+                    ok, why = _exercise(fn, device)
+                    row["works"] &= ok
+                    reasons.append(f"{label}: {why}")
+                row["reason"] = f"on {gpu}: " + "; ".join(reasons)
+        rows.append(row)
+    row, mod = _import_row("flash_attn.cute (FA-4)", "flash_attn.cute", "flash-attn-cute", ("flash_attn_func",))
+    if mod is not None:
+        row["reason"] = ("present; nsa_core has no FA-4 path (its API is not validated here)"
+                         + ("" if cuda else f"; device {device} is not CUDA"))
+        if cuda:
+            ok, why = _exercise(_fa_fn(mod), device)
+            row["works"], row["reason"] = ok, row["reason"] + f"; {why}"
+    rows.append(row)
+    # torch-bundled
+    row = {"name": "torch varlen_attn", "kind": "torch", "present": False, "version": torch.__version__,
+           "works": None, "reason": "", "install": INSTALL["torch varlen_attn"]}
+    fn = _k._varlen_fn()
+    if fn is None:
+        row["reason"] = f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+    else:
+        row["present"] = True
+        row["signature"] = str(inspect.signature(fn))
+        if not cuda:
+            row["reason"] = f"present; device {device} is not CUDA (flash kernels only)"
+        else:
+            st = _k.status("varlen", "cuda")
+            if not st["present"]:
+                row["reason"] = st["reason"]
+            else:
+                row["works"], why = _exercise(_path_fn("varlen"), device)
+                row["reason"] = f"on {gpu}: {why}"
+    rows.append(row)
+    for path, flag in (("sdpa-flash", "flash_sdp_enabled"), ("sdpa-cudnn", "cudnn_sdp_enabled"),
+                       ("sdpa-efficient", "mem_efficient_sdp_enabled")):
+        row = {"name": f"SDPA {path[5:]}", "kind": "torch", "present": False, "version": torch.__version__,
+               "works": None, "reason": "", "install": "a CUDA build of torch on an sm_80+ GPU"}
+        if not cuda:
+            row["reason"] = f"device {device} is not CUDA"
+        else:
+            row["present"] = bool(getattr(torch.backends.cuda, flag)())
+            if not row["present"]:
+                row["reason"] = f"torch.backends.cuda.{flag}() is False"
+            else:
+                # sdpa-flash takes no mask: exercise it as plain causal (w >= T)
+                if path == "sdpa-flash":
+                    fn = lambda q, k, v, w, s: _k.causal(q, k, v, s, "sdpa-flash")  # noqa: E731
+                    (q, k, v), _, _ = _tiny(device)
+                    ref = _reference.full_attention(*(x.double().cpu() for x in (q, k, v)))
+                    try:
+                        out = fn(q, k, v, 0, q.shape[-1] ** -0.5)
+                        c = compare(out.float().cpu(), ref, torch.float16)
+                        row["works"] = c.ok
+                        row["reason"] = f"on {gpu}: tiny causal call: {c}"
+                    except Exception as e:  # noqa: BLE001
+                        row["works"] = False
+                        row["reason"] = f"on {gpu}: tiny causal call failed: {type(e).__name__}: {str(e)[:200]}"
+                else:
+                    row["works"], why = _exercise(_path_fn(path), device)
+                    row["reason"] = f"on {gpu}: {why}"
+        rows.append(row)
+    return rows

@@ -1,0 +1,190 @@
+"""Stage ``fa2-probe``: which flash kernels exist and work here, do the flash paths of the
+compressed and sliding branches match the reference, and from which length do they pay (DESIGN §5).
+
+1. Probe (``nsa_core._flash_probe``): flash_attn (FA-2), flash_attn_interface (FA-3),
+   flash_attn.cute (FA-4), torch ``varlen_attn``, SDPA flash / cuDNN / memory-efficient —
+   present? version? a real tiny call works? and the reason + install command when not.
+2. Parity (fa2_varlen.csv): every available path, both branches, fp16 + bf16, forward and
+   backward (dq, dk, dv) against the float64 reference over the case matrix
+   (``_flash_bench.parity_cases``). Any row over tolerance -> FAIL.
+3. Bench (fa2_bench.csv): paths whose parity passed vs ``backend="sdpa"`` over ``--S-list``;
+   the smallest S from which each path stays >= 1.2x faster (forward and forward+backward) is
+   written as routing thresholds: fa2_thresholds.json in the run folder, merged into the
+   routing thresholds file (docs/routing.md; ``--thresholds none`` to skip that).
+
+No CUDA -> SKIP with the reason and the install hint (the probe table is still written).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+from nsa_runner.artifacts import write_csv, write_json, write_text
+from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+
+SCHEMA_VERSION = 1
+QUICK_S = [1024, 4096]
+FULL_S = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+HINT = ("run on a CUDA GPU (sm_80+) with a CUDA build of torch (the torch-bundled varlen / SDPA flash "
+        "paths need nothing else); for FA-2: pip install flash-attn --no-build-isolation")
+
+
+def _fmt_probe(rows: list[dict]) -> str:
+    lines = [f"{'kernel':30} {'present':8} {'version':16} {'works':6} reason"]
+    for r in rows:
+        works = {True: "yes", False: "NO", None: "-"}[r["works"]]
+        lines.append(f"{r['name']:30} {'yes' if r['present'] else 'NO':8} {str(r['version'] or '-'):16} "
+                     f"{works:6} {r['reason']}")
+    return "\n".join(lines)
+
+
+def _table(df, cols) -> str:
+    cols = [c for c in cols if c in df.columns]
+    return df[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}") if len(df) else "(none)"
+
+
+class Fa2Probe(Stage):
+    name = "fa2-probe"
+    order = 50
+    requires = ()  # decides itself: a CPU run must show SKIP with the reason, never PASS
+    description = "flash kernels present/working; cmp/win flash-path parity vs fp64; speed vs SDPA -> thresholds"
+    timeout_s = 1200.0
+    options = (
+        Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),
+        Option("--thresholds", str, "default",
+               "merge measured thresholds into: 'default' (artifacts/routing/thresholds.json), a path, or 'none'"),
+        Option("--bench", str, "yes", "run the speed measurement", choices=("yes", "no")),
+        Option("--seed", int, 0, "base seed of the random parity inputs"),
+    )
+
+    def run(self, ctx) -> StageResult:
+        import torch
+
+        from nsa_core import _flash_probe, flash
+
+        d = Path(ctx.dir)
+        opts = dict(ctx.options or {})
+        device = str(ctx.device)
+        probe = _flash_probe.probe(device)
+        doc = {"schema_version": SCHEMA_VERSION, "device": device, "torch": torch.__version__,
+               "cuda": torch.version.cuda, "probe": probe}
+        txt = [f"fa2-probe on {device} (torch {torch.__version__}, CUDA {torch.version.cuda})", "",
+               _fmt_probe(probe), ""]
+        files = ["fa2_probe.txt", "fa2_probe.json"]
+
+        def finish(result: StageResult) -> StageResult:
+            doc["status"], doc["reason"] = result.status.value, result.reason
+            txt.append(f"{result.status.value}: {result.reason}")
+            if result.hint:
+                txt.append(f"hint: {result.hint}")
+            write_json(d / "fa2_probe.json", doc)
+            write_text(d / "fa2_probe.txt", "\n".join(txt) + "\n")
+            result.files = files
+            return result
+
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            return finish(StageResult(Status.SKIP, f"no flash backend on device {device}: flash kernels "
+                                      "(flash-attn, torch varlen / SDPA flash) run on CUDA GPUs only", hint=HINT))
+        avail = {p: st for p, st in flash.available_paths("cuda").items() if st["present"]}
+        if not avail:
+            why = "; ".join(f"{p}: {st['reason']}" for p, st in flash.available_paths("cuda").items())
+            return finish(StageResult(Status.SKIP, f"no flash path usable on this GPU ({why})", hint=HINT))
+        paths = {b: [p for p, st in avail.items() if b in st["branches"]] for b in ("cmp", "win")}
+        txt.append(f"flash paths tested: cmp {paths['cmp']}, win {paths['win']}")
+        return finish(self._measure(ctx, d, opts, device, paths, doc, txt, files))
+
+    def _measure(self, ctx, d, opts, device, paths, doc, txt, files) -> StageResult:
+        import pandas as pd
+        import torch
+
+        from nsa_core import _flash_bench
+        from nsa_core.config import NSAConfig
+
+        cfg = NSAConfig()
+        cases = _flash_bench.parity_cases("full" if ctx.profile == "full" else "quick")
+        rows = _flash_bench.parity(device, paths, [torch.float16, torch.bfloat16], cases, cfg,
+                                   seed=int(opts.get("seed") or 0))
+        par = pd.DataFrame(rows)
+        write_csv(d / "fa2_varlen.csv", par)
+        files.append("fa2_varlen.csv")
+        n_fail = int((par["status"] == "FAIL").sum())
+        n_pass = int((par["status"] == "PASS").sum())
+        doc["parity"] = {"pass": n_pass, "fail": n_fail, "na": int((par["status"] == "N/A").sum()),
+                         "cases": [c.id("<dtype>", cfg.w) + f"  ({c.why})" for c in cases]}
+        txt += ["", f"parity (fa2_varlen.csv): {n_pass} PASS, {n_fail} FAIL, "
+                    f"{doc['parity']['na']} N/A; fwd + bwd vs float64 reference, cfg {cfg.to_dict()}",
+                _table(par, ["case", "branch", "path", "status", "rel_o", "rel_dq", "rel_dk", "rel_dv", "tol",
+                             "note"])]
+        failed = {(r["branch"], r["path"]) for r in rows if r["status"] == "FAIL"}
+        good = {b: [p for p in ps if (b, p) not in failed] for b, ps in paths.items()}
+        reason = f"{n_pass} parity rows passed over {len(cases)} cases x fp16/bf16 x paths {paths}"
+        if n_fail:
+            bad = par[par["status"] == "FAIL"]
+            reason = f"{n_fail} parity rows FAILED: " + ", ".join(
+                f"{r.case}/{r.branch}/{r.path}" for r in bad.head(5).itertuples()) + (" ..." if n_fail > 5 else "")
+        metrics = {"parity_pass": n_pass, "parity_fail": n_fail}
+        if opts.get("bench", "yes") == "yes" and any(good.values()):
+            S_list = opts.get("S_list") or (FULL_S if ctx.profile == "full" else QUICK_S)
+            reason += "; " + self._bench(ctx, d, device, good, S_list, doc, txt, files, metrics, opts, cfg)
+        probe = {r["name"]: r for r in doc["probe"]}
+        fa2 = probe.get("flash_attn (FA-2)", {})
+        if not fa2.get("present"):
+            reason += "; flash_attn (FA-2) NOT installed: only torch-bundled paths were tested"
+        return StageResult(Status.FAIL if n_fail else Status.PASS, reason, metrics=metrics)
+
+    def _bench(self, ctx, d, device, good, S_list, doc, txt, files, metrics, opts, cfg) -> str:
+        import pandas as pd
+        import torch
+
+        from nsa_core import _flash_bench, routing
+
+        rows, timer = _flash_bench.bench(device, good, list(S_list), cfg)
+        thr = _flash_bench.thresholds(rows)
+        for r in rows:
+            rec = thr.get(r["branch"], {}).get(r["path"])
+            r["recommended_min_len"] = ("never" if rec["min_len"] is None else rec["min_len"]) if rec else ""
+        bench = pd.DataFrame(rows)
+        write_csv(d / "fa2_bench.csv", bench)
+        files.append("fa2_bench.csv")
+        cap = torch.cuda.get_device_capability()
+        entry = {"gpu": torch.cuda.get_device_name(), "capability": f"{cap[0]}.{cap[1]}", "torch": torch.__version__,
+                 "measured": _dt.date.today().isoformat(), "source_run": str(ctx.run_id or "unknown"),
+                 "speedup_required": _flash_bench.SPEEDUP, "S_measured": list(S_list),
+                 "shape": {k: rows[0][k] for k in ("B", "HQ", "G", "D", "dtype")}, "cfg": cfg.to_dict(),
+                 "timer": timer, "branches": thr}
+        tdoc = routing.merge_thresholds(None, entry)
+        write_json(d / "fa2_thresholds.json", tdoc)
+        files.append("fa2_thresholds.json")
+        doc["bench"] = {"timer": timer, "S_list": list(S_list), "thresholds": thr}
+        txt += ["", f"bench (fa2_bench.csv): median ms ({timer}), shape {entry['shape']}, speedup = sdpa / path",
+                _table(bench, ["branch", "path", "S", "fwd_ms", "fwdbwd_ms", "speedup_fwd", "speedup_fwdbwd",
+                               "note"]),
+                "", f"recommended thresholds (smallest S from which a path stays >= {_flash_bench.SPEEDUP}x "
+                    "faster than sdpa, fwd and fwd+bwd; 'never' = not in the measured range):"]
+        for b, ps in thr.items():
+            for p, rec in ps.items():
+                ml = "never" if rec["min_len"] is None else rec["min_len"]
+                txt.append(f"  {b:4} {p:16} min_len={ml}  (speedup at S={rec['max_measured']}: "
+                           f"{rec['speedup_at_max']}x)")
+        target = opts.get("thresholds") or "default"
+        note = ""
+        if target != "none":
+            tpath = routing.DEFAULT_THRESHOLDS if target == "default" else Path(target)
+            try:
+                old = routing.load_thresholds(tpath) if tpath.exists() else None
+                write_json(tpath, routing.merge_thresholds(old, entry))
+                doc["thresholds_file"] = str(tpath)
+                note = f"thresholds merged into {tpath}"
+            except (ValueError, OSError) as e:  # a bad existing file is left as it is, and said so
+                doc["thresholds_file_error"] = str(e)
+                note = f"thresholds NOT merged ({e}); they are in fa2_thresholds.json"
+        else:
+            note = "thresholds not merged (--thresholds none); they are in fa2_thresholds.json"
+        txt.append(note)
+        r = routing.decide(device, thresholds=d / "fa2_thresholds.json")
+        txt += ["", "routing with these thresholds:"] + [
+            f"  {b}: {r.backend(b)} ({r.reason(b)})" for b in ("cmp", "slc", "win")]
+        doc["routing_with_these_thresholds"] = r.to_json()["branches"]
+        metrics["thresholds"] = {b: {p: rec["min_len"] for p, rec in ps.items()} for b, ps in thr.items()}
+        return note
