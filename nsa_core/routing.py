@@ -345,7 +345,8 @@ def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
     wins = {p: r for p, r in measured.items() if r["min_len"] is not None}
     if not wins:
         never = ", ".join(f"{p} (up to S={r.get('max_measured', '?')})" for p, r in measured.items())
-        return Choice("sdpa", f"no flash path is ever >= {SPEEDUP_REQUIRED}x faster than sdpa: {never} ({src})")
+        return Choice("sdpa", f"flash never >= {SPEEDUP_REQUIRED}x faster than sdpa in the measured range: "
+                              f"{never} ({src})")
     # the path that pays off earliest; ties -> the larger speedup at the longest measured S
     best = min(wins, key=lambda p: (wins[p]["min_len"], -float(wins[p].get("speedup_at_max") or 0.0)))
     rec = wins[best]
