@@ -1,0 +1,62 @@
+# nsa-run set-up and everyday commands. Everything lives in .venv inside the checkout.
+#
+#   make test      create .venv if needed, install, run the test suite
+#   make oneshot   create .venv if needed, install, run every stage (ARGS="--only sanity" etc.)
+#   make lint      ruff
+#
+# The venv is created with --system-site-packages so a torch that is already installed (the CUDA
+# build on a GPU pod) is reused and never replaced. Only when the venv cannot import torch is a
+# CPU wheel installed (the PyTorch CPU index; never the multi-GB CUDA wheels on a CPU machine).
+# Installation is stamped: the second `make test` only runs the tests (pyproject.toml changes,
+# e.g. a new stage entry point, re-install).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+ARGS ?=
+PYTEST_ARGS ?= -q -ra
+
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.nsa-run-installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install test oneshot lint clean-venv
+
+help:
+	@echo "make test      install into $(VENV) (once) and run pytest"
+	@echo "make oneshot   install into $(VENV) (once) and run nsa-run oneshot \$$ARGS"
+	@echo "make lint      ruff check"
+	@echo "make install   only create/update $(VENV)"
+
+$(PY):
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') already installed: reused, not replaced"; \
+	else \
+		echo "no torch in $(VENV): installing a CPU wheel from $(TORCH_CPU_INDEX)"; \
+		$(PIP) install --timeout 60 --retries 1 --index-url $(TORCH_CPU_INDEX) torch || { \
+			echo "error: could not install a CPU torch. Install torch into $(VENV) yourself" \
+			     "(e.g. $(PIP) install torch) and run make again." >&2; exit 1; }; \
+	fi
+	$(PIP) install -q -e '.[dev,triton]'
+	@$(PY) -c "import torch, nsa_runner; print('ready: torch', torch.__version__, '| nsa-run', nsa_runner.__version__)"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests (exit 5): nothing was verified" >&2; exit 1; fi; \
+	exit $$rc
+
+oneshot: $(STAMP)
+	$(VENV)/bin/nsa-run oneshot $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean-venv:
+	rm -rf $(VENV)
