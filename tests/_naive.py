@@ -19,9 +19,21 @@ from __future__ import annotations
 import math
 import os
 
+import pytest
 import torch
 
 DEVICE = torch.device(os.environ.get("NSA_TEST_DEVICE", "cpu"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_cpu_thread():
+    """Tiny CPU ops run fastest on one thread, and on a shared 2-core machine a second OpenMP thread
+    that spins while others hold the CPU made gradcheck 10-40x slower. Import this name into a test
+    module to apply it there; the previous setting is restored after the module."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 def randn(*shape, dtype=torch.float64, seed: int = 0, scale: float = 1.0, requires_grad: bool = False):

@@ -11,8 +11,10 @@ from nsa_core import NSAConfig
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
     import _naive as N
+    from _naive import one_cpu_thread  # noqa: F401  (autouse fixture)
 except ImportError:  # pragma: no cover - run as a package (tests/__init__.py or importlib mode)
     from tests import _naive as N
+    from tests._naive import one_cpu_thread  # noqa: F401
 
 
 def test_defaults_are_the_paper_values():

@@ -17,8 +17,10 @@ from nsa_core.testing import case_id
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
     import _naive as N
-except ImportError:  # pragma: no cover
+    from _naive import one_cpu_thread  # noqa: F401  (autouse fixture)
+except ImportError:  # pragma: no cover - run as a package (tests/__init__.py or importlib mode)
     from tests import _naive as N
+    from tests._naive import one_cpu_thread  # noqa: F401
 
 DEV = N.DEVICE
 LN2 = math.log(2.0)
