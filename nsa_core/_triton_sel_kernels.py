@@ -36,7 +36,7 @@ def _fwd_kernel(
     G: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr,
     HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PRELOAD: tl.constexpr, NP: tl.constexpr,
 ):
     t = tl.program_id(0)
     bg = tl.program_id(1)
@@ -66,8 +66,14 @@ def _fwd_kernel(
     m_i = tl.full([HP], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([HP], dtype=tl.float32)
     acc = tl.zeros([HP, BV], dtype=tl.float32)
+    if PRELOAD:  # the whole index row up front: no load in the loop's address chain
+        offs_n = tl.arange(0, NP)
+        idx_row = tl.load(IDX + row * N + offs_n, mask=offs_n < cnt, other=0)
     for i in range(0, cnt):
-        j = tl.load(IDX + row * N + i).to(tl.int64)
+        if PRELOAD:
+            j = tl.sum(tl.where(offs_n == i, idx_row, 0)).to(tl.int64)
+        else:
+            j = tl.load(IDX + row * N + i).to(tl.int64)
         kpos = j * BLOCK_SIZE + offs_s
         # keys past the query (and past the block) are neither loaded nor attended
         m_s = (offs_s < BLOCK_SIZE) & (kpos <= pos)
@@ -122,7 +128,7 @@ def _bwd_dq_kernel(
     G: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr,
     HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PRELOAD: tl.constexpr, NP: tl.constexpr,
 ):
     t = tl.program_id(0)
     bg = tl.program_id(1)
@@ -156,8 +162,14 @@ def _bwd_dq_kernel(
     v_base = V + b64 * svb + g * svg
 
     dq = tl.zeros([HP, BK], dtype=tl.float32)
+    if PRELOAD:  # the whole index row up front: no load in the loop's address chain
+        offs_n = tl.arange(0, NP)
+        idx_row = tl.load(IDX + row * N + offs_n, mask=offs_n < cnt, other=0)
     for i in range(0, cnt):
-        j = tl.load(IDX + row * N + i).to(tl.int64)
+        if PRELOAD:
+            j = tl.sum(tl.where(offs_n == i, idx_row, 0)).to(tl.int64)
+        else:
+            j = tl.load(IDX + row * N + i).to(tl.int64)
         kpos = j * BLOCK_SIZE + offs_s
         m_s = (offs_s < BLOCK_SIZE) & (kpos <= pos)
         kb = tl.load(k_base + kpos[:, None] * skt + offs_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
@@ -310,7 +322,7 @@ def _bwd_atomic_kernel(
     G: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr,
     HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PRELOAD: tl.constexpr, NP: tl.constexpr,
 ):
     """The atomics design, kept for measurement: dq as in _bwd_dq_kernel, and each (token, group)
     adds its [BS, dk] / [BS, dv] contributions of every selected block to fp32 dk/dv buffers."""
@@ -346,8 +358,14 @@ def _bwd_atomic_kernel(
     v_base = V + b64 * svb + g * svg
 
     dq = tl.zeros([HP, BK], dtype=tl.float32)
+    if PRELOAD:  # the whole index row up front: no load in the loop's address chain
+        offs_n = tl.arange(0, NP)
+        idx_row = tl.load(IDX + row * N + offs_n, mask=offs_n < cnt, other=0)
     for i in range(0, cnt):
-        j = tl.load(IDX + row * N + i).to(tl.int64)
+        if PRELOAD:
+            j = tl.sum(tl.where(offs_n == i, idx_row, 0)).to(tl.int64)
+        else:
+            j = tl.load(IDX + row * N + i).to(tl.int64)
         kpos = j * BLOCK_SIZE + offs_s
         m_s = (offs_s < BLOCK_SIZE) & (kpos <= pos)
         kb = tl.load(k_base + kpos[:, None] * skt + offs_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)

@@ -46,10 +46,10 @@ MAX_H = 16
 
 # Launch settings (tuned on an H100, see docs/benchmarks.md). Keys: kernel name -> dict.
 CONFIG = {
-    "fwd": {"num_warps": 4, "num_stages": 2},
-    "dq": {"num_warps": 4, "num_stages": 2},
+    "fwd": {"num_warps": 4, "num_stages": 2, "preload": False},
+    "dq": {"num_warps": 4, "num_stages": 2, "preload": False},
     "dkv": {"num_warps": 4, "num_stages": 1, "rows": 64, "seg": 512},
-    "atomic": {"num_warps": 4, "num_stages": 1},
+    "atomic": {"num_warps": 4, "num_stages": 1, "preload": False},
 }
 DEFAULT_DKV_MODE = "index"
 
@@ -156,6 +156,18 @@ def _check_indices(block_idx: torch.Tensor, block_count: torch.Tensor, S: int, b
 
 # ---- host launchers -------------------------------------------------------------------------
 
+POISON = False  # tests set True: fresh outputs are NaN-filled, so an unwritten element cannot pass
+
+
+def _new(*shape, dtype, device):
+    t = torch.empty(*shape, dtype=dtype, device=device)
+    if POISON:
+        from nsa_core.testing import fill_nan_
+
+        fill_nan_(t)
+    return t
+
+
 def _geometry(q, k, v, block_idx, block_size):
     B, Tq, HQ, dk = q.shape
     S, G = k.shape[1], k.shape[2]
@@ -177,8 +189,8 @@ def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=N
     geo = _geometry(q, k, v, block_idx, block_size)
     scale = 1.0 / math.sqrt(geo["dk"]) if scale is None else float(scale)
     cfg = {**CONFIG["fwd"], **(config or {})}
-    o = torch.empty(geo["B"], geo["Tq"], geo["HQ"], geo["dv"], dtype=q.dtype, device=q.device)
-    lse = torch.empty(geo["B"], geo["Tq"], geo["HQ"], dtype=torch.float32, device=q.device)
+    o = _new(geo["B"], geo["Tq"], geo["HQ"], geo["dv"], dtype=q.dtype, device=q.device)
+    lse = _new(geo["B"], geo["Tq"], geo["HQ"], dtype=torch.float32, device=q.device)
     grid = (geo["Tq"], geo["B"] * geo["G"])
     _k._fwd_kernel[grid](
         q, k, v, o, lse, block_idx, block_count,
@@ -187,14 +199,14 @@ def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=N
         geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
         G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
         HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PRELOAD=bool(cfg["preload"]), NP=_np2(geo["n"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o, lse
 
 
 def _delta(o, do):
     B, Tq, HQ, dv = o.shape
-    delta = torch.empty(B, Tq, HQ, dtype=torch.float32, device=o.device)
+    delta = _new(B, Tq, HQ, dtype=torch.float32, device=o.device)
     n_rows = B * Tq * HQ
     BR = 64
     _k._bwd_pre_kernel[(triton.cdiv(n_rows, BR),)](
@@ -245,13 +257,74 @@ def _inverted_index(block_idx, block_count, geo, seg: int):
             red_key.to(i32), red_start.to(i32), red_end.to(i32))
 
 
+def _bwd_setup(q, k, v, o, do, block_idx, block_size, scale):
+    geo = _geometry(q, k, v, block_idx, block_size)
+    geo["scale"] = 1.0 / math.sqrt(geo["dk"]) if scale is None else float(scale)
+    geo["qk_scale"] = geo["scale"] * _k.LOG2E
+    geo["common"] = dict(G=geo["G"], H=geo["h"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"], BK=geo["BK"],
+                         BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32)
+    geo["strides"] = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                      v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    return geo
+
+
+def _launch_dq(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=None):
+    c = {**CONFIG["dq"], **(cfg or {})}
+    B, Tq, HQ, S = geo["B"], geo["Tq"], geo["HQ"], geo["S"]
+    dq = _new(B, Tq, HQ, geo["dk"], dtype=q.dtype, device=q.device)
+    _k._bwd_dq_kernel[(Tq, B * geo["G"])](
+        q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
+        Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
+        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return dq
+
+
+def _launch_atomic(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=None):
+    c = {**CONFIG["atomic"], **(cfg or {})}
+    B, Tq, HQ, S, G = geo["B"], geo["Tq"], geo["HQ"], geo["S"], geo["G"]
+    dq = _new(B, Tq, HQ, geo["dk"], dtype=q.dtype, device=q.device)
+    dk32 = torch.zeros(B, S, G, geo["dk"], dtype=torch.float32, device=q.device)
+    dv32 = torch.zeros(B, S, G, geo["dv"], dtype=torch.float32, device=q.device)
+    _k._bwd_atomic_kernel[(Tq, B * G)](
+        q, k, v, do, lse, delta, dq, dk32, dv32, block_idx, block_count, *geo["strides"],
+        Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
+        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return dq, dk32.to(k.dtype), dv32.to(v.dtype)
+
+
+def _launch_dkv(q, k, v, do, lse, delta, index, geo, cfg=None, dq32=None):
+    """dk, dv from the inverted index; with dq32 (fp32 [B, T, HQ, dk] zeros) also adds dq atomically."""
+    c = {**CONFIG["dkv"], **(cfg or {})}
+    (csr_t, seg_key, seg_start, seg_end, seg_out, n_ws, red_key, red_start, red_end) = index
+    B, Tq, S, G = geo["B"], geo["Tq"], geo["S"], geo["G"]
+    dev = q.device
+    dk_out = _new(B, S, G, geo["dk"], dtype=k.dtype, device=dev)
+    dv_out = _new(B, S, G, geo["dv"], dtype=v.dtype, device=dev)
+    BS = geo["BS"]
+    wsk = torch.empty(max(n_ws, 1) * BS * geo["BK"], dtype=torch.float32, device=dev)
+    wsv = torch.empty(max(n_ws, 1) * BS * geo["BV"], dtype=torch.float32, device=dev)
+    HPd = _np2(geo["h"])
+    BQ = max(1, int(c["rows"]) // HPd, 16 // HPd)
+    _k._bwd_dkv_kernel[(seg_key.numel(),)](
+        q, k, v, do, lse, delta, dk_out, dv_out, wsk, wsv, dq32 if dq32 is not None else delta,
+        seg_key, seg_start, seg_end, seg_out, csr_t, *geo["strides"],
+        Tq, S, S - Tq, geo["NB"], geo["qk_scale"], geo["scale"], HP=HPd, BQ=BQ, ATOMIC_DQ=dq32 is not None,
+        **geo["common"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+    if red_key.numel():
+        _k._bwd_dkv_reduce_kernel[(red_key.numel(),)](
+            wsk, wsv, dk_out, dv_out, red_key, red_start, red_end, S, geo["NB"], G=G, BLOCK_SIZE=geo["block_size"],
+            DK=geo["dk"], DV=geo["dv"], BK=geo["BK"], BV=geo["BV"], BS=BS, num_warps=4)
+    return dk_out, dv_out
+
+
 def selection_attention_bwd(q, k, v, o, lse, do, block_idx, block_count, block_size, scale=None, *,
                             deterministic: bool = False, dkv_mode: str | None = None,
                             config: dict | None = None):
     """Backward launcher -> (dq, dk, dv) in the input dtype. ``o``/``lse`` from the forward.
 
-    dkv_mode: "index" (default; deterministic), "atomic" or "index_dq_atomic" (fp32 atomics,
-    not bitwise reproducible; refused with deterministic=True).
+    dkv_mode: "index" (deterministic), "atomic" or "index_dq_atomic" (fp32 atomics, not
+    bitwise reproducible; refused with deterministic=True). Default: "index" when
+    deterministic, else DEFAULT_DKV_MODE. config: {"dq"|"dkv"|"atomic": launch overrides}.
     """
     mode = dkv_mode or ("index" if deterministic else DEFAULT_DKV_MODE)
     if mode not in DKV_MODES:
@@ -260,67 +333,24 @@ def selection_attention_bwd(q, k, v, o, lse, do, block_idx, block_count, block_s
         raise ValueError(f"selection_attention_bwd: dkv_mode {mode!r} uses atomics; deterministic=True needs 'index'")
     if do.shape != o.shape:
         raise ValueError(f"selection_attention_bwd: do {tuple(do.shape)} must match o {tuple(o.shape)}")
+    do = do.to(q.dtype)
     if do.stride(-1) != 1:
         do = do.contiguous()
-    do = do.to(q.dtype)
-    geo = _geometry(q, k, v, block_idx, block_size)
-    scale = 1.0 / math.sqrt(geo["dk"]) if scale is None else float(scale)
-    B, Tq, HQ, S, G, dk, dv = geo["B"], geo["Tq"], geo["HQ"], geo["S"], geo["G"], geo["dk"], geo["dv"]
-    ieee = q.dtype == torch.float32
-    common = dict(G=G, H=geo["h"], BLOCK_SIZE=block_size, DK=dk, DV=dv, BK=geo["BK"], BV=geo["BV"], BS=geo["BS"],
-                  IEEE=ieee)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    qk_scale = scale * _k.LOG2E
+    config = config or {}
+    geo = _bwd_setup(q, k, v, o, do, block_idx, block_size, scale)
+    geo["block_size"] = block_size
     delta = _delta(o, do)
-    dev = q.device
-
     if mode == "atomic":
-        c = {**CONFIG["atomic"], **(config or {}).get("atomic", {})}
-        dq = torch.empty(B, Tq, HQ, dk, dtype=q.dtype, device=dev)
-        dk32 = torch.zeros(B, S, G, dk, dtype=torch.float32, device=dev)
-        dv32 = torch.zeros(B, S, G, dv, dtype=torch.float32, device=dev)
-        _k._bwd_atomic_kernel[(Tq, B * G)](
-            q, k, v, do, lse, delta, dq, dk32, dv32, block_idx, block_count, *strides,
-            Tq, S, S - Tq, qk_scale, scale, N=geo["n"], HP=geo["HP"], **common,
-            num_warps=c["num_warps"], num_stages=c["num_stages"])
-        return dq, dk32.to(k.dtype), dv32.to(v.dtype)
-
-    dkv_cfg = {**CONFIG["dkv"], **(config or {}).get("dkv", {})}
+        return _launch_atomic(q, k, v, do, lse, delta, block_idx, block_count, geo, config.get("atomic"))
+    seg = int({**CONFIG["dkv"], **config.get("dkv", {})}["seg"])
+    index = _inverted_index(block_idx, block_count, geo, seg)
     if mode == "index":
-        c = {**CONFIG["dq"], **(config or {}).get("dq", {})}
-        dq = torch.empty(B, Tq, HQ, dk, dtype=q.dtype, device=dev)
-        _k._bwd_dq_kernel[(Tq, B * G)](
-            q, k, v, do, lse, delta, dq, block_idx, block_count, *strides,
-            Tq, S, S - Tq, qk_scale, scale, N=geo["n"], HP=geo["HP"], **common,
-            num_warps=c["num_warps"], num_stages=c["num_stages"])
-        dq32 = delta  # unused placeholder pointer
-    else:
-        dq32 = torch.zeros(B, Tq, HQ, dk, dtype=torch.float32, device=dev)
-
-    (csr_t, seg_key, seg_start, seg_end, seg_out, n_ws, red_key, red_start,
-     red_end) = _inverted_index(block_idx, block_count, geo, int(dkv_cfg["seg"]))
-    dk_out = torch.empty(B, S, G, dk, dtype=k.dtype, device=dev)
-    dv_out = torch.empty(B, S, G, dv, dtype=v.dtype, device=dev)
-    BS = geo["BS"]
-    wsk = torch.empty(max(n_ws, 1) * BS * geo["BK"], dtype=torch.float32, device=dev)
-    wsv = torch.empty(max(n_ws, 1) * BS * geo["BV"], dtype=torch.float32, device=dev)
-    HPd = _np2(geo["h"])
-    BQ = max(1, int(dkv_cfg["rows"]) // HPd)
-    if BQ * HPd < 16:
-        BQ = 16 // HPd
-    _k._bwd_dkv_kernel[(seg_key.numel(),)](
-        q, k, v, do, lse, delta, dk_out, dv_out, wsk, wsv, dq32,
-        seg_key, seg_start, seg_end, seg_out, csr_t, *strides,
-        Tq, S, S - Tq, geo["NB"], qk_scale, scale, HP=HPd, BQ=BQ, ATOMIC_DQ=mode == "index_dq_atomic", **common,
-        num_warps=dkv_cfg["num_warps"], num_stages=dkv_cfg["num_stages"])
-    if red_key.numel():
-        _k._bwd_dkv_reduce_kernel[(red_key.numel(),)](
-            wsk, wsv, dk_out, dv_out, red_key, red_start, red_end, S, geo["NB"], G=G, BLOCK_SIZE=block_size,
-            DK=dk, DV=dv, BK=geo["BK"], BV=geo["BV"], BS=BS, num_warps=4)
-    if mode == "index_dq_atomic":
-        dq = dq32.to(q.dtype)
-    return dq, dk_out, dv_out
+        dq = _launch_dq(q, k, v, do, lse, delta, block_idx, block_count, geo, config.get("dq"))
+        dk, dv = _launch_dkv(q, k, v, do, lse, delta, index, geo, config.get("dkv"))
+        return dq, dk, dv
+    dq32 = torch.zeros(geo["B"], geo["Tq"], geo["HQ"], geo["dk"], dtype=torch.float32, device=q.device)
+    dk, dv = _launch_dkv(q, k, v, do, lse, delta, index, geo, config.get("dkv"), dq32=dq32)
+    return dq32.to(q.dtype), dk, dv
 
 
 # ---- autograd -------------------------------------------------------------------------------
