@@ -12,6 +12,8 @@ COMMANDS = (
     "nsa_runner.commands.oneshot",
     "nsa_runner.commands.stage",
     "nsa_runner.commands.list_stages",
+    "nsa_runner.commands.compare",
+    "nsa_runner.commands.report",
 )
 
 app = typer.Typer(

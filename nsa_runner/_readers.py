@@ -1,0 +1,431 @@
+"""Artifact readers with validation, shared by ``compare``, ``report`` and baselines (private).
+
+Policy: a file that is absent is "not in this run" (the reader returns None); a file that is
+present but broken (truncated, not JSON, wrong columns, non-numeric numbers, an unknown
+``schema_version``) raises :class:`ArtifactError` naming the file and the problem. A file the
+manifest lists for a stage but that is gone also raises: something deleted evidence.
+
+Nothing here writes. Run arguments are resolved by :func:`resolve_run`: a run id under
+``--out`` (``40e81ff``, ``40e81ff-dirty-6b9d72362e.2``; never ``/`` or ``..``) or the path of a
+run folder (anything holding a valid ``manifest.json``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsa_runner.artifacts import MANIFEST_NAME, ManifestError, load_manifest
+
+STATUSES = ("PASS", "FAIL", "SKIP", "ERROR", "TIMEOUT")
+FAILED = ("FAIL", "ERROR", "TIMEOUT")
+SUPPORTED_JSON_SCHEMAS = (1,)
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
+
+# Stage CSVs and what they must hold (DESIGN §6). Extra columns are fine.
+PARITY_FILES = ("triton_fwd.csv", "triton_bwd.csv")
+PARITY_REQUIRED = ("case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", "rel_err", "tol", "status")
+PARITY_NUMERIC = ("B", "T", "HQ", "G", "dk", "dv", "max_abs", "rel_err", "tol")
+DECODE_FILE = "decode.csv"
+DECODE_REQUIRED = ("S", "B")
+# Timing tables: decode-bench, the flash benchmark, and the kernel benchmark(s) of bench/.
+TIMING_FILES = (DECODE_FILE, "fa2_bench.csv")
+KERNEL_BENCH_GLOBS = ("bench_*.csv", "kernel_bench*.csv")
+
+_TIME = re.compile(r"^(ms|ms_\w+|\w+_ms)$")
+_SPREAD = re.compile(r"^(\w+_)?(p20|p80)$")
+_READS = re.compile(r"^reads_\w+$")
+_SPEEDUP = re.compile(r"^speedup(_\w+)?$")
+_NOT_KEYS = {"note", "notes", "timer", "comment", "error", "status", "reason", "message", "seconds", "time_s"}
+
+
+class ArtifactError(ValueError):
+    """A run or one of its files cannot be used; the message names the file and the problem."""
+
+
+# ---------------------------------------------------------------------------------------------
+# run arguments
+
+
+def check_run_id(text: str) -> str:
+    """Validate a run id (the name of a folder under ``--out``). Raises ArtifactError."""
+    if not text:
+        raise ArtifactError("empty run id")
+    if "\x00" in text:
+        raise ArtifactError("run id contains a NUL byte")
+    if "/" in text or "\\" in text or ".." in text:
+        raise ArtifactError(f"{text!r} is not a run id: run ids never contain '/', '\\' or '..' "
+                            "(give the path of an existing run folder instead)")
+    if not RUN_ID_RE.match(text):
+        raise ArtifactError(f"{text!r} is not a run id (letters, digits, '.', '_', '+', '-'; "
+                            "e.g. 40e81ff or 40e81ff-dirty-6b9d72362e.2)")
+    return text
+
+
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or os.sep in text or text.startswith(".") or text.startswith("~")
+
+
+def _runs_under(out: Path) -> list[str]:
+    try:
+        return sorted(p.name for p in out.iterdir() if (p / MANIFEST_NAME).is_file())
+    except OSError:
+        return []
+
+
+def resolve_run(arg: str, out: Path) -> Path:
+    """A run argument -> its folder (not created, not changed). Raises ArtifactError.
+
+    ``arg`` is a run id under ``out`` or the path of a run folder; either way the folder must
+    hold a valid ``manifest.json``.
+    """
+    if not isinstance(arg, str) or not arg.strip():
+        raise ArtifactError("empty run argument: give a run id under --out or a run folder")
+    if "\x00" in arg:
+        raise ArtifactError("run argument contains a NUL byte")
+    if _looks_like_path(arg):
+        folder = Path(arg).expanduser()
+        if not folder.is_dir():
+            why = "not a run id (ids never contain '/' or '..')" if ("/" in arg or ".." in arg) else "no such folder"
+            raise ArtifactError(f"{arg!r}: {why}, and no run folder exists at that path")
+    else:
+        check_run_id(arg)
+        folder = out / arg
+        if not folder.is_dir():
+            known = _runs_under(out)
+            listing = (", ".join(known[-8:]) + (" ..." if len(known) > 8 else "")) if known else "none"
+            raise ArtifactError(f"no run {arg!r} under {out} (runs there: {listing})")
+    if not (folder / MANIFEST_NAME).is_file():
+        raise ArtifactError(f"{folder}: not a run folder (no {MANIFEST_NAME})")
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# low-level validated readers
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def read_json(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -> dict:
+    """A JSON object with a supported ``schema_version``. Raises ArtifactError."""
+    text = _read_text(path)
+    if not text.strip():
+        raise ArtifactError(f"{path}: empty file (truncated?)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({e.msg} at line {e.lineno} "
+                            f"column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    _check_version(path, data.get("schema_version"), versions)
+    return data
+
+
+def _check_version(path: Path, version: Any, versions: tuple[int, ...], where: str = "") -> None:
+    if isinstance(version, bool) or version not in versions:
+        shown = "missing" if version is None else repr(version)
+        raise ArtifactError(f"{path}{where}: schema_version {shown} is not supported "
+                            f"(this nsa-run reads {', '.join(map(str, versions))})")
+
+
+def read_jsonl(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -> list[dict]:
+    """One JSON object per line, each with a supported ``schema_version``. Raises ArtifactError."""
+    text = _read_text(path)
+    if text and not text.endswith("\n"):
+        raise ArtifactError(f"{path}: truncated (the last line has no newline)")
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{path}: line {i} is not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ArtifactError(f"{path}: line {i} is not a JSON object")
+        _check_version(path, obj.get("schema_version"), versions, f" line {i}")
+        rows.append(obj)
+    return rows
+
+
+def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...] = (),
+             status_col: str | None = None):
+    """A CSV as a pandas DataFrame, validated. Raises ArtifactError.
+
+    Checks: not empty, ends with a newline (else truncated), every line has the header's number
+    of fields, ``required`` columns present, values of ``numeric`` columns (and of every column
+    whose name says it is a measurement) are numbers or empty, ``status_col`` values are statuses.
+    """
+    import pandas as pd
+
+    text = _read_text(path)
+    if not text.strip():
+        raise ArtifactError(f"{path}: empty file (truncated?)")
+    if not text.endswith("\n"):
+        raise ArtifactError(f"{path}: truncated (the last line has no newline)")
+    try:
+        lines = list(csv.reader(io.StringIO(text)))
+    except csv.Error as e:
+        raise ArtifactError(f"{path}: not valid CSV ({e})") from None
+    header = lines[0]
+    if len(set(header)) != len(header) or any(not h.strip() for h in header):
+        raise ArtifactError(f"{path}: bad header (empty or duplicate column names): {header}")
+    for i, fields in enumerate(lines[1:], 2):
+        if fields and len(fields) != len(header):
+            raise ArtifactError(f"{path}: line {i} has {len(fields)} fields, the header has {len(header)} "
+                                "(truncated or corrupt)")
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise ArtifactError(f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
+    try:
+        df = pd.read_csv(io.StringIO(text), keep_default_na=True)
+    except (ValueError, pd.errors.ParserError) as e:
+        raise ArtifactError(f"{path}: pandas cannot parse it ({e})") from None
+    cols = set(numeric) | {c for c in df.columns if is_time(c) or is_spread(c) or is_reads(c) or is_speedup(c)}
+    for c in sorted(cols & set(df.columns)):
+        conv = pd.to_numeric(df[c], errors="coerce")
+        bad = df[c].notna() & conv.isna()
+        if bad.any():
+            i = int(bad.idxmax())
+            raise ArtifactError(f"{path}: column {c!r} line {i + 2}: {df[c][i]!r} is not a number")
+        df[c] = conv
+    if status_col is not None:
+        vals = df[status_col].astype(str)
+        bad = ~vals.isin(STATUSES)
+        if bad.any():
+            i = int(bad.idxmax())
+            raise ArtifactError(f"{path}: column {status_col!r} line {i + 2}: {vals[i]!r} is not one of "
+                                f"{', '.join(STATUSES)}")
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# column roles of the timing tables
+
+
+def is_time(c: str) -> bool:
+    return bool(_TIME.match(c)) and not is_spread(c)
+
+
+def is_spread(c: str) -> bool:
+    return bool(_SPREAD.match(c))
+
+
+def is_reads(c: str) -> bool:
+    return bool(_READS.match(c))
+
+
+def is_speedup(c: str) -> bool:
+    return bool(_SPEEDUP.match(c))
+
+
+def metric_columns(df) -> list[str]:
+    """Columns compared across runs: times (lower is better), reads (lower), speedups (higher)."""
+    return [c for c in df.columns if is_time(c) or is_reads(c) or is_speedup(c)]
+
+
+def key_columns(df) -> list[str]:
+    """Columns that define a row (the case): strings and integers that are not measurements."""
+    import pandas as pd
+
+    keys = []
+    for c in df.columns:
+        if c in _NOT_KEYS or is_time(c) or is_spread(c) or is_reads(c) or is_speedup(c):
+            continue
+        s = df[c]
+        if pd.api.types.is_integer_dtype(s) or pd.api.types.is_bool_dtype(s) or pd.api.types.is_object_dtype(s):
+            keys.append(c)
+        elif pd.api.types.is_float_dtype(s) and s.notna().all() and (s == s.round()).all() and c in ("S", "T", "B"):
+            keys.append(c)  # an integer column that came back as float
+    return keys
+
+
+def spread_columns(df, metric: str) -> tuple[str, str] | None:
+    """(p20, p80) columns recorded for ``metric`` (``fwd_ms`` -> ``fwd_p20``/``fwd_ms_p20``; ``ms_step`` ->
+    ``ms_step_p20``/``step_p20``); the bare ``p20``/``p80`` when the table has one time metric."""
+    stems = [metric]
+    if metric.endswith("_ms"):
+        stems.append(metric[:-3])
+    if metric.startswith("ms_"):
+        stems.append(metric[3:])
+    for s in stems:
+        lo, hi = f"{s}_p20", f"{s}_p80"
+        if lo in df.columns and hi in df.columns:
+            return lo, hi
+    if "p20" in df.columns and "p80" in df.columns and sum(is_time(c) for c in df.columns) == 1 and is_time(metric):
+        return "p20", "p80"
+    return None
+
+
+def fmt_key(row: dict, keys: list[str]) -> str:
+    return " ".join(f"{k}={_fmt_val(row[k])}" for k in keys)
+
+
+def _fmt_val(v: Any) -> str:
+    if isinstance(v, float) and math.isfinite(v) and v == int(v):
+        return str(int(v))
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run folder
+
+
+@dataclass
+class Run:
+    """A run folder, read lazily and strictly. ``Run.open(folder)`` validates manifest.json."""
+
+    dir: Path
+    manifest: dict
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, folder: Path) -> Run:
+        try:
+            m = load_manifest(folder)
+        except ManifestError as e:
+            raise ArtifactError(str(e)) from None
+        return cls(Path(folder), m)
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest["run_id"]
+
+    @property
+    def stages(self) -> list[dict]:
+        return self.manifest["stages"]
+
+    def stage(self, name: str) -> dict | None:
+        return next((s for s in self.stages if s.get("name") == name), None)
+
+    def declared_by(self, name: str) -> str | None:
+        """The stage whose manifest entry lists file ``name``, if any."""
+        for s in self.stages:
+            if name in (s.get("files") or []):
+                return s["name"]
+        return None
+
+    def _present(self, name: str) -> Path | None:
+        p = self.dir / name
+        if p.is_file():
+            return p
+        if p.exists():
+            raise ArtifactError(f"{p}: expected a file")
+        owner = self.declared_by(name)
+        if owner is not None:
+            raise ArtifactError(f"{p}: the manifest lists it as written by stage {owner!r}, but the file is "
+                                "missing (deleted or moved?)")
+        return None
+
+    def _cached(self, key: str, fn):
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def json(self, name: str) -> dict | None:
+        """A JSON artifact, or None when it is not in this run."""
+        def load():
+            p = self._present(name)
+            return None if p is None else read_json(p)
+        return self._cached(f"json:{name}", load)
+
+    def jsonl(self, name: str) -> list[dict] | None:
+        def load():
+            p = self._present(name)
+            return None if p is None else read_jsonl(p)
+        return self._cached(f"jsonl:{name}", load)
+
+    def csv(self, name: str, required: tuple[str, ...] = (), numeric: tuple[str, ...] = (),
+            status_col: str | None = None):
+        def load():
+            p = self._present(name)
+            return None if p is None else read_csv(p, required, numeric, status_col)
+        return self._cached(f"csv:{name}", load)
+
+    def parity(self, name: str):
+        """triton_fwd.csv / triton_bwd.csv, validated; duplicate case ids are an error."""
+        df = self.csv(name, PARITY_REQUIRED, PARITY_NUMERIC, "status")
+        if df is not None:
+            dup = df["case"][df["case"].duplicated()]
+            if len(dup):
+                raise ArtifactError(f"{self.dir / name}: case {dup.iloc[0]!r} appears more than once")
+        return df
+
+    def timing_files(self) -> list[str]:
+        """The timing tables present in this run (decode, flash bench, kernel benchmarks)."""
+        names = [n for n in TIMING_FILES if (self.dir / n).is_file() or self.declared_by(n)]
+        for pattern in KERNEL_BENCH_GLOBS:
+            names += sorted(p.name for p in self.dir.glob(pattern) if p.name not in names)
+        return names
+
+    def timing(self, name: str):
+        """A timing table, validated: duplicate rows (same key columns) are an error."""
+        required = DECODE_REQUIRED if name == DECODE_FILE else ()
+        df = self.csv(name, required)
+        if df is None:
+            return None
+        if not metric_columns(df):
+            raise ArtifactError(f"{self.dir / name}: no timing column (ms_*, *_ms, ms, reads_*, speedup*) "
+                                f"among {', '.join(map(str, df.columns))}")
+        keys = key_columns(df)
+        if keys and df.duplicated(subset=keys).any():
+            i = int(df.duplicated(subset=keys).idxmax())
+            raise ArtifactError(f"{self.dir / name}: two rows for {fmt_key(df.iloc[i].to_dict(), keys)}")
+        return df
+
+    @property
+    def env(self) -> dict | None:
+        return self.json("env.json")
+
+    def machine(self) -> dict:
+        """Where the run ran: ``{"device", "gpu", "label", "known"}``.
+
+        ``label`` is the GPU model (``torch.cuda.get_device_name``) on CUDA, ``cpu (<arch>)`` on
+        CPU. ``known`` is False when env.json is not in the run (GPU model unknown).
+        """
+        device = self.manifest.get("device")
+        env = self.env
+        gpu, known = None, env is not None
+        if env is not None:
+            device = device or env.get("device")
+            devs = ((env.get("facts") or {}).get("gpu") or {}).get("devices") or []
+            if devs and isinstance(devs[0], dict):
+                gpu = devs[0].get("name")
+        arch = (self.manifest.get("host") or {}).get("machine") or "?"
+        if device == "cuda":
+            label = gpu or "cuda (GPU model unknown: env.json not in this run)"
+            known = known and gpu is not None
+        else:
+            label = f"cpu ({arch})"
+        return {"device": device or "?", "gpu": gpu, "label": label, "known": known}
+
+    def versions(self) -> dict[str, str]:
+        """torch / triton / CUDA versions from env.json (empty when it is not in the run)."""
+        env = self.env
+        if env is None:
+            return {}
+        f = env.get("facts") or {}
+        t, tri, g = f.get("torch") or {}, f.get("triton") or {}, f.get("gpu") or {}
+        out = {"torch": t.get("version"), "triton": tri.get("version"), "cuda runtime": t.get("cuda_runtime"),
+               "driver cuda": g.get("driver_cuda_version")}
+        return {k: str(v) for k, v in out.items() if v}
+
+
+def open_run(arg: str, out: Path) -> Run:
+    """resolve_run + Run.open."""
+    return Run.open(resolve_run(arg, out))

@@ -1,0 +1,149 @@
+"""``nsa-run compare A [B]``: what changed from run A to run B, and/or a run against a baseline.
+
+A and B are run ids under ``--out`` or paths of run folders. Marks as in ``asv compare``:
+``+`` worse, ``-`` better, ``!`` newly failing, ``*`` fixed, ``x`` not comparable, ``~`` beyond
+the factor but within noise (see ``nsa_runner.compare``). Output: a rich table per section,
+``--markdown`` (GitHub table) or ``--json``. Exit 1 when a regression (``+`` or ``!``) is
+flagged, 2 for unusable input (nothing is written then), else 0.
+
+``--baseline FILE`` adds the ``baseline`` section: B (or A alone when B is omitted) against
+the figures recorded for its GPU model (docs/baselines.md). ``--save-baseline FILE`` records
+the timing figures of B (or A) as a new baseline file; an existing file is never replaced.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from nsa_runner import baseline as bl
+from nsa_runner._readers import ArtifactError, Run, resolve_run
+from nsa_runner._ui import err_console, fail, out_console
+from nsa_runner.commands import _common as c
+from nsa_runner.compare import (
+    MARKS,
+    SECTIONS,
+    Comparison,
+    Settings,
+    compare_runs,
+    fmt,
+    fmt_ratio,
+    run_info,
+    title,
+    to_markdown,
+    visible_rows,
+)
+
+MARK_STYLE = {"+": "bold red", "!": "bold red", "-": "green", "*": "bold green", "x": "yellow", "~": "dim"}
+HINT = "give a run id under --out (see its folder names) or the path of a run folder"
+
+
+def parse_threshold(text: str) -> float:
+    """'10%' or '0.1' -> 0.1. Raises ValueError."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise ValueError(f"--threshold {text!r} is not a number or a percentage (e.g. 10% or 0.1)") from None
+    if not (v >= 0 and v < 100):
+        raise ValueError(f"--threshold {text!r} must be between 0 and 100x")
+    return v
+
+
+def _open(arg: str, out: Path, which: str) -> Run:
+    try:
+        return Run.open(resolve_run(arg, out))
+    except ArtifactError as e:
+        fail(f"run {which}: {e}", HINT)
+
+
+def _render(cmp: Comparison, only_changed: bool) -> None:
+    con = out_console()
+    con.print(f"[bold]{escape(title(cmp))}[/]")
+    for n in cmp.notes:
+        con.print(f"[yellow]note:[/] {escape(n)}")
+    rows = visible_rows(cmp, only_changed)
+    for section in SECTIONS:
+        sec = [r for r in rows if r.section == section]
+        if not sec:
+            continue
+        t = Table(title=section, title_justify="left", show_lines=False)
+        for col, kw in (("", {}), ("source", {}), ("key", {"overflow": "fold"}), ("metric", {}),
+                        ("A", {"justify": "right"}), ("B", {"justify": "right"}), ("B/A", {"justify": "right"}),
+                        ("note", {"overflow": "fold"})):
+            t.add_column(col, **kw)
+        for r in sec:
+            style = MARK_STYLE.get(r.mark, "")
+            mark = f"[{style}]{escape(r.mark)}[/]" if style else escape(r.mark)
+            t.add_row(mark, escape(r.source), escape(r.key), escape(r.metric), escape(fmt(r.a, r.metric)),
+                      escape(fmt(r.b, r.metric)), fmt_ratio(r.ratio), escape(r.note))
+        con.print(t)
+    con.print("marks: " + ", ".join(f"{m} {w}" for m, w in MARKS.items()), style="dim")
+    verdict = cmp.verdict()
+    con.print(f"[bold red]{escape(verdict)}[/]" if cmp.regressions else f"[bold]{escape(verdict)}[/]")
+
+
+def compare(
+    a: str = typer.Argument(..., help="Run A (before): a run id under --out, or a run folder."),
+    b: str = typer.Argument(None, help="Run B (after). May be omitted with --baseline / --save-baseline."),
+    out: Path = c.OUT,
+    threshold: str = typer.Option("10%", "--threshold",
+                                  help="Timing noise threshold: flag B/A beyond 1+t (e.g. 10% or 0.1)."),
+    parity_factor: float = typer.Option(2.0, "--parity-factor", help="Flag parity errors worse by more than this."),
+    baseline: Path = typer.Option(None, "--baseline", help="Check B (or A alone) against this baseline file."),
+    save_baseline: Path = typer.Option(None, "--save-baseline",
+                                       help="Record the timing figures of B (or A) as a NEW baseline file."),
+    only_changed: bool = typer.Option(False, "--only-changed", help="Show only rows with a mark or a change."),
+    markdown: bool = typer.Option(False, "--markdown", help="GitHub markdown on stdout."),
+    as_json: bool = c.JSON,
+) -> None:
+    """Compare two runs (status changes, parity errors, timings as B/A); exit 1 on a regression."""
+    if markdown and as_json:
+        fail("--markdown and --json are exclusive: pick one output")
+    try:
+        settings = Settings(parse_threshold(threshold), parity_factor)
+    except ValueError as e:
+        fail(str(e))
+    if b is None and baseline is None and save_baseline is None:
+        fail("compare needs run B, or --baseline FILE (check one run), or --save-baseline FILE",
+             "e.g. nsa-run compare 40e81ff 7fcb68d, or nsa-run compare 7fcb68d --baseline h100.json")
+    base = None
+    if baseline is not None:
+        try:
+            base = bl.load(baseline)
+        except ArtifactError as e:
+            fail(f"--baseline: {e}", "see docs/baselines.md")
+    if save_baseline is not None and save_baseline.exists():
+        fail(f"--save-baseline {save_baseline} exists: nothing was overwritten", "choose a new file name")
+    run_a = _open(a, out, "A")
+    run_b = _open(b, out, "B") if b is not None else None
+    subject = run_b or run_a
+    try:
+        cmp = compare_runs(run_a, run_b, settings) if run_b is not None else Comparison(None, run_info(subject),
+                                                                                         settings=settings)
+        if base is not None:
+            rows, notes = bl.check(subject, base)
+            cmp.rows += rows
+            cmp.notes += notes
+        saved = None
+        if save_baseline is not None:
+            saved = bl.save_new(save_baseline, bl.from_run(subject, settings.threshold or bl.DEFAULT_TOLERANCE))
+    except ArtifactError as e:
+        fail(str(e), "nothing was written; repair or move the broken file, or compare other runs")
+    if saved is not None:
+        err_console().print(f"baseline written: {saved} ({subject.machine()['label']})")
+    if as_json:
+        print(json.dumps(cmp.to_dict(), indent=2, default=str))
+    elif markdown:
+        print(to_markdown(cmp, only_changed))
+    else:
+        _render(cmp, only_changed)
+    raise typer.Exit(cmp.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare)

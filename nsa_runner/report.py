@@ -1,0 +1,442 @@
+"""``nsa-run report RUN``: one self-contained ``report.html`` (and ``summary.md`` when absent).
+
+report.html holds everything a reader needs without opening other files: the stage statuses
+(a SKIP is grey and says "not run", never green), the machine and versions, the routing, and
+plots rendered with matplotlib and embedded as base64 PNGs (decode latency and reads vs S,
+kernel / flash times vs T or S, parity errors per case), the selection picture and the stage
+figures (selection.png, decode.png) embedded the same way. Inline CSS, no scripts, no external
+URL: the file can be mailed or attached to a CI job alone. Relative links to the run's files
+work when it is opened inside the run folder.
+
+Files, and what is never clobbered:
+- ``report.html`` is derived from the folder and is rewritten (atomically) on every call.
+- ``summary.md`` belongs to the ``summary`` stage. ``report`` writes it only when the run has
+  none (e.g. ``--only sanity``), with the summary stage's own renderer over the manifest, so
+  the text is the one that stage would have written; an existing ``summary.md`` is left as it is.
+- Nothing is written when an artifact is broken (truncated, unknown schema_version, ...):
+  ``ArtifactError`` is raised before the first write.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from nsa_runner._readers import (
+    DECODE_FILE,
+    FAILED,
+    PARITY_FILES,
+    ArtifactError,
+    Run,
+    is_reads,
+    is_spread,
+    is_time,
+    key_columns,
+    spread_columns,
+)
+from nsa_runner.artifacts import now_iso, write_text
+from nsa_runner.compare import fmt
+
+REPORT_NAME = "report.html"
+SUMMARY_NAME = "summary.md"
+STATUS_COLOR = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#82071e", "TIMEOUT": "#bc4c00", "SKIP": "#6e7781"}
+STATUS_WORD = {"PASS": "PASS", "FAIL": "FAIL", "ERROR": "ERROR", "TIMEOUT": "TIMEOUT", "SKIP": "SKIP — not run"}
+IMAGES = (("selection.png", "Selection picture (selection-map stage)"), ("decode.png", "decode-bench figure"))
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
+color:#1f2328;line-height:1.4}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:19px;border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:30px}
+h3{font-size:15px;margin-bottom:4px}
+table{border-collapse:collapse;margin:8px 0;font-size:13px} th,td{border:1px solid #d0d7de;padding:3px 8px;
+text-align:left;vertical-align:top} th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:700;font-size:12px;color:#fff;
+white-space:nowrap}
+.PASS{background:#1a7f37} .FAIL{background:#cf222e} .ERROR{background:#82071e} .TIMEOUT{background:#bc4c00}
+.SKIP{background:#fff;color:#57606a;border:1px dashed #6e7781}
+.banner{padding:10px 14px;border-radius:6px;font-size:17px;font-weight:700;margin:12px 0}
+.banner.ok{background:#dafbe1;border:1px solid #1a7f37} .banner.bad{background:#ffebe9;border:1px solid #cf222e}
+.banner.partial{background:#fff8c5;border:1px solid #9a6700}
+.absent{color:#57606a;font-style:italic} .note{color:#57606a;font-size:13px}
+pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px;max-height:420px}
+img{max-width:100%;border:1px solid #d0d7de} details{margin:4px 0}
+tr.row-FAIL td,tr.row-ERROR td,tr.row-TIMEOUT td{background:#fff5f5} tr.row-SKIP td{color:#57606a}
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# plots (matplotlib, no pyplot: no global state, no display)
+
+
+def _png(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(w: float, h: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h))
+
+
+def plot_decode(df) -> str | None:
+    """Decode latency per branch vs S, and reads per step vs S (with S = full attention)."""
+    times = [c for c in df.columns if is_time(c)]
+    reads = [c for c in df.columns if is_reads(c)]
+    if "S" not in df.columns or not (times or reads):
+        return None
+    fig = _figure(11, 4.2)
+    axes = fig.subplots(1, 2)
+    groups = list(df.groupby("B")) if "B" in df.columns and df["B"].nunique() > 1 else [(None, df)]
+    for B, g in groups:
+        g = g.sort_values("S")
+        sfx = f" (B={B})" if B is not None else ""
+        for c in times:
+            axes[0].plot(g["S"], g[c], marker="o", lw=2.2 if c in ("ms_step", "ms_full") else 1.2,
+                         ls="--" if c == "ms_full" else "-", label=c + sfx)
+        for c in reads:
+            axes[1].plot(g["S"], g[c], marker="o", label=c + sfx)
+        if reads:
+            axes[1].plot(g["S"], g["S"], color="k", ls=":", label="full attention (S)" + sfx)
+    for ax, title, ylabel in ((axes[0], "decode step latency vs S", "ms per step"),
+                              (axes[1], "KV tokens read per step vs S (per group)", "tokens")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("cached length S")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no columns", ha="center", transform=ax.transAxes)
+    return _png(fig)
+
+
+def plot_times(df, title: str) -> str | None:
+    """One panel per time column: time vs T (or S), one line per configuration, p20..p80 bars."""
+    x = "T" if "T" in df.columns else ("S" if "S" in df.columns else None)
+    times = [c for c in df.columns if is_time(c)]
+    if x is None or not times:
+        return None
+    keys = [k for k in key_columns(df) if k != x and df[k].nunique() > 1]
+    fig = _figure(5.5 * min(len(times), 3), 4.0)
+    axes = fig.subplots(1, min(len(times), 3), squeeze=False)[0]
+    for ax, c in zip(axes, times[:3]):
+        groups = list(df.groupby(keys, dropna=False)) if keys else [((), df)]
+        spread = spread_columns(df, c)
+        for name, g in groups:
+            g = g[g[c].notna()].sort_values(x)
+            if g.empty:
+                continue
+            name = name if isinstance(name, tuple) else (name,)
+            label = " ".join(f"{k}={v}" for k, v in zip(keys, name)) or c
+            if spread is not None:
+                lo = (g[c] - g[spread[0]]).clip(lower=0)
+                hi = (g[spread[1]] - g[c]).clip(lower=0)
+                ax.errorbar(g[x], g[c], yerr=[lo, hi], marker="o", capsize=2, label=label)
+            else:
+                ax.plot(g[x], g[c], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(f"{c} (ms)")
+        ax.set_title(f"{title}: {c}")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines or ax.containers:
+            ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def plot_parity(panels: list[tuple[str, list[dict]]]) -> str | None:
+    """Horizontal bars of rel_err per case (log x), the tolerance as a black tick, coloured by status.
+
+    ``panels``: (title, [{"case", "status", "rel_err", "tol"}]). A SKIP case gets no bar: its row
+    says "SKIP (not run)" in grey, so a missing measurement never looks like a small error.
+    """
+    panels = [(t, rows) for t, rows in panels if rows]
+    if not panels:
+        return None
+    height = sum(max(1.2, 0.28 * len(r) + 0.9) for _, r in panels)
+    fig = _figure(11, height)
+    axes = fig.subplots(len(panels), 1, squeeze=False,
+                        gridspec_kw={"height_ratios": [max(1, len(r)) for _, r in panels]})[:, 0]
+    for ax, (title, rows) in zip(axes, panels):
+        vals = [r["rel_err"] for r in rows if _pos(r["rel_err"])] + [r["tol"] for r in rows if _pos(r["tol"])]
+        floor = min(vals) / 10 if vals else 1e-12
+        for i, r in enumerate(rows):
+            color = STATUS_COLOR.get(r["status"], "#6e7781")
+            if _pos(r["rel_err"]) or r["rel_err"] == 0:
+                ax.barh(i, max(r["rel_err"], floor) - floor, left=floor, color=color, height=0.6)
+            else:
+                word = "SKIP (not run)" if r["status"] == "SKIP" else f"{r['status']} (no finite error)"
+                ax.text(floor * 1.2, i, word, va="center", fontsize=8, color=color, style="italic")
+            if _pos(r["tol"]):
+                ax.plot([r["tol"]] * 2, [i - 0.4, i + 0.4], color="k", lw=2)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([r["case"] for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlim(left=floor)
+        ax.set_xlabel("relative error vs float64 reference (black tick: tolerance)")
+        ax.set_title(title)
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _pos(v: Any) -> bool:
+    try:
+        return math.isfinite(float(v)) and float(v) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# html pieces
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+def badge(status: str) -> str:
+    s = status if status in STATUS_WORD else "ERROR"
+    return f'<span class="badge {s}">{_e(STATUS_WORD[s])}</span>'
+
+
+def _img(b64: str, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def _table(rows: list[dict], cols: list[str], status_col: str | None = None, max_rows: int = 400) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>"]
+    for r in rows[:max_rows]:
+        st = str(r.get(status_col, "")) if status_col else ""
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if c == status_col:
+                cells.append(f"<td>{badge(str(v))}</td>")
+            elif isinstance(v, float):
+                cells.append(f'<td class="num">{_e(fmt(v, c))}</td>')
+            elif isinstance(v, int) and not isinstance(v, bool):
+                cells.append(f'<td class="num">{v}</td>')
+            else:
+                cells.append(f"<td>{_e('' if v is None or (isinstance(v, float) and math.isnan(v)) else v)}</td>")
+        out.append(f'<tr class="row-{_e(st)}">' + "".join(cells) + "</tr>")
+    out.append("</table>")
+    if len(rows) > max_rows:
+        out.append(f'<p class="note">{len(rows) - max_rows} more rows in the CSV.</p>')
+    return "\n".join(out)
+
+
+def _absent(what: str) -> str:
+    return f'<p class="absent">{_e(what)}: not in this run.</p>'
+
+
+def _counts(stages: list[dict]) -> dict[str, int]:
+    c = {"passed": 0, "failed": 0, "skipped": 0}
+    for s in stages:
+        c[{"PASS": "passed", "SKIP": "skipped"}.get(s["status"], "failed")] += 1
+    return c
+
+
+def _banner(m: dict, c: dict) -> str:
+    line = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+    skipped = [s["name"] for s in m["stages"] if s["status"] == "SKIP"]
+    if c["failed"]:
+        cls, word = "bad", "FAILED"
+    elif skipped:
+        cls, word = "partial", "NO FAILURE, BUT NOT EVERYTHING RAN"
+    elif c["passed"]:
+        cls, word = "ok", "PASSED"
+    else:
+        cls, word = "partial", "NOTHING RAN"
+    extra = ""
+    if skipped:
+        extra = f'<div class="note">skipped (not validated on this run): {_e(", ".join(skipped))}</div>'
+    if m.get("interrupted"):
+        extra += '<div class="note">the run was interrupted (Ctrl-C / cancel): later stages are missing</div>'
+    return f'<div class="banner {cls}">{word}: {_e(line)}{extra}</div>'
+
+
+def _stages_html(run: Run) -> str:
+    rows = []
+    for s in run.stages:
+        reason = s.get("reason", "")
+        if s["status"] == "SKIP" and s.get("hint"):
+            reason += f" (fix: {s['hint']})"
+        files = " ".join(f'<a href="{_e(f)}">{_e(f)}</a>' for f in s.get("files") or [])
+        log = f' <a href="{_e(s["log"])}">log</a>' if s.get("log") else ""
+        rows.append(f'<tr class="row-{_e(s["status"])}"><td class="num">{_e(s.get("order", ""))}</td>'
+                    f'<td><b>{_e(s["name"])}</b></td><td>{badge(s["status"])}</td>'
+                    f'<td class="num">{float(s.get("duration_s") or 0):.1f}s</td><td>{_e(reason)}</td>'
+                    f"<td>{files}{log}</td></tr>")
+    out = ["<table><tr><th>#</th><th>stage</th><th>status</th><th>time</th><th>reason</th><th>files</th></tr>",
+           *rows, "</table>"]
+    for s in run.stages:
+        detail = s.get("traceback") or s.get("log_tail")
+        if s["status"] in FAILED and detail:
+            out.append(f"<details open><summary><b>{_e(s['name'])}</b>: {_e(s['status'])} — log tail</summary>"
+                       f"<pre>{_e(detail[-6000:])}</pre></details>")
+    return "\n".join(out)
+
+
+def _facts_html(run: Run) -> str:
+    m = run.manifest
+    mach = run.machine()
+    host = m.get("host") or {}
+    facts = [("run id", run.run_id), ("machine", mach["label"]), ("device", m.get("device")),
+             ("profile", m.get("profile")), ("host", f"{host.get('hostname', '?')} ({host.get('platform', '?')})"),
+             ("started", m.get("started")), ("finished", m.get("finished")),
+             ("command", " ".join(m.get("argv") or []))]
+    facts += list(run.versions().items())
+    routing = run.json("routing.json")
+    if routing is not None:
+        for br, v in (routing.get("branches") or {}).items():
+            if isinstance(v, dict):
+                facts.append((f"routing {br}", f"{v.get('backend', '?')} — {v.get('reason', '')}"))
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts) + "</table>"
+
+
+def _parity_html(run: Run) -> str:
+    panels, tables = [], []
+    for name in PARITY_FILES:
+        df = run.parity(name)
+        if df is None:
+            tables.append(_absent(name))
+            continue
+        recs = df.to_dict("records")
+        panels.append((name, [{"case": r["case"], "status": r["status"], "rel_err": r["rel_err"], "tol": r["tol"]}
+                              for r in recs]))
+        cols = [c for c in ("case", "status", "dtype", "max_abs", "rel_err", "tol", "worst", "rel_dq", "rel_dk",
+                            "rel_dv", "note") if c in df.columns]
+        bad = sum(r["status"] in FAILED for r in recs)
+        skip = sum(r["status"] == "SKIP" for r in recs)
+        tables.append(f"<h3>{_e(name)}: {len(recs) - bad - skip} passed, {bad} failed, {skip} skipped "
+                      f"(not run)</h3>" + _table(recs, cols, "status"))
+    sanity = run.json("sanity.json")
+    if sanity is not None:
+        checks = [c for c in sanity.get("checks") or [] if isinstance(c, dict)]
+        errs = [{"case": c.get("check"), "status": "PASS" if c.get("ok") else "FAIL", "rel_err": c.get("rel_err"),
+                 "tol": c.get("tol")} for c in checks if "rel_err" in c]
+        panels.append(("sanity.json (branches vs float64 reference)", errs))
+        failing = [{"check": c.get("check"), "status": "PASS" if c.get("ok") else "FAIL", "detail": c.get("detail")}
+                   for c in checks]
+        nbad = sum(r["status"] == "FAIL" for r in failing)
+        tables.append(f"<h3>sanity.json: {len(failing) - nbad} of {len(failing)} checks hold</h3>"
+                      + _table(failing, ["check", "status", "detail"], "status"))
+    else:
+        tables.append(_absent("sanity.json"))
+    png = plot_parity(panels)
+    head = _img(png, "parity errors per case") if png else _absent("parity errors")
+    return head + "\n" + "\n".join(tables)
+
+
+def _decode_html(run: Run) -> str:
+    df = run.timing(DECODE_FILE) if DECODE_FILE in run.timing_files() else None
+    if df is None:
+        return _absent(DECODE_FILE)
+    png = plot_decode(df)
+    cols = [c for c in df.columns if not is_spread(c)]
+    return (_img(png, "decode latency and reads vs S") if png else "") + _table(df.to_dict("records"), cols)
+
+
+def _bench_html(run: Run) -> str:
+    out = []
+    names = [n for n in run.timing_files() if n != DECODE_FILE]
+    for name in names:
+        df = run.timing(name)
+        if df is None:
+            continue
+        title = "flash / SDPA" if name == "fa2_bench.csv" else name.removesuffix(".csv")
+        png = plot_times(df, title)
+        cols = [c for c in df.columns if not is_spread(c)]
+        out.append(f"<h3>{_e(name)}</h3>" + (_img(png, f"{name} times") if png else "")
+                   + _table(df.to_dict("records"), cols))
+    return "\n".join(out) if out else _absent("kernel benchmark CSVs (bench_*.csv, fa2_bench.csv)")
+
+
+def _images_html(run: Run) -> str:
+    out = []
+    for name, title in IMAGES:
+        p = run.dir / name
+        if not p.is_file():
+            out.append(_absent(f"{name} ({title})"))
+            continue
+        data = p.read_bytes()
+        if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+            raise ArtifactError(f"{p}: not a PNG file (truncated or corrupt)")
+        out.append(f"<h3>{_e(title)}</h3>" + _img(base64.b64encode(data).decode("ascii"), title))
+    sel = run.jsonl("sel_ranges.jsonl")
+    if sel is not None:
+        out.append(f'<p class="note">sel_ranges.jsonl: {len(sel)} sampled (t, group) rows.</p>')
+    return "\n".join(out)
+
+
+def _env_html(run: Run) -> str:
+    p = run.dir / "env.txt"
+    if not p.is_file():
+        return _absent("env.txt")
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ArtifactError(f"{p}: cannot read ({e})") from None
+    return f"<details><summary>env.txt</summary><pre>{_e(text)}</pre></details>"
+
+
+def render(run: Run) -> str:
+    """The report.html text for a run folder. Raises ArtifactError on a broken artifact."""
+    m = run.manifest
+    c = _counts(m["stages"])
+    body = [
+        f"<h1>nsa-run report — {_e(run.run_id)}</h1>",
+        f'<div class="note">{_e(run.machine()["label"])} · profile {_e(m.get("profile"))} · '
+        f"started {_e(m.get('started'))} · report written {_e(now_iso())}</div>",
+        _banner(m, c),
+        "<h2>Stages</h2>", _stages_html(run),
+        "<h2>Machine</h2>", _facts_html(run),
+        "<h2>Parity (errors vs float64 reference)</h2>", _parity_html(run),
+        "<h2>Decode (decode-bench)</h2>", _decode_html(run),
+        "<h2>Kernel benchmarks</h2>", _bench_html(run),
+        "<h2>Figures</h2>", _images_html(run),
+        "<h2>Environment</h2>", _env_html(run),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>nsa-run {_e(run.run_id)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def summary_markdown(run: Run) -> str:
+    """summary.md as the summary stage writes it (its renderer, over the manifest's stages)."""
+    from stages import summary as summary_stage
+
+    stages = [s for s in run.stages if s["name"] != summary_stage.Summary.name]
+    return summary_stage._markdown(run.manifest, stages, summary_stage._counts(stages))
+
+
+def write(folder: Path) -> dict:
+    """Write report.html (and summary.md when absent) into the run folder.
+
+    Returns ``{"report": path, "summary": path, "summary_written": bool, "counts": {...}}``.
+    Everything is rendered before the first write: a broken artifact raises ArtifactError and
+    leaves the folder as it was.
+    """
+    run = Run.open(folder)
+    text = render(run)
+    summary_path = run.dir / SUMMARY_NAME
+    summary_text = None if summary_path.exists() else summary_markdown(run)
+    report_path = write_text(run.dir / REPORT_NAME, text)
+    if summary_text is not None:
+        write_text(summary_path, summary_text)
+    return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
+            "run_id": run.run_id, "counts": _counts(run.stages)}

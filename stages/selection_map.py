@@ -1,0 +1,275 @@
+"""Stage ``selection-map``: which key blocks each query selects (paper Fig. 2, right).
+
+Runs ``nsa_core.functional.select_blocks`` on a SAMPLE input — seeded random q and k (seed
+``--seed``, default 0; not a trained model, so which non-forced blocks win is arbitrary) — on
+this run's device, and writes:
+
+- ``sel_ranges.jsonl``: one line per sampled (t, group) of batch 0 (every ``T // 256``-th query
+  and the last one), ``{"schema_version": 1, "b", "t", "group", "count", "blocks", "forced",
+  "ranges"}``; ``ranges`` are the attended token ranges ``[start, end)`` (adjacent blocks merged,
+  the current block cut at ``t + 1``);
+- ``selection.png``: x = key block, y = query t, one panel per group; colours: selected by
+  score, forced initial block 0, forced local blocks (t // l' and t // l' - 1), candidate not
+  selected, future (not a candidate);
+- ``selection_map.txt``: input, config and the checks.
+
+Checks over every (b, t, g) — FAIL when one does not hold: ``block_count == min(n, t // l' + 1)``;
+the first ``count`` ids are ascending, unique, in ``0..t // l'`` (causal); the rest are -1; the
+forced blocks (0, t // l', t // l' - 1 when >= 0) are among them.
+Shapes: T = 2048 with the paper config (l=32, d=16, l'=64, n=16; HQ=64, G=4, dk=192) on CUDA;
+T = 512 with a small config (l=16, d=8, l'=32, n=6; HQ=4, G=2, dk=32) on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import traceback
+
+from nsa_runner.artifacts import now_iso, write_text
+from nsa_runner.stage import Option, Stage, StageResult, Status
+
+SCHEMA_VERSION = 1
+# value codes of the picture
+FUTURE, NOT_SELECTED, SELECTED, FORCED_INITIAL, FORCED_LOCAL = range(5)
+COLORS = ("#eeeeee", "#ffffff", "#1f6feb", "#f0883e", "#2da44e")
+LABELS = ("future (not a candidate)", "candidate, not selected", "selected (top-n score)",
+          "forced: initial block 0", "forced: local blocks")
+SHAPES = {
+    "cuda": dict(T=2048, B=1, HQ=64, G=4, dk=192, cfg=dict(l=32, d=16, l_sel=64, n_sel=16, w=512)),
+    "cpu": dict(T=512, B=1, HQ=4, G=2, dk=32, cfg=dict(l=16, d=8, l_sel=32, n_sel=6, w=128)),
+}
+MAX_LINES_T = 256  # sampled queries per group in sel_ranges.jsonl
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise ValueError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _seed(text: str) -> int:
+    v = int(text)
+    if not 0 <= v < 2**63:
+        raise ValueError(f"seed must be in 0..2**63-1, got {text!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# pure helpers (tested on their own)
+
+
+def forced_blocks(t: int, l_sel: int) -> list[int]:
+    """Blocks query t must select: 0, t // l_sel, t // l_sel - 1 (those >= 0), ascending."""
+    cur = t // l_sel
+    return sorted({0, cur, *([cur - 1] if cur >= 1 else [])})
+
+
+def token_ranges(blocks: list[int], t: int, l_sel: int) -> list[list[int]]:
+    """Attended token ranges [start, end) of the selected blocks: adjacent blocks merged, capped at t+1."""
+    out: list[list[int]] = []
+    for j in sorted(blocks):
+        s, e = j * l_sel, min((j + 1) * l_sel, t + 1)
+        if s >= e:
+            continue
+        if out and out[-1][1] == s:
+            out[-1][1] = e
+        else:
+            out.append([s, e])
+    return out
+
+
+def check_selection(block_idx, block_count, cfg) -> list[dict]:
+    """The structural checks of the module docstring.
+
+    block_idx [B, T, G, n] int, block_count [B, T, G] int (queries t = 0..T-1). Returns rows
+    ``{"check", "ok", "violations", "detail"}``; ``detail`` names the first violating (b, t, g).
+    """
+    import torch
+
+    idx = block_idx.detach().to("cpu", torch.int64)
+    cnt = block_count.detach().to("cpu", torch.int64)
+    B, T, G, n = idx.shape
+    if tuple(cnt.shape) != (B, T, G):
+        return [{"check": "shapes", "ok": False, "violations": 1,
+                 "detail": f"block_count {tuple(cnt.shape)} does not match block_idx {tuple(idx.shape)}"}]
+    if n != cfg.n_sel:
+        return [{"check": "shapes", "ok": False, "violations": 1,
+                 "detail": f"block_idx has {n} slots, n_sel is {cfg.n_sel}"}]
+    t = torch.arange(T)
+    cur = (t // cfg.l_sel)[None, :, None]  # [1, T, 1]
+    want = torch.clamp(t // cfg.l_sel + 1, max=n)[None, :, None]
+    slot = torch.arange(n)
+    valid = slot[None, None, None, :] < cnt[..., None]  # [B, T, G, n]
+    live = torch.where(valid, idx, torch.full_like(idx, -1))
+
+    def member(j):  # [B, T, G] bool: block j (broadcast) among the live ids
+        return ((live == j[..., None]) & valid).any(-1)
+
+    rows = []
+
+    def add(name: str, bad, what: str) -> None:
+        nbad = int(bad.sum())
+        detail = "holds for every (b, t, g)"
+        if nbad:
+            b, tt, g = (int(x) for x in bad.nonzero()[0][:3])
+            detail = f"{nbad} violation(s); first at b={b} t={tt} g={g}: {what.format(b=b, t=tt, g=g)} " \
+                     f"(ids {idx[b, tt, g].tolist()}, count {int(cnt[b, tt, g])})"
+        rows.append({"check": name, "ok": nbad == 0, "violations": nbad, "detail": detail})
+
+    add("count == min(n, t // l' + 1)", cnt != want, "count differs from min(n, t // l' + 1)")
+    add("padding is -1 after count", (~valid & (idx != -1)).any(-1), "a slot after count is not -1")
+    add("ids causal (0 <= id <= t // l')", (valid & ((idx < 0) | (idx > cur[..., None]))).any(-1),
+        "an id is negative or a future block")
+    asc = (live[..., 1:] > live[..., :-1]) | ~valid[..., 1:]
+    add("ids ascending and unique", (~asc).any(-1), "ids not strictly ascending")
+    zero = torch.zeros_like(cur)
+    add("forced initial block 0 present", ~member(zero.expand(B, T, G)), "block 0 missing")
+    add("forced local block t // l' present", ~member(cur.expand(B, T, G)), "block t // l' missing")
+    prev = (cur - 1).expand(B, T, G)
+    add("forced local block t // l' - 1 present", (prev >= 0) & ~member(prev), "block t // l' - 1 missing")
+    return rows
+
+
+def selection_image(block_idx, block_count, cfg, b: int = 0, g: int = 0):
+    """uint8 [T, NB] picture codes (FUTURE, NOT_SELECTED, SELECTED, FORCED_INITIAL, FORCED_LOCAL)."""
+    import numpy as np
+
+    idx = block_idx[b, :, g].detach().cpu().numpy()
+    cnt = block_count[b, :, g].detach().cpu().numpy()
+    T = idx.shape[0]
+    NB = cfg.num_sel_blocks(T)
+    t = np.arange(T)
+    cur = t // cfg.l_sel
+    j = np.arange(NB)
+    img = np.where(j[None, :] <= cur[:, None], NOT_SELECTED, FUTURE).astype(np.uint8)
+    for i in range(idx.shape[1]):
+        rows = np.nonzero(i < cnt)[0]
+        cols = idx[rows, i]
+        ok = (cols >= 0) & (cols < NB)
+        img[rows[ok], cols[ok]] = SELECTED
+    sel = img == SELECTED
+    img[sel & (j[None, :] == 0)] = FORCED_INITIAL
+    local = (j[None, :] == cur[:, None]) | (j[None, :] == cur[:, None] - 1)
+    img[sel & local & (j[None, :] != 0)] = FORCED_LOCAL
+    return img
+
+
+def plot(images: list, cfg, title: str, path) -> None:
+    """selection.png: one panel per group."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    from nsa_runner.artifacts import _atomic_write_bytes
+
+    G = len(images)
+    fig = Figure(figsize=(2.2 + 2.6 * G, 7.2))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, G, squeeze=False)[0]
+    cmap = ListedColormap(COLORS)
+    for g, (ax, img) in enumerate(zip(axes, images)):
+        T, NB = img.shape
+        ax.imshow(img, cmap=cmap, vmin=-0.5, vmax=len(COLORS) - 0.5, aspect="auto", interpolation="nearest",
+                  extent=(-0.5, NB - 0.5, T - 0.5, -0.5))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"KV group {g}", fontsize=10)
+        ax.set_xlabel(f"key block (l' = {cfg.l_sel} tokens)")
+        if g == 0:
+            ax.set_ylabel("query position t")
+    fig.legend(handles=[Patch(facecolor=c, edgecolor="#888", label=lab) for c, lab in zip(COLORS, LABELS)],
+               loc="lower center", ncol=3, fontsize=8, frameon=False)
+    width = max(50, int(22 * (2.2 + 2.6 * G)))
+    fig.suptitle("\n".join(textwrap.fill(part, width) for part in title.split("\n")), fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.93))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _atomic_write_bytes(path, buf.getvalue())
+
+
+def jsonl_lines(block_idx, block_count, cfg, b: int = 0) -> list[str]:
+    """sel_ranges.jsonl lines for the sampled queries of batch ``b`` (every group)."""
+    idx = block_idx[b].detach().cpu().tolist()
+    cnt = block_count[b].detach().cpu().tolist()
+    T, G = len(idx), len(idx[0]) if idx else 0
+    step = max(1, T // MAX_LINES_T)
+    ts = sorted(set(range(0, T, step)) | ({T - 1} if T else set()))
+    lines = []
+    for t in ts:
+        for g in range(G):
+            blocks = idx[t][g][: cnt[t][g]]
+            lines.append(json.dumps({"schema_version": SCHEMA_VERSION, "b": b, "t": t, "group": g,
+                                     "count": cnt[t][g], "blocks": blocks, "forced": forced_blocks(t, cfg.l_sel),
+                                     "ranges": token_ranges(blocks, t, cfg.l_sel)}))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class SelectionMap(Stage):
+    name = "selection-map"
+    order = 25
+    requires = ()
+    description = "selected key blocks per query and group on a seeded sample (sel_ranges.jsonl, selection.png)"
+    options = (
+        Option("--T", _positive_int, default=None, help="sequence length (default 2048 on CUDA, 512 on CPU)"),
+        Option("--seed", _seed, default=0, help="seed of the random sample input (default 0)"),
+    )
+    timeout_s = 600.0
+
+    def run(self, ctx) -> StageResult:
+        import torch
+
+        from nsa_core import NSAConfig
+        from nsa_core import functional as F
+
+        shape = SHAPES["cuda" if ctx.device == "cuda" else "cpu"]
+        T = int(ctx.options.get("T") or shape["T"])
+        seed = int(ctx.options.get("seed") or 0)
+        cfg = NSAConfig(**shape["cfg"])
+        B, HQ, G, dk = shape["B"], shape["HQ"], shape["G"], shape["dk"]
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        q = torch.randn(B, T, HQ, dk, generator=gen).to(ctx.device)
+        k = torch.randn(B, T, G, dk, generator=gen).to(ctx.device)
+        what = (f"sample input: seeded random q, k (seed {seed}), B={B} T={T} HQ={HQ} G={G} dk={dk}, fp32, "
+                f"device {ctx.device}; cfg l={cfg.l} d={cfg.d} l'={cfg.l_sel} n={cfg.n_sel}")
+        print(what, flush=True)
+        try:
+            block_idx, block_count = F.select_blocks(q, k, cfg)
+        except Exception as e:  # noqa: BLE001 - the code under test broke: a failed check
+            traceback.print_exc()
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            return StageResult(Status.FAIL, f"select_blocks raised {type(e).__name__}: {first}")
+        if tuple(block_idx.shape) != (B, T, G, cfg.n_sel) or tuple(block_count.shape) != (B, T, G):
+            return StageResult(Status.FAIL, f"select_blocks returned shapes {tuple(block_idx.shape)} / "
+                                            f"{tuple(block_count.shape)}, want {(B, T, G, cfg.n_sel)} / {(B, T, G)}")
+        checks = check_selection(block_idx, block_count, cfg)
+        for c in checks:
+            print(f"[{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}", flush=True)
+        lines = jsonl_lines(block_idx, block_count, cfg)
+        write_text(ctx.dir / "sel_ranges.jsonl", "\n".join(lines) + "\n")
+        images = [selection_image(block_idx, block_count, cfg, 0, g) for g in range(G)]
+        plot(images, cfg, f"NSA block selection per query (Fig. 2 right) — {ctx.run_id}\n{what}",
+             ctx.dir / "selection.png")
+        bad = [c for c in checks if not c["ok"]]
+        text = [f"nsa-run selection-map  run {ctx.run_id}  {now_iso()}", what, "",
+                f"sel_ranges.jsonl: {len(lines)} lines (batch 0, every {max(1, T // MAX_LINES_T)}-th query, "
+                f"all {G} groups)", "", "checks:"]
+        text += [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}" for c in checks]
+        write_text(ctx.dir / "selection_map.txt", "\n".join(text) + "\n")
+        files = ["sel_ranges.jsonl", "selection.png", "selection_map.txt"]
+        metrics = {"T": T, "seed": seed, "cfg": cfg.to_dict(), "groups": G, "lines": len(lines),
+                   "checks": len(checks), "failed": len(bad),
+                   "mean_count": round(float(block_count.float().mean()), 3)}
+        if bad:
+            return StageResult(Status.FAIL, "; ".join(f"{c['check']}: {c['detail']}" for c in bad)[:1000],
+                               files=files, metrics=metrics)
+        return StageResult(Status.PASS, f"{len(checks)} selection checks hold over {B * T * G} (t, group) rows "
+                                        f"(T={T}, n={cfg.n_sel}, l'={cfg.l_sel}; seeded sample, seed {seed})",
+                           files=files, metrics=metrics)
