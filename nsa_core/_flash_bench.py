@@ -69,7 +69,7 @@ def _grads(fn, leaves, do):
         gs = torch.autograd.grad(o, leaves, do.to(o.dtype), allow_unused=True)
     else:  # nothing visible (e.g. T < l): the output is a constant 0
         gs = [None] * len(leaves)
-    gs = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, gs)]
+    gs = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, gs, strict=True)]
     return o.detach(), gs
 
 
@@ -107,7 +107,7 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
                         rows.append({**row, "status": "FAIL", "note": f"{type(e).__name__}: {str(e)[:200]}"})
                         continue
                     comps = {"o": compare(o, ref_o, dtype)}
-                    for name, gr, rg in zip(("dq", "dk", "dv"), gs, ref_g):
+                    for name, gr, rg in zip(("dq", "dk", "dv"), gs, ref_g, strict=True):
                         comps[name] = compare(gr, rg, dtype)
                     for name, cmp_ in comps.items():
                         row[f"rel_{name}"] = cmp_.rel_err
@@ -164,16 +164,19 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
         kc, vc = F.compress(k, cfg), F.compress(v, cfg)
         for branch in ("cmp", "win"):
             leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
-            sdpa = (lambda q_, k_, v_: _reference.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")) \
-                if branch == "cmp" else (lambda q_, k_, v_: _reference.sliding_attention(q_, k_, v_, cfg.w,
-                                                                                          engine="sdpa"))
+            if branch == "cmp":
+                def sdpa(q_, k_, v_, S=S):
+                    return _reference.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")
+            else:
+                def sdpa(q_, k_, v_):
+                    return _reference.sliding_attention(q_, k_, v_, cfg.w, engine="sdpa")
             cands = [("sdpa", sdpa)] + [(p, _branch_fns(branch, cfg, S, p)) for p in branch_paths.get(branch, [])]
             base = None
             for name, fn in cands:
                 row = {"branch": branch, "path": name, "S": S, "B": B, "HQ": HQ, "G": G, "D": D,
                        "dtype": DTYPE_NAMES[dtype]}
                 try:
-                    fw = timer(lambda fn=fn: fn(*leaves))
+                    fw = timer(lambda fn=fn, lv=leaves: fn(*lv))
                     lv = [x.detach().requires_grad_(True) for x in leaves]
 
                     def fb(fn=fn, lv=lv, do=do):
@@ -194,12 +197,35 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
                     row["speedup_fwdbwd"] = base["fwdbwd_ms"] / row["fwdbwd_ms"]
                 rows.append(row)
             if branch == "cmp":  # what recomputing the selection scores costs, next to the branch itself
-                sc = timer(lambda: F.block_scores(q, kc, S, cfg))
-                rows.append({"branch": "cmp", "path": "block_scores (recompute p_cmp)", "S": S, "B": B, "HQ": HQ,
-                             "G": G, "D": D, "dtype": DTYPE_NAMES[dtype], "fwd_ms": sc[0], "fwd_p20": sc[1],
-                             "fwd_p80": sc[2], "note": "selection scores, fp32 (functional.block_scores)"})
+                rows += _score_rows(timer, q, kc, S, cfg, {"B": B, "HQ": HQ, "G": G, "D": D,
+                                                           "dtype": DTYPE_NAMES[dtype]})
         torch.cuda.empty_cache()
     return rows, tname
+
+
+def _score_rows(timer, q, kc, S, cfg, shape) -> list[dict]:
+    """Selection needs p_cmp for every visible compressed token. Time (a) functional.block_scores
+    (recompute: q.k, softmax, head sum, overlap map) and (b) its floor with a kernel-provided lse:
+    the q.k^T products alone, which p = exp(q.k*scale - lse) would still need."""
+    B, Tq, HQ, D = q.shape
+    G = kc.shape[2]
+    qg = q.reshape(B, Tq, G, HQ // G, D)
+    chunk = max(1, F._SELECT_BUDGET // max(1, B * HQ * kc.shape[1]))
+
+    def qk_only():
+        for c0 in range(0, Tq, chunk):
+            torch.einsum("bcghd,bsgd->bcghs", qg[:, c0:c0 + chunk].float(), kc.float())
+
+    out = []
+    for name, fn, note in (
+        ("block_scores (recompute p_cmp)", lambda: F.block_scores(q, kc, S, cfg),
+         "selection scores as nsa_core computes them (fp32)"),
+        ("q.k^T only (floor with lse)", qk_only, "what returning the kernel's lse would still leave to compute"),
+    ):
+        t = timer(fn)
+        out.append({"branch": "cmp", "path": name, "S": S, **shape, "fwd_ms": t[0], "fwd_p20": t[1],
+                    "fwd_p80": t[2], "note": note})
+    return out
 
 
 def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
@@ -208,7 +234,7 @@ def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
     out: dict = {}
     by: dict = {}
     for r in rows:
-        if r["path"] in ("sdpa",) or r["path"].startswith("block_scores"):
+        if r["path"] not in flash.PATHS:  # sdpa itself, the score timings
             continue
         by.setdefault((r["branch"], r["path"]), []).append(r)
     for (branch, path), rs in by.items():

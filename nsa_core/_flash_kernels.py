@@ -185,10 +185,10 @@ def _varlen(q, k, v, scale, window):
         k, v = _expand_kv(k, H), _expand_kv(v, H)
     if "window_size" in params:
         kw["window_size"] = window
-    elif window != (-1, 0):
-        raise PathUnavailable("varlen_attn of this torch has no window_size")
-    else:
+    elif window == (-1, 0):
         kw["is_causal"] = True
+    elif window != (-1, -1):
+        raise PathUnavailable("varlen_attn of this torch has no window_size")
     o = fn(_pack(q), _pack(k), _pack(v), _cu(B, Lq, q.device), _cu(B, Lk, q.device), Lq, Lk, **kw)
     if isinstance(o, tuple):
         o = o[0]
@@ -197,24 +197,33 @@ def _varlen(q, k, v, scale, window):
 
 def _fa(path, q, k, v, scale, window):
     mod = _import(path)
-    kw = {"softmax_scale": scale, "causal": True}
-    if window != (-1, 0):
+    kw = {"softmax_scale": scale, "causal": window == (-1, 0)}
+    if window not in ((-1, 0), (-1, -1)):
         kw["window_size"] = window
     o = mod.flash_attn_func(q, k, v, **kw)
     return o[0] if isinstance(o, tuple) else o  # FA-3 versions return (out, lse)
 
 
+def full(q, k, v, scale: float, path: str) -> torch.Tensor:
+    """Unmasked attention: every query row sees every key. q [B, Lq, H, D], k/v [B, Lk, G, D]."""
+    if path in ("fa2", "fa3"):
+        return _fa(path, q, k, v, scale, (-1, -1))
+    if path == "varlen":
+        return _varlen(q, k, v, scale, (-1, -1))
+    return _sdpa(q, k, v, scale, path)
+
+
 def causal(q, k, v, scale: float, path: str) -> torch.Tensor:
     """Bottom-right causal attention (see module doc). q [B, Lq, H, D], k/v [B, Lk, G, D]."""
     Lq, Lk = q.shape[1], k.shape[1]
+    if Lq == 1:  # the last row sees every key
+        return full(q, k, v, scale, path)
     if path in ("fa2", "fa3"):
         return _fa(path, q, k, v, scale, (-1, 0))
     if path == "varlen":
         return _varlen(q, k, v, scale, (-1, 0))
     # SDPA: is_causal is top-left. Lq == 1 sees every key; Lq == Lk is the same either way;
     # otherwise pad queries at the front to Lk rows (their output is dropped).
-    if Lq == 1:
-        return _sdpa(q, k, v, scale, path)
     if Lq == Lk:
         return _sdpa(q, k, v, scale, path, is_causal=True)
     if Lq > Lk:

@@ -114,21 +114,18 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
 
 
 def fold_queries(q: torch.Tensor, S: int, cfg: NSAConfig, m0: int, n_rows: int) -> tuple[torch.Tensor, int]:
-    """Pack queries by compressed-visibility chunk.
+    """Queries of visibility chunks m0 .. m0+n_rows-1, zero-padded: -> ([B, n_rows*d, HQ, D], start).
 
     q [B, Tq, HQ, D] holds positions S-Tq .. S-1. Chunk m holds positions l-1+m*d .. l-1+m*d+d-1,
-    which all see compressed tokens 0..m. Returns (qf [B, n_rows, G?..] folded, lead) where
-    qf is [B, n_rows, d*HQ, D] for chunks m0 .. m0+n_rows-1 (missing positions are zero rows)
-    with heads ordered (group, row-in-chunk, head-in-group); ``lead`` = number of queries
-    (from the first) that lie before chunk m0's first position (they are not in qf).
+    which all see compressed tokens 0..m. Row r of the result is query index ``start + r``
+    (positions outside q are zero rows; their outputs are dropped).
     """
     B, Tq, HQ, D = q.shape
     p0 = S - Tq
     start = cfg.l - 1 + m0 * cfg.d - p0  # query index of chunk m0's first position (may be < 0)
     end = start + n_rows * cfg.d
     lo, hi = max(0, start), min(Tq, end)
-    qs = q[:, lo:hi]
-    qs = F.pad(qs, (0, 0, 0, 0, lo - start, end - hi))  # [B, n_rows*d, HQ, D]
+    qs = F.pad(q[:, lo:hi], (0, 0, 0, 0, lo - start, end - hi))
     return qs, start
 
 
@@ -159,16 +156,25 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
         raise ValueError(f"flash.compressed_attention: S={S!r} must be an int >= Tq={Tq}")
     scale = 1.0 / math.sqrt(dk) if scale is None else float(scale)
     p = _pick(path, "cmp", q, kc, vc)
-    nc = min(kc.shape[1], cfg.num_cmp(S))  # tokens beyond num_cmp(S) are visible to no query
+    n_all = cfg.num_cmp(S)  # chunks that hold queries up to position S-1
+    nc = min(kc.shape[1], n_all)  # tokens beyond num_cmp(S) are visible to no query
     if nc == 0 or Tq == 0:
         return q.new_zeros(B, Tq, HQ, dv)
     d = cfg.d
     # first chunk with a query in it: position S-Tq lies in chunk (S-Tq - (l-1)) // d (or before chunk 0)
     m0 = max(0, (S - Tq - (cfg.l - 1)) // d)
-    rows = nc - m0
+    rows = n_all - m0
     qs, start = fold_queries(q, S, cfg, m0, rows)
-    of = _k.causal(_fold(qs, rows, d, G), kc[:, :nc], vc[:, :nc], scale, p)  # chunk i sees keys <= m0 + i
-    o = _unfold(of, rows, d, G, HQ)  # [B, rows*d, HQ, dv]: query index start + r
+    qf = _fold(qs, rows, d, G)
+    k_, v_ = kc[:, :nc], vc[:, :nc]
+    n_causal = max(0, nc - m0)  # chunks m0 .. nc-1: chunk m sees tokens 0..m (bottom-right causal)
+    parts = []
+    if n_causal:
+        parts.append(_k.causal(qf[:, :n_causal], k_, v_, scale, p))
+    if rows > n_causal:  # fewer tokens given than exist at S: later chunks see all nc of them
+        parts.append(_k.full(qf[:, n_causal:], k_, v_, scale, p))
+    of = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    o = _unfold(of, rows, d, G, HQ)  # [B, rows*d, HQ, dv]: row r is query index start + r
     lead = max(0, start)  # queries before chunk m0 (only possible when start > 0): they see nothing
     o = o[:, lead - start: lead - start + Tq - lead]
     if lead:

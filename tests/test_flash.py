@@ -1,0 +1,211 @@
+"""nsa_core.flash on CPU: the packing / tiling index math (through SDPA's math backend, the
+``sdpa-math`` twin of the GPU paths) against the float64 reference, forward and backward; clear
+errors where no flash kernel exists. The GPU paths themselves are checked by the fa2-probe stage."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nsa_core import NSAConfig, _flash_bench, _flash_probe, _reference, flash
+from nsa_core import _flash_kernels as K
+from nsa_core import functional as F
+from nsa_core.testing import case_id, compare
+
+F64 = torch.float64
+
+# (B, S, Tq, HQ, G, D, l, d, w): T < l, T < w, T % d != 0, h in {1, 4, 16}, B > 1, Tq < S, decode
+CASES = [
+    (1, 20, 20, 4, 1, 8, 32, 16, 64),
+    (2, 100, 100, 4, 2, 16, 32, 16, 40),
+    (2, 77, 5, 4, 4, 8, 32, 16, 20),
+    (1, 200, 1, 8, 2, 8, 32, 16, 64),
+    (2, 95, 60, 4, 1, 8, 16, 8, 7),
+    (1, 64, 33, 2, 2, 8, 32, 16, 16),
+    (1, 47, 47, 16, 1, 8, 32, 16, 1),
+    (2, 131, 131, 16, 4, 8, 16, 16, 512),
+    (1, 90, 90, 4, 2, 8, 32, 8, 30),
+]
+
+
+def _cid(c):
+    B, S, Tq, HQ, G, D, l, d, w = c
+    return case_id(B, S, HQ, G, D, D, F64, q=Tq, l=l, d=d, w=w)
+
+
+def _inputs(c, seed):
+    B, S, Tq, HQ, G, D, l, d, w = c
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=F64)  # noqa: E731
+    return mk(B, Tq, HQ, D), mk(B, S, G, D), mk(B, S, G, D), mk(B, Tq, HQ, D)
+
+
+def _fwd_bwd(fn, leaves, do):
+    leaves = [x.detach().clone().requires_grad_(True) for x in leaves]
+    o = fn(*leaves)
+    if not o.requires_grad:  # nothing visible: constant zeros
+        return o, [torch.zeros_like(x) for x in leaves]
+    gs = torch.autograd.grad(o, leaves, do, allow_unused=True)
+    return o.detach(), [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, gs, strict=True)]
+
+
+def _assert_all_ok(outs, refs):
+    for name, o, r in zip(("o", "dq", "dk", "dv"), outs, refs, strict=True):
+        c = compare(o, r, F64)
+        assert c.ok, f"{name}: {c}"
+
+
+@pytest.mark.parametrize("c", [pytest.param(c, id=_cid(c)) for c in CASES])
+def test_compressed_packing_matches_reference(c):
+    B, S, Tq, HQ, G, D, l, d, w = c
+    cfg = NSAConfig(l=l, d=d, l_sel=max(64, l), w=w)
+    q, k, v, do = _inputs(c, 1)
+    kc, vc = _reference.compress_avg(k, cfg), _reference.compress_avg(v, cfg)
+    ref, rg = _fwd_bwd(lambda a, b, e: _reference.compressed_attention(a, b, e, S, cfg), [q, kc, vc], do)
+    out, og = _fwd_bwd(lambda a, b, e: flash.compressed_attention(a, b, e, S, cfg, path="sdpa-math"), [q, kc, vc], do)
+    assert out.shape == (B, Tq, HQ, D)
+    assert torch.isfinite(out).all()
+    _assert_all_ok([out, *og], [ref, *rg])
+    if S >= l:  # a non-trivial case: the outputs are not all zero
+        assert out.abs().max() > 0.01
+
+
+@pytest.mark.parametrize("tile", [None, 8, 3])
+@pytest.mark.parametrize("c", [pytest.param(c, id=_cid(c)) for c in CASES])
+def test_window_tiles_match_reference(c, tile):
+    B, S, Tq, HQ, G, D, l, d, w = c
+    q, k, v, do = _inputs(c, 2)
+    ref, rg = _fwd_bwd(lambda a, b, e: _reference.sliding_attention(a, b, e, w), [q, k, v], do)
+    out, og = _fwd_bwd(lambda a, b, e: K.window(a, b, e, w, 1 / math.sqrt(D), "sdpa-math", tile), [q, k, v], do)
+    _assert_all_ok([out, *og], [ref, *rg])
+
+
+def test_public_sliding_entry_point_on_the_math_twin():
+    c = CASES[1]
+    q, k, v, _ = _inputs(c, 3)
+    out = flash.sliding_attention(q, k, v, c[-1], path="sdpa-math", scale=0.3)
+    ref = _reference.sliding_attention(q, k, v, c[-1], scale=0.3)
+    assert compare(out, ref, F64).ok
+
+
+def test_a_wrong_geometry_is_caught():
+    """The comparison can fail: packing with the wrong l (or w) is far over tolerance."""
+    c = CASES[1]
+    q, k, v, _ = _inputs(c, 4)
+    cfg, wrong = NSAConfig(l=32, d=16), NSAConfig(l=16, d=16)
+    kc, vc = _reference.compress_avg(k, cfg), _reference.compress_avg(v, cfg)
+    ref = _reference.compressed_attention(q, kc, vc, 100, cfg)
+    assert not compare(flash.compressed_attention(q, kc, vc, 100, wrong, path="sdpa-math"), ref, F64).ok
+    ref = _reference.sliding_attention(q, k, v, 40)
+    assert not compare(flash.sliding_attention(q, k, v, 39, path="sdpa-math"), ref, F64).ok
+
+
+def test_folding_round_trip_is_the_identity_permutation():
+    B, Tc, d, G, h, D = 2, 5, 4, 3, 2, 1
+    x = torch.arange(B * Tc * d * G * h, dtype=F64).reshape(B, Tc * d, G * h, D)
+    f = flash._fold(x, Tc, d, G)
+    assert f.shape == (B, Tc, G * d * h, D)
+    # head index of the folded tensor: g * (d*h) + r * h + j  <->  query row m*d + r, head g*h + j
+    assert f[1, 2, 1 * d * h + 3 * h + 1, 0] == x[1, 2 * d + 3, 1 * h + 1, 0]
+    assert torch.equal(flash._unfold(f, Tc, d, G, G * h), x)
+
+
+# ---- no flash kernel here: clear errors -------------------------------------------------------
+
+def test_cpu_has_no_flash_path_and_says_why():
+    st = flash.available_paths("cpu")
+    assert list(st) == list(flash.PATHS)
+    assert all(not s["present"] and "CUDA" in s["reason"] for s in st.values())
+
+
+def test_backend_flash_on_cpu_fails_clearly():
+    cfg = NSAConfig()
+    q, k, v = (torch.randn(1, 64, 2, 16) for _ in range(3))
+    with pytest.raises(flash.FlashUnavailable, match="Use backend='sdpa'") as ei:
+        F.sliding_attention(q, k, v, cfg, backend="flash")
+    assert "varlen" in str(ei.value) and "CUDA" in str(ei.value)
+    with pytest.raises(flash.FlashUnavailable, match="cmp"):
+        F.compressed_attention(q, k, v, cfg, backend="flash")
+
+
+def test_pinned_path_that_cannot_run_says_why():
+    q, k, v = (torch.randn(1, 64, 2, 16) for _ in range(3))
+    with pytest.raises(flash.PathUnavailable, match="CUDA"):
+        flash.sliding_attention(q, k, v, 16, path="varlen")
+    with pytest.raises(flash.PathUnavailable, match="cannot express the win branch"):
+        flash.sliding_attention(q, k, v, 16, path="sdpa-flash")
+    with pytest.raises(ValueError, match="unknown flash path"):
+        flash.sliding_attention(q, k, v, 16, path="fa9")
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda q, k, v: flash.sliding_attention(q, k, v, 0, path="sdpa-math"), "positive int"),
+    (lambda q, k, v: flash.sliding_attention(q, k[:, :10], v[:, :10], 4, path="sdpa-math"), "more queries"),
+    (lambda q, k, v: flash.sliding_attention(q, k, v[:, :, :1], 4, path="sdpa-math"), "disagree"),
+    (lambda q, k, v: flash.sliding_attention(q[..., :8], k, v, 4, path="sdpa-math"), "head dim"),
+    (lambda q, k, v: flash.sliding_attention(q[:, :, :3], k, v, 4, path="sdpa-math"), "multiple of KV groups"),
+    (lambda q, k, v: flash.compressed_attention(q, k, v, 10, NSAConfig(), path="sdpa-math"), "must be an int >="),
+    (lambda q, k, v: flash.sliding_attention(q.half(), k, v, 4, path="sdpa-math"), "dtype mismatch"),
+])
+def test_bad_input_is_a_value_error(call, msg):
+    q, k, v = torch.randn(1, 32, 4, 16), torch.randn(1, 32, 2, 16), torch.randn(1, 32, 2, 16)
+    with pytest.raises(ValueError, match=msg):
+        call(q, k, v)
+
+
+# ---- probe and thresholds logic -----------------------------------------------------------------
+
+def test_probe_on_cpu_lists_every_family_and_never_claims_it_works():
+    rows = _flash_probe.probe("cpu")
+    names = [r["name"] for r in rows]
+    assert names[:3] == ["flash_attn (FA-2)", "flash_attn_interface (FA-3)", "flash_attn.cute (FA-4)"]
+    assert {"torch varlen_attn", "SDPA flash", "SDPA cudnn", "SDPA efficient"} <= set(names)
+    assert all(r["works"] is None for r in rows)
+    fa2 = rows[0]
+    if not fa2["present"]:
+        assert "not installed" in fa2["reason"] and "pip install flash-attn" in fa2["reason"]
+
+
+def _row(branch, path, S, f, fb):
+    return {"branch": branch, "path": path, "S": S, "speedup_fwd": f, "speedup_fwdbwd": fb}
+
+
+def test_threshold_is_the_smallest_length_from_which_the_path_stays_faster():
+    rows = [_row("win", "varlen", 1024, 2.0, 1.3),   # wins here ...
+            _row("win", "varlen", 2048, 1.5, 1.1),   # ... but not here (fwd+bwd)
+            _row("win", "varlen", 4096, 3.0, 2.0), _row("win", "varlen", 8192, 9.0, 5.0),
+            _row("cmp", "varlen", 1024, 0.7, 0.9), _row("cmp", "varlen", 4096, 1.1, 1.3),
+            _row("cmp", "sdpa-flash", 1024, 1.3, 1.25), _row("cmp", "sdpa-flash", 4096, 2.0, 2.0),
+            {"branch": "cmp", "path": "sdpa", "S": 1024, "speedup_fwd": 1.0, "speedup_fwdbwd": 1.0},
+            {"branch": "cmp", "path": "block_scores (recompute p_cmp)", "S": 1024}]
+    t = _flash_bench.thresholds(rows)
+    assert t["win"]["varlen"] == {"min_len": 4096, "max_measured": 8192, "speedup_at_max": 5.0}
+    assert t["cmp"]["varlen"]["min_len"] is None  # never (fwd 1.1 < 1.2 at the longest S)
+    assert t["cmp"]["sdpa-flash"]["min_len"] == 1024
+    assert set(t["cmp"]) == {"varlen", "sdpa-flash"}
+    assert _flash_bench.thresholds([_row("win", "varlen", 1024, float("nan"), 2.0)])["win"]["varlen"]["min_len"] is None
+
+
+def test_parity_helper_runs_the_math_twin_and_reports_each_gradient():
+    cases = [_flash_bench.Case(1, 40, 4, 2, 8), _flash_bench.Case(2, 50, 4, 1, 8, Tq=3)]
+    rows = _flash_bench.parity("cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math", "varlen"]}, [torch.float32], cases,
+                               NSAConfig(w=16))
+    done = [r for r in rows if r["status"] != "N/A"]
+    assert len(done) == 4 and all(r["status"] == "PASS" for r in done)
+    assert all(r["rel_dq"] <= 1e-5 and r["rel_dk"] <= 1e-5 and r["rel_dv"] <= 1e-5 for r in done)
+    na = [r for r in rows if r["status"] == "N/A"]
+    assert len(na) == 2 and all("CUDA" in r["note"] for r in na)
+
+
+def test_fewer_compressed_tokens_than_exist_at_S():
+    """kc may hold fewer tokens than num_cmp(S): later queries then see all of them (as the reference)."""
+    cfg = NSAConfig(l=32, d=16)
+    c = (2, 130, 130, 4, 2, 8, 32, 16, 64)
+    q, k, v, do = _inputs(c, 5)
+    kc, vc = _reference.compress_avg(k, cfg)[:, :3], _reference.compress_avg(v, cfg)[:, :3]  # 7 exist at S=130
+    ref, rg = _fwd_bwd(lambda a, b, e: _reference.compressed_attention(a, b, e, 130, cfg), [q, kc, vc], do)
+    out, og = _fwd_bwd(lambda a, b, e: flash.compressed_attention(a, b, e, 130, cfg, path="sdpa-math"),
+                       [q, kc, vc], do)
+    _assert_all_ok([out, *og], [ref, *rg])
