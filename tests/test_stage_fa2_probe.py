@@ -1,0 +1,89 @@
+"""The fa2-probe stage on CPU: SKIP with the reason and the install hint (never PASS); the parity
+part of the stage driven with the CPU math twin (PASS), and with a broken packing (FAIL)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from nsa_runner.stage import Status
+from stages.fa2_probe import Fa2Probe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = None
+
+
+def _ctx(tmp_path, **opts):
+    base = {"S_list": None, "thresholds": "none", "bench": "no", "seed": 0}
+    return SimpleNamespace(dir=tmp_path, device="cpu", profile="quick", options={**base, **opts}, run_id="t")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU skip")
+def test_cpu_run_is_a_skip_with_reason_and_install_hint(tmp_path):
+    r = Fa2Probe().run(_ctx(tmp_path))
+    assert r.status == Status.SKIP
+    assert "cpu" in r.reason and "CUDA" in r.reason
+    assert "pip install flash-attn" in r.hint
+    assert sorted(r.files) == ["fa2_probe.json", "fa2_probe.txt"]
+    doc = json.loads((tmp_path / "fa2_probe.json").read_text())
+    assert doc["schema_version"] == 1 and doc["status"] == "SKIP"
+    assert {row["name"] for row in doc["probe"]} >= {"flash_attn (FA-2)", "torch varlen_attn", "SDPA flash"}
+    assert not any(row["works"] for row in doc["probe"])  # nothing claimed to work on CPU
+    txt = (tmp_path / "fa2_probe.txt").read_text()
+    assert "SKIP:" in txt and "PASS" not in txt and "flash_attn (FA-2)" in txt
+    assert not (tmp_path / "fa2_varlen.csv").exists()
+
+
+def test_stage_is_registered_at_order_50():
+    from pathlib import Path
+
+    st = Fa2Probe()
+    assert (st.name, st.order, st.requires) == ("fa2-probe", 50, ())
+    assert {o.flag for o in st.options} >= {"--S-list", "--thresholds"}
+    if tomllib is not None:
+        py = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+        assert py["project"]["entry-points"]["nsa_runner.stages"]["fa2-probe"] == "stages.fa2_probe:Fa2Probe"
+
+
+def _measure(tmp_path, paths):
+    st = Fa2Probe()
+    doc, txt, files = {"probe": [{"name": "flash_attn (FA-2)", "present": False}]}, [], []
+    ctx = _ctx(tmp_path)
+    r = st._measure(ctx, tmp_path, ctx.options, "cpu", paths, doc, txt, files)
+    return r, doc, files
+
+
+def test_parity_part_passes_with_the_math_twin_and_writes_the_csv(tmp_path, monkeypatch):
+    from nsa_core import _flash_bench
+
+    small = [_flash_bench.Case(1, 20, 4, 1, 16, why="T < l"), _flash_bench.Case(2, 70, 4, 2, 16, why="h=2, B=2"),
+             _flash_bench.Case(1, 90, 4, 4, 16, Tq=5, why="Tq < T")]
+    monkeypatch.setattr(_flash_bench, "parity_cases", lambda profile: small)
+    r, doc, files = _measure(tmp_path, {"cmp": ["sdpa-math"], "win": ["sdpa-math"]})
+    assert r.status == Status.PASS, r.reason
+    assert "flash_attn (FA-2) NOT installed" in r.reason  # never listed as passed
+    df = pd.read_csv(tmp_path / "fa2_varlen.csv")
+    assert len(df) == 3 * 2 * 2  # cases x branches x dtypes
+    assert set(df["status"]) == {"PASS"}
+    assert df[["rel_o", "rel_dq", "rel_dk", "rel_dv"]].notna().all().all()
+    assert "fa2_varlen.csv" in files and doc["parity"]["fail"] == 0
+
+
+def test_parity_part_fails_on_a_broken_packing(tmp_path, monkeypatch):
+    from nsa_core import _flash_bench
+    from nsa_core import _flash_kernels as K
+
+    monkeypatch.setattr(_flash_bench, "parity_cases", lambda profile: [_flash_bench.Case(1, 96, 4, 2, 16)])
+    monkeypatch.setattr(K, "causal", lambda q, k, v, scale, path: K.full(q, k, v, scale, path))  # no mask: wrong
+    r, doc, _ = _measure(tmp_path, {"cmp": ["sdpa-math"], "win": []})
+    assert r.status == Status.FAIL
+    assert "FAILED" in r.reason and "cmp/sdpa-math" in r.reason
+    df = pd.read_csv(tmp_path / "fa2_varlen.csv")
+    assert set(df["status"]) == {"FAIL"}
