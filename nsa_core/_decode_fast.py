@@ -64,7 +64,8 @@ class StaticDecoder:
     module's weights change.
     """
 
-    def __init__(self, module, cache: NSACache, *, impl: str = "torch", scale: float | None = None):
+    def __init__(self, module, cache: NSACache, *, impl: str = "torch", scale: float | None = None,
+                 chunk: int | None = None):
         if impl not in IMPLS:
             raise ValueError(f"StaticDecoder: impl must be one of {IMPLS}, got {impl!r}")
         if impl == "triton" and cache.device.type == "cpu":
@@ -90,6 +91,7 @@ class StaticDecoder:
         self.pos = torch.zeros((), dtype=torch.long, device=dev)
         self.y = torch.zeros(B, 1, module.dim, dtype=self.dtype, device=dev)
         self.blk = torch.full((B, G, cfg.n_sel), -1, dtype=torch.long, device=dev)
+        self.o = torch.zeros(B, HQ, dv, dtype=self.dtype, device=dev)  # attention output (triton impl)
         self.ar_cmp = torch.arange(self.ccap, device=dev)
         self.ar_blk = torch.arange(self.NB, device=dev)
         self.ar_sel = torch.arange(cfg.l_sel, device=dev)
@@ -103,7 +105,7 @@ class StaticDecoder:
         if impl == "triton":
             from nsa_core import _decode_triton
 
-            self._tri = _decode_triton.Workspace(self)
+            self._tri = _decode_triton.Workspace(self, chunk=chunk)
 
     def refresh(self) -> None:
         """Re-read the module's projection weights (fused into one GEMM for the step)."""
@@ -187,8 +189,6 @@ class StaticDecoder:
     @torch.no_grad()
     def cmp(self, q: torch.Tensor, *, with_probs: bool = False):
         """Compressed branch: o_cmp [B, G, h, dv] (acc dtype) (and the probabilities)."""
-        if self._tri is not None:
-            return self._tri.cmp(q)
         c = self.cache
         o, p = self._attend(q.view(self.B, self.G, self.h, self.dk), c.K_cmp, c.V_cmp, self._cmp_valid())
         return (o, p) if with_probs else o
@@ -221,8 +221,6 @@ class StaticDecoder:
     @torch.no_grad()
     def select(self, q: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
         """Selection scores + top-n for the query: block ids [B, G, n_sel] (-1 = unused), into self.blk."""
-        if self._tri is not None:
-            return self._tri.select(q)
         if p is None:
             p = self._probs(q.view(self.B, self.G, self.h, self.dk), self.cache.K_cmp, self._cmp_valid())
         self.blk.copy_(self._topn(self._block_scores(p)))
@@ -231,8 +229,6 @@ class StaticDecoder:
     @torch.no_grad()
     def sel(self, q: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
         """Selected branch over the blocks blk [B, G, n] -> o_sel [B, G, h, dv] (acc dtype)."""
-        if self._tri is not None:
-            return self._tri.sel(q, blk)
         c, cfg = self.cache, self.cfg
         B, G, ls = self.B, self.G, cfg.l_sel
         n = blk.shape[-1]
@@ -247,27 +243,45 @@ class StaticDecoder:
     @torch.no_grad()
     def win(self, q: torch.Tensor) -> torch.Tensor:
         """Window branch over the ring (slots < pos + 1) -> o_win [B, G, h, dv] (acc dtype)."""
-        if self._tri is not None:
-            return self._tri.win(q)
         c = self.cache
         o, _ = self._attend(q.view(self.B, self.G, self.h, self.dk), c.K_win, c.V_win, self.ar_w <= self.pos)
         return o
 
     def combine(self, o_cmp, o_sel, o_win, gates) -> torch.Tensor:
-        """Eq. 5: gated sum -> o [B, HQ, dv] in the cache dtype."""
+        """Eq. 5: gated sum (None = branch left out) -> o [B, HQ, dv] in the cache dtype."""
         g = gates.view(self.B, self.G, self.h, 3).to(self.acc)
-        o = g[..., 0:1] * o_cmp + g[..., 1:2] * o_sel + g[..., 2:3] * o_win
+        o = None
+        for i, ob in enumerate((o_cmp, o_sel, o_win)):
+            if ob is not None:
+                term = g[..., i:i + 1] * ob
+                o = term if o is None else o + term
+        if o is None:
+            raise ValueError("combine: no branch selected")
         return o.to(self.dtype).view(self.B, self.HQ, self.dv)
+
+    @torch.no_grad()
+    def branches(self, q, gates, *, cmp: bool = True, sel: bool = True, win: bool = True) -> torch.Tensor:
+        """Gated sum of the chosen branches (all three: Eq. 5) for q [B, HQ, dk] -> o [B, HQ, dv].
+
+        With one branch only, this is that branch alone (selection includes its scores and top-n),
+        which is how the benchmark times branches in isolation.
+        """
+        if self._tri is not None:
+            return self._tri.branches(q, gates, self.o, cmp=cmp, sel=sel, win=win)
+        o_cmp = o_sel = o_win = p = None
+        if cmp:
+            o_cmp, p = self.cmp(q, with_probs=True)
+        if sel:
+            o_sel = self.sel(q, self.select(q, p))
+        if win:
+            o_win = self.win(q)
+        return self.combine(o_cmp, o_sel, o_win, gates)
 
     @torch.no_grad()
     def attn(self, q, kc, vc, ks, vs, kw, vw, gates) -> torch.Tensor:
         """The attention part of a step (append + three branches + gates) -> o [B, HQ, dv]."""
         self.append(kc, vc, ks, vs, kw, vw)
-        if self._tri is not None:
-            return self._tri.attn(q, gates)
-        o_cmp, p = self.cmp(q, with_probs=True)
-        blk = self.select(q, p)
-        return self.combine(o_cmp, self.sel(q, blk), self.win(q), gates)
+        return self.branches(q, gates)
 
     @torch.no_grad()
     def run_step(self) -> torch.Tensor:

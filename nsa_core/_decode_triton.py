@@ -1,0 +1,427 @@
+"""Fused Triton kernels for the static NSA decode step (``StaticDecoder(impl="triton")``).
+
+Five launches per step, all reading the position from a device scalar (graph capturable):
+
+  _append_kernel      token t -> K_sel/V_sel row t, window ring slot t % w, raw compression
+                      ring slot t % l; with phi="avg" also the compressed token that completes
+                      at t (mean of the ring, masked by the emit condition). phi="mlp" runs the
+                      torch phi after it (StaticDecoder._compress).
+  _cmp_partial_kernel split-K over the compressed cache, one program per (b*g, chunk): the h
+                      heads of the group against the chunk's visible compressed keys; online
+                      softmax stats (m, l) per head, the partial o_cmp (DO_O) and the logits
+                      (DO_LOGITS, log2 domain) for the selection scores.
+  _cmp_select_kernel  one program per (b*g): merges the chunks -> o_cmp (DO_CMP); (DO_SEL)
+                      p_cmp = softmax over the logits summed over the group's heads (Eq. 10),
+                      block scores with the overlap weights (Eq. 9, as sum_{m<a} sum_{n<b}
+                      P[j*a + m - n]), top-n with block 0 and the two local blocks forced, ties
+                      to the lower block id -> block ids [b*g, n] (-1 = unused).
+  _selwin_kernel      one program per (b*g, tile): tiles 0..n-1 are the selected blocks (raw
+                      tokens <= t), the next ceil(w / BS) tiles the window ring (slots <= t);
+                      partial (m, l, o) per tile.
+  _combine_kernel     one program per (b*g): merges the tiles of each branch and applies the
+                      gates (Eq. 5) -> o [B, HQ, dv] in the cache dtype.
+
+Softmax runs in the exp2 domain (qk_scale = scale * log2 e) in fp32; fp32 caches use IEEE
+dots (no tf32). Rows of padding heads (HP > h) are computed and never stored.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+NEG = -1.0e30
+
+
+@triton.jit
+def _append_kernel(POS, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                   K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP,
+                   G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
+                   STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr):
+    bg = tl.program_id(0)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    mk = ok < DK
+    mv = ov < DV
+    kc = tl.load(KC + b * s_kc + g * DK + ok, mask=mk)
+    vc = tl.load(VC + b * s_vc + g * DV + ov, mask=mv)
+    ks = tl.load(KS + b * s_ks + g * DK + ok, mask=mk)
+    vs = tl.load(VS + b * s_vs + g * DV + ov, mask=mv)
+    kw = tl.load(KW + b * s_kw + g * DK + ok, mask=mk)
+    vw = tl.load(VW + b * s_vw + g * DV + ov, mask=mv)
+    tl.store(K_SEL + (bg64 * CAP + pos) * DK + ok, ks, mask=mk)
+    tl.store(V_SEL + (bg64 * CAP + pos) * DV + ov, vs, mask=mv)
+    sw = pos % W
+    tl.store(K_WIN + (bg64 * W + sw) * DK + ok, kw, mask=mk)
+    tl.store(V_WIN + (bg64 * W + sw) * DV + ov, vw, mask=mv)
+    sl = pos % L
+    tl.store(K_RAW + (bg64 * L + sl) * DK + ok, kc, mask=mk)
+    tl.store(V_RAW + (bg64 * L + sl) * DV + ov, vc, mask=mv)
+    if AVG:
+        emit = (pos + 1 >= L) & ((pos + 1 - L) % STRIDE == 0)
+        if emit:
+            rows = tl.arange(0, BL)
+            mr = (rows < L) & (rows != sl)  # the ring's other l-1 tokens; slot sl is the new one
+            bk = tl.load(K_RAW + (bg64 * L + rows[:, None]) * DK + ok[None, :], mask=mr[:, None] & mk[None, :],
+                         other=0.0).to(tl.float32)
+            bv = tl.load(V_RAW + (bg64 * L + rows[:, None]) * DV + ov[None, :], mask=mr[:, None] & mv[None, :],
+                         other=0.0).to(tl.float32)
+            ci = (pos + 1 - L) // STRIDE
+            mean_k = (tl.sum(bk, 0) + kc.to(tl.float32)) / L
+            mean_v = (tl.sum(bv, 0) + vc.to(tl.float32)) / L
+            tl.store(K_CMP + (bg64 * CCAP + ci) * DK + ok, mean_k.to(K_CMP.dtype.element_ty), mask=mk)
+            tl.store(V_CMP + (bg64 * CCAP + ci) * DV + ov, mean_v.to(V_CMP.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCAP, qk_scale,
+                        G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr, BT: tl.constexpr, CH, NCH,
+                        DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
+    bg = tl.program_id(0)
+    c = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    s = pos + 1
+    nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
+    oh = tl.arange(0, HP)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    ot = tl.arange(0, BT)
+    mh = oh < H
+    mk = ok < DK
+    mv = ov < DV
+    q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
+    m_i = tl.full([HP], NEG, dtype=tl.float32)
+    l_i = tl.zeros([HP], dtype=tl.float32)
+    acc = tl.zeros([HP, BV], dtype=tl.float32)
+    lo = c * CH
+    hi = tl.minimum(lo + CH, nvis)
+    k_base = K_CMP + bg64 * CCAP * DK
+    v_base = V_CMP + bg64 * CCAP * DV
+    for t0 in range(lo, hi, BT):
+        n_off = t0 + ot
+        mn = n_off < hi
+        kb = tl.load(k_base + n_off[:, None] * DK + ok[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+        if IEEE:
+            sc = tl.dot(q, tl.trans(kb), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(kb))
+        sc = tl.where(mn[None, :], sc * qk_scale, float("-inf"))
+        if DO_LOGITS:
+            tl.store(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + n_off[None, :], sc, mask=mh[:, None] & mn[None, :])
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DO_O:
+            vb = tl.load(v_base + n_off[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        m_i = m_new
+    row = bg64 * NCH + c
+    tl.store(M_P + row * HP + oh, m_i)
+    tl.store(L_P + row * HP + oh, l_i)
+    if DO_O:
+        tl.store(ACC_P + (row * HP + oh[:, None]) * BV + ov[None, :], acc)
+
+
+@triton.jit
+def _cmp_select_kernel(POS, M_P, L_P, ACC_P, LOGITS, PSUM, O_CMP, BLK, CCAP, NB,
+                       H: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr,
+                       NSEL: tl.constexpr, A: tl.constexpr, BQ: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
+                       NCH, BC: tl.constexpr, BI: tl.constexpr, BNB: tl.constexpr,
+                       DO_CMP: tl.constexpr, DO_SEL: tl.constexpr):
+    bg = tl.program_id(0)
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    s = pos + 1
+    nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    oc = tl.arange(0, BC)
+    mh = oh < H
+    mc = oc < NCH
+    rows = bg64 * NCH + oc
+    Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG)  # [BC, HP]
+    Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0)
+    Mh = tl.max(Mp, 0)  # [HP]
+    Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
+    has = Z > 0.0
+    if DO_CMP:
+        acc = tl.zeros([HP, BV], dtype=tl.float32)
+        for c in range(0, NCH):
+            mrow = tl.load(M_P + (bg64 * NCH + c) * HP + oh)
+            a = tl.load(ACC_P + ((bg64 * NCH + c) * HP + oh[:, None]) * BV + ov[None, :])
+            acc += a * tl.exp2(mrow - Mh)[:, None]
+        o = acc / tl.where(has, Z, 1.0)[:, None]
+        tl.store(O_CMP + (bg64 * HP + oh[:, None]) * BV + ov[None, :], o)
+    if DO_SEL:
+        invZ = tl.where(has & mh, 1.0 / tl.where(has, Z, 1.0), 0.0)
+        oi = tl.arange(0, BI)
+        for i0 in range(0, nvis, BI):
+            ii = i0 + oi
+            mi = ii < nvis
+            lg = tl.load(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + ii[None, :], mask=mh[:, None] & mi[None, :],
+                         other=float("-inf"))
+            pr = tl.exp2(lg - Mh[:, None]) * invZ[:, None]
+            tl.store(PSUM + bg64 * CCAP + ii, tl.sum(pr, 0), mask=mi)
+        tl.debug_barrier()
+        oj = tl.arange(0, BNB)
+        sc = tl.zeros([BNB], dtype=tl.float32)
+        for mm in tl.static_range(A):
+            for nn in tl.static_range(BQ):
+                idx = oj * A + mm - nn
+                okj = (idx >= 0) & (idx < nvis) & (oj < NB)
+                sc += tl.load(PSUM + bg64 * CCAP + idx, mask=okj, other=0.0)
+        cur = pos // LSEL
+        cand = oj <= cur
+        forced = cand & ((oj == 0) | (oj == cur) | (oj == cur - 1))
+        sc = tl.where(forced, float("inf"), sc)
+        sc = tl.where(cand, sc, float("-inf"))
+        for k in tl.static_range(NSEL):
+            best = tl.argmax(sc, 0)  # ties -> the lower block id
+            bval = tl.max(sc, 0)
+            tl.store(BLK + bg64 * NSEL + k, tl.where(bval > float("-inf"), best, -1).to(tl.int64))
+            sc = tl.where(oj == best, float("-inf"), sc)
+
+
+@triton.jit
+def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
+                   G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                   LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
+                   HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr):
+    bg = tl.program_id(0)
+    tile = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    oh = tl.arange(0, HP)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    os_ = tl.arange(0, BS)
+    mh = oh < H
+    mk = ok < DK
+    mv = ov < DV
+    q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
+    if tile < NS_SEL:  # a selected block: raw tokens j*l_sel .. of it that are <= t
+        j = tl.load(BLK + bg64 * NSEL + tile)
+        kpos = j * LSEL + os_
+        m_s = (os_ < LSEL) & (kpos >= 0) & (kpos <= pos)  # j = -1 (unused slot) gives kpos < 0
+        k_base = K_SEL + bg64 * CAP * DK
+        v_base = V_SEL + bg64 * CAP * DV
+    else:  # a tile of the window ring: slots <= t (all of them once t >= w - 1)
+        kpos = (tile - NS_SEL) * BS + os_
+        m_s = (kpos < W) & (kpos <= pos)
+        k_base = K_WIN + bg64 * W * DK
+        v_base = V_WIN + bg64 * W * DV
+    kb = tl.load(k_base + kpos[:, None] * DK + ok[None, :], mask=m_s[:, None] & mk[None, :], other=0.0)
+    if IEEE:
+        sc = tl.dot(q, tl.trans(kb), input_precision="ieee")
+    else:
+        sc = tl.dot(q, tl.trans(kb))
+    sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
+    m = tl.maximum(tl.max(sc, 1), NEG)
+    p = tl.exp2(sc - m[:, None])
+    vb = tl.load(v_base + kpos[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
+    if IEEE:
+        acc = tl.dot(p, vb, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(vb.dtype), vb)
+    row = bg64 * NT + tile
+    tl.store(M_T + row * HP + oh, m)
+    tl.store(L_T + row * HP + oh, tl.sum(p, 1))
+    tl.store(ACC_T + (row * HP + oh[:, None]) * BV + ov[None, :], acc)
+
+
+@triton.jit
+def _merge(M_T, L_T, ACC_T, bg64, t0, NT: tl.constexpr, COUNT: tl.constexpr, BCNT: tl.constexpr,
+           HP: tl.constexpr, BV: tl.constexpr):
+    """Merge tiles t0 .. t0+COUNT-1 of row bg -> normalised o [HP, BV] (0 where nothing visible)."""
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    ot = tl.arange(0, BCNT)
+    rows = bg64 * NT + t0 + ot
+    mt = ot < COUNT
+    Mt = tl.load(M_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=NEG)
+    Lt = tl.load(L_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=0.0)
+    Mh = tl.max(Mt, 0)
+    Z = tl.sum(Lt * tl.exp2(Mt - Mh[None, :]), 0)
+    acc = tl.zeros([HP, BV], dtype=tl.float32)
+    for i in range(0, COUNT):
+        r = bg64 * NT + t0 + i
+        mrow = tl.load(M_T + r * HP + oh)
+        a = tl.load(ACC_T + (r * HP + oh[:, None]) * BV + ov[None, :])
+        acc += a * tl.exp2(mrow - Mh)[:, None]
+    return acc / tl.where(Z > 0.0, Z, 1.0)[:, None]
+
+
+@triton.jit
+def _combine_kernel(O_CMP, M_T, L_T, ACC_T, GATES, s_gb, O,
+                    G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
+                    NT: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr, BSEL: tl.constexpr,
+                    BWIN: tl.constexpr, DO_CMP: tl.constexpr):
+    bg = tl.program_id(0)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    mv = ov < DV
+    gate = GATES + b * s_gb + (g * H + oh) * 3
+    o = tl.zeros([HP, BV], dtype=tl.float32)
+    if DO_CMP:
+        oc = tl.load(O_CMP + (bg64 * HP + oh[:, None]) * BV + ov[None, :])
+        o += tl.load(gate + 0, mask=mh, other=0.0).to(tl.float32)[:, None] * oc
+    if NS_SEL > 0:
+        os_ = _merge(M_T, L_T, ACC_T, bg64, 0, NT, NS_SEL, BSEL, HP, BV)
+        o += tl.load(gate + 1, mask=mh, other=0.0).to(tl.float32)[:, None] * os_
+    if NS_WIN > 0:
+        ow = _merge(M_T, L_T, ACC_T, bg64, NS_SEL, NT, NS_WIN, BWIN, HP, BV)
+        o += tl.load(gate + 2, mask=mh, other=0.0).to(tl.float32)[:, None] * ow
+    rows = b.to(tl.int64) * G * H + g * H + oh
+    tl.store(O + rows[:, None] * DV + ov[None, :], o.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
+
+
+# ---- host side --------------------------------------------------------------------------------
+
+def _p2(n: int, lo: int = 1) -> int:
+    return max(lo, triton.next_power_of_2(max(1, n)))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+class Workspace:
+    """Scratch buffers and launch geometry of the Triton decode step for one StaticDecoder.
+
+    chunk: compressed tokens per program of the split-K compressed pass (default: enough
+    programs for ~4 per SM, rounded to the tile).
+    """
+
+    CONFIG = {"append": 4, "cmp": 4, "select": 4, "selwin": 4, "combine": 4}  # num_warps
+
+    def __init__(self, dec, chunk: int | None = None):
+        cfg = dec.cfg
+        self.dec = dec
+        dev = dec.device
+        self.BG = dec.B * dec.G
+        self.HP = _p2(dec.h, 16)
+        self.BK = _p2(dec.dk, 16)
+        self.BV = _p2(dec.dv, 16)
+        self.BT = 64 if self.BK <= 256 else 32
+        ccap = dec.ccap
+        if chunk is None:
+            want = -(-4 * _num_sms(dev) // self.BG)
+            chunk = -(-ccap // max(1, want))
+        self.CH = max(self.BT, -(-chunk // self.BT) * self.BT)
+        self.NCH = -(-ccap // self.CH)
+        self.BS = _p2(cfg.l_sel, 16)
+        self.NS_WIN = -(-cfg.w // self.BS)
+        self.IEEE = dec.dtype == torch.float32
+        if dec.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"impl='triton' supports fp32/fp16/bf16 caches, got {dec.dtype}")
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.m_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
+        self.l_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
+        self.acc_p = torch.empty(self.BG, self.NCH, self.HP, self.BV, **f32)
+        self.logits = torch.empty(self.BG, self.HP, ccap, **f32)
+        self.psum = torch.empty(self.BG, ccap, **f32)
+        self.o_cmp = torch.empty(self.BG, self.HP, self.BV, **f32)
+        nt = cfg.n_sel + self.NS_WIN
+        self.m_t = torch.empty(self.BG, nt, self.HP, **f32)
+        self.l_t = torch.empty(self.BG, nt, self.HP, **f32)
+        self.acc_t = torch.empty(self.BG, nt, self.HP, self.BV, **f32)
+        self.qk_scale = dec.scale * LOG2E
+
+    # ---- launches ------------------------------------------------------------------------------
+    def append(self, kc, vc, ks, vs, kw, vw) -> None:
+        d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
+        for t in (kc, vc, ks, vs, kw, vw):
+            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+                raise ValueError(f"append: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
+                                 f"{t.stride()}")
+        avg = d.m.phi_k is None
+        _append_kernel[(self.BG,)](
+            d.pos, kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0), kw.stride(0),
+            vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp, d.cap, d.ccap,
+            G=d.G, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, BK=self.BK, BV=self.BV, BL=_p2(cfg.l),
+            AVG=avg, num_warps=self.CONFIG["append"])
+        if not avg:
+            d._compress()
+
+    def _check_q(self, q):
+        if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+            raise ValueError(f"q must be [B, HQ, dk] with contiguous [HQ, dk], got strides {q.stride()}")
+
+    def cmp_partial(self, q, do_o: bool, do_logits: bool) -> None:
+        d, cfg = self.dec, self.dec.cfg
+        self._check_q(q)
+        _cmp_partial_kernel[(self.BG, self.NCH)](
+            d.pos, q, q.stride(0), d.cache.K_cmp, d.cache.V_cmp, self.logits, self.m_p, self.l_p, self.acc_p, d.ccap,
+            self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, L=cfg.l, STRIDE=cfg.d, HP=self.HP, BK=self.BK, BV=self.BV,
+            BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=do_o, DO_LOGITS=do_logits, IEEE=self.IEEE,
+            num_warps=self.CONFIG["cmp"])
+
+    def cmp_select(self, do_cmp: bool, do_sel: bool) -> None:
+        d, cfg = self.dec, self.dec.cfg
+        _cmp_select_kernel[(self.BG,)](
+            d.pos, self.m_p, self.l_p, self.acc_p, self.logits, self.psum, self.o_cmp, d.blk, d.ccap, d.NB,
+            H=d.h, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d,
+            HP=self.HP, BV=self.BV, NCH=self.NCH, BC=_p2(self.NCH), BI=64, BNB=_p2(d.NB), DO_CMP=do_cmp,
+            DO_SEL=do_sel, num_warps=self.CONFIG["select"])
+
+    def selwin(self, q, do_sel: bool, do_win: bool) -> tuple[int, int]:
+        d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
+        self._check_q(q)
+        ns_sel = cfg.n_sel if do_sel else 0
+        ns_win = self.NS_WIN if do_win else 0
+        nt = cfg.n_sel + self.NS_WIN  # row stride of the tile buffers (fixed)
+        if ns_sel + ns_win:
+            _selwin_kernel[(self.BG, ns_sel + ns_win)](
+                d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t,
+                d.cap, self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
+                NS_SEL=ns_sel, NT=nt, HP=self.HP, BK=self.BK, BV=self.BV, BS=self.BS, IEEE=self.IEEE,
+                num_warps=self.CONFIG["selwin"])
+        return ns_sel, ns_win
+
+    def combine(self, gates, out, do_cmp: bool, ns_sel: int, ns_win: int) -> torch.Tensor:
+        """Merge the tiles of the last selwin launch (window tiles start at tile ns_sel) + gates."""
+        d = self.dec
+        if gates.stride(2) != 1 or gates.stride(1) != 3:
+            raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
+        _combine_kernel[(self.BG,)](
+            self.o_cmp, self.m_t, self.l_t, self.acc_t, gates, gates.stride(0), out, G=d.G, H=d.h, DV=d.dv,
+            HP=self.HP, BV=self.BV, NT=d.cfg.n_sel + self.NS_WIN, NS_SEL=ns_sel, NS_WIN=ns_win,
+            BSEL=_p2(max(ns_sel, 1)), BWIN=_p2(max(ns_win, 1)), DO_CMP=do_cmp, num_warps=self.CONFIG["combine"])
+        return out
+
+    def branches(self, q, gates, out, cmp: bool = True, sel: bool = True, win: bool = True) -> torch.Tensor:
+        """Gated sum of the chosen branches for the query q [B, HQ, dk] -> out [B, HQ, dv]."""
+        if cmp or sel:
+            self.cmp_partial(q, do_o=cmp, do_logits=sel)
+            self.cmp_select(do_cmp=cmp, do_sel=sel)
+        ns_sel, ns_win = self.selwin(q, sel, win)
+        return self.combine(gates, out, cmp, ns_sel, ns_win)
+
+
+def describe(ws: Workspace) -> dict:
+    """Launch geometry, for the benchmark notes."""
+    return {"chunk": ws.CH, "chunks": ws.NCH, "HP": ws.HP, "BK": ws.BK, "BV": ws.BV, "BT": ws.BT, "BS": ws.BS,
+            "win_tiles": ws.NS_WIN, "launches_per_attn_step": 5}
