@@ -94,3 +94,20 @@ def test_malformed_plugins_fail_loudly_at_load_time(plugins):
     # a duplicate name makes both unusable: which one runs must not depend on install order
     dups = [e for e in discover() if e.name == "sanity"]
     assert len(dups) == 2 and all("duplicate stage name 'sanity'" in e.error and e.stage is None for e in dups)
+
+
+def test_readme_plugin_example_works_as_written(plugins, cli, tmp_path):
+    """The plugin example in README.md, verbatim, registered as its comment says."""
+    import re
+
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"## Writing a plugin stage.*?```python\n(.*?)```", readme, re.S).group(1)
+    assert len(block.strip().splitlines()) <= 15
+    entry = re.search(r'^# (hello = "my_stages:Hello")$', block, re.M).group(1)
+    name, value = (x.strip().strip('"') for x in entry.split("="))
+    plugins.make("my-stages", "my_stages", block, {name: value})
+    r = cli("oneshot", "--out", tmp_path, "--only", "hello", "--device", "cpu")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert (tmp_path / "testrun" / "hello.txt").read_text() == "hi from cpu: [512]"
