@@ -129,11 +129,10 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
     Compressed token i is visible to query t iff i*d + l - 1 <= t; a query that sees none
     gets o = 0 and an empty score row (no NaN).
     """
-    B, Tq, HQ = q.shape[:3]
+    Tq = q.shape[1]
     Tc = kc.shape[1]
     if Tc == 0:
-        o = q.new_zeros(B, Tq, HQ, vc.shape[-1])
-        return (o, q.new_zeros(B, Tq, HQ, 0)) if return_probs else o
+        engine = "math"  # no key at all: o = 0 exactly, still connected to autograd (grad 0)
     t_pos = _positions(Tq, S, q.device)
     return masked_attention(q, kc, vc, t_pos, lambda t, c0, c1: _blocks.cmp_visibility_mask(t, Tc, cfg),
                             scale, engine, return_probs=return_probs)

@@ -52,7 +52,7 @@ def _resolve(backend, branch: str, device: torch.device) -> str:
     return backend
 
 
-def _check_group(q: torch.Tensor, k: torch.Tensor, what: str) -> None:
+def _check_group(q: torch.Tensor, k: torch.Tensor, what: str, v: torch.Tensor | None = None) -> None:
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"{what}: q and keys must be [B, T, heads, dim]; got {tuple(q.shape)}, {tuple(k.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[1] > k.shape[1]:
@@ -61,6 +61,8 @@ def _check_group(q: torch.Tensor, k: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: query heads HQ={q.shape[2]} must be a multiple of KV groups G={k.shape[2]}")
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"{what}: q head dim {q.shape[3]} != key head dim {k.shape[3]}")
+    if v is not None and (v.dim() != 4 or v.shape[:3] != k.shape[:3]):
+        raise ValueError(f"{what}: values {tuple(v.shape)} must be [B, T, G, dv] matching keys {tuple(k.shape)}")
 
 
 # ---- compression -------------------------------------------------------------------------
@@ -150,7 +152,7 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
 
     A query that sees no compressed token yet (t + 1 < l) gets o = 0.
     """
-    _check_group(q, k_cmp, "compressed_attention")
+    _check_group(q, k_cmp, "compressed_attention", v_cmp)
     backend = _resolve(backend, "cmp", q.device)
     S = k_cmp.shape[1]
     kc, vc = compress(k_cmp, cfg, phi_k), compress(v_cmp, cfg, phi_v)
@@ -170,7 +172,7 @@ def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
                         block_count: torch.Tensor, cfg: NSAConfig, backend: str = "reference", *,
                         scale: float | None = None) -> torch.Tensor:
     """Selected branch (Eq. 12): raw tokens of the selected l_sel-blocks, causal. o [B, T, HQ, dv]."""
-    _check_group(q, k, "selection_attention")
+    _check_group(q, k, "selection_attention", v)
     backend = _resolve(backend, "slc", q.device)
     eng = _engine(backend, "slc")
     if eng is not None:
@@ -183,7 +185,7 @@ def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
 def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: NSAConfig,
                       backend: str = "reference", *, scale: float | None = None) -> torch.Tensor:
     """Sliding-window branch: keys max(0, t-w+1)..t. o [B, T, HQ, dv]."""
-    _check_group(q, k, "sliding_attention")
+    _check_group(q, k, "sliding_attention", v)
     backend = _resolve(backend, "win", q.device)
     eng = _engine(backend, "win")
     if eng is not None:
@@ -195,7 +197,7 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: NS
 
 def full_attention(q, k, v, backend: str = "reference", *, scale: float | None = None) -> torch.Tensor:
     """Full causal attention with GQA (the equivalence anchor and the speed baseline)."""
-    _check_group(q, k, "full_attention")
+    _check_group(q, k, "full_attention", v)
     return _reference.full_attention(q, k, v, scale, _engine(backend, "win") or "sdpa")
 
 
@@ -208,8 +210,14 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
     branch is compressed here); gates [B, T, HQ, 3] in [0, 1], order (cmp, slc, win).
     -> o [B, T, HQ, dv]  (and (block_idx, block_count) with return_selection=True).
     """
-    for name, kk in (("k_cmp", k_cmp), ("k_sel", k_sel), ("k_win", k_win)):
-        _check_group(q, kk, f"nsa_attention({name})")
+    for name, kk, vv in (("cmp", k_cmp, v_cmp), ("sel", k_sel, v_sel), ("win", k_win, v_win)):
+        _check_group(q, kk, f"nsa_attention({name} branch)", vv)
+    if not (v_cmp.shape[-1] == v_sel.shape[-1] == v_win.shape[-1]):
+        raise ValueError(f"nsa_attention: the branches' value dims must agree (dv of cmp/sel/win = "
+                         f"{v_cmp.shape[-1]}/{v_sel.shape[-1]}/{v_win.shape[-1]})")
+    if not (k_cmp.shape[1] == k_sel.shape[1] == k_win.shape[1]):
+        raise ValueError(f"nsa_attention: the branches' key lengths must agree "
+                         f"({k_cmp.shape[1]}/{k_sel.shape[1]}/{k_win.shape[1]})")
     B, T, HQ, _ = q.shape
     if gates.shape != (B, T, HQ, 3):
         raise ValueError(f"nsa_attention: gates must be [B, T, HQ, 3] = [{B}, {T}, {HQ}, 3], got {tuple(gates.shape)}")
