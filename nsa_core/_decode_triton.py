@@ -325,12 +325,12 @@ class Workspace:
         self.HP = _p2(dec.h, 16)
         self.BK = _p2(dec.dk, 16)
         self.BV = _p2(dec.dv, 16)
-        self.BT = 64 if self.BK <= 256 else 32
         ccap = dec.ccap
         if chunk is None:
             want = -(-4 * _num_sms(dev) // self.BG)
             chunk = -(-ccap // max(1, want))
-        self.CH = max(self.BT, -(-chunk // self.BT) * self.BT)
+        self.BT = min(64 if self.BK <= 256 else 32, _p2(chunk, 16))  # keys per tile of the compressed pass
+        self.CH = -(-chunk // self.BT) * self.BT
         self.NCH = -(-ccap // self.CH)
         self.BS = _p2(cfg.l_sel, 16)
         self.NS_WIN = -(-cfg.w // self.BS)

@@ -1,0 +1,211 @@
+"""Decode consistency (DESIGN §4): prefill of T tokens + k decode steps == prefill of T + k tokens.
+
+Float64, a tiny geometry (l=8, d=4, l_sel=16, n=4, w=16) so every boundary is a few tokens
+away: T = l-1, l, l_sel-1, l_sel (= w), w+1, multiples of d, and past n*l_sel (more candidate
+blocks than n). B = 2, phi avg and mlp. The eager path (module forward), the static torch
+decoder and the Triton decoder (interpreter on CPU) are each compared with the prefill.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # the Triton decoder runs in the interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from nsa_core import NSAAttention, NSAConfig  # noqa: E402
+from nsa_core.cache import NSACache  # noqa: E402
+from nsa_core.testing import compare  # noqa: E402
+
+CFG = dict(l=8, d=4, l_sel=16, n_sel=4, w=16)
+DIM, HQ, G, DK, DV = 32, 4, 2, 8, 6
+BOUNDARIES = [1, 4, 7, 8, 12, 15, 16, 17, 20, 33, 63, 64, 65]
+STEPS = 6
+TOTAL = 72
+
+
+def _model(phi: str, seed: int = 0) -> NSAAttention:
+    torch.manual_seed(seed)
+    return NSAAttention(DIM, HQ, G, DK, DV, NSAConfig(**CFG, phi=phi)).double()
+
+
+@pytest.fixture(scope="module", params=["avg", "mlp"])
+def setup(request):
+    m = _model(request.param)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, TOTAL, DIM, dtype=torch.float64, generator=g)
+    y_full, _ = m(x)
+    return m, x, y_full
+
+
+def _check(y, ref, dtype=torch.float64, what=""):
+    r = compare(y, ref, dtype)
+    assert r.ok, f"{what}: {r}"
+
+
+@pytest.mark.parametrize("T", BOUNDARIES)
+def test_eager_decode_matches_prefill(setup, T):
+    m, x, y_full = setup
+    y, cache = m(x[:, :T])
+    assert isinstance(cache, NSACache) and cache.length == T and cache.reads is None
+    outs = [y]
+    for k in range(T, T + STEPS):
+        y1, cache = m(x[:, k:k + 1], cache)
+        assert y1.shape == (2, 1, DIM)
+        outs.append(y1)
+        assert set(cache.reads) == {"cmp", "sel", "win"}
+        for v in cache.reads.values():
+            assert v.dtype == torch.long and v.shape == (2, G)
+    assert cache.length == T + STEPS
+    _check(torch.cat(outs, 1), y_full[:, :T + STEPS], what=f"T={T}")
+
+
+def test_multi_token_decode_call(setup):
+    """One call with several new tokens == the same tokens one by one == prefill."""
+    m, x, y_full = setup
+    y, cache = m(x[:, :15])
+    y2, cache = m(x[:, 15:20], cache)
+    assert y2.shape == (2, 5, DIM) and cache.length == 20 and len(cache.reads_per_step) == 5
+    _check(torch.cat([y, y2], 1), y_full[:, :20], what="multi-token")
+
+
+def test_cache_grows_past_capacity(setup):
+    """Prefill with max_len = T: decode past it grows the buffers (doubling), results unchanged."""
+    m, x, y_full = setup
+    y, cache = m(x[:, :16], max_len=16)
+    assert cache.capacity == 16
+    outs = [y]
+    for k in range(16, 40):
+        y1, cache = m(x[:, k:k + 1], cache)
+        outs.append(y1)
+    assert cache.grown >= 1 and cache.capacity >= 40
+    _check(torch.cat(outs, 1), y_full[:, :40], what="grown cache")
+
+
+@pytest.mark.parametrize("T", [1, 7, 8, 16, 17, 31, 63])
+def test_static_torch_decoder_matches_prefill(setup, T):
+    """The graph-capturable static step (masks over the capacity, positions in a tensor)."""
+    m, x, y_full = setup
+    y, cache = m(x[:, :T], max_len=TOTAL)
+    dec = m.decoder(cache, impl="torch")
+    outs = [y]
+    for k in range(T, min(TOTAL, T + 2 * CFG["l_sel"] + 3)):
+        outs.append(dec.step(x[:, k:k + 1]).clone())
+    n = len(outs) - 1
+    assert cache.length == T + n
+    _check(torch.cat(outs, 1), y_full[:, :T + n], what=f"static T={T}")
+
+
+def test_static_decoder_from_empty_cache(setup):
+    """Decoding every token from position 0 through the static step == prefill."""
+    m, x, y_full = setup
+    cache = m.new_cache(2, 40, dtype=torch.float64)
+    dec = m.decoder(cache)
+    ys = torch.cat([dec.step(x[:, k:k + 1]).clone() for k in range(40)], 1)
+    _check(ys, y_full[:, :40], what="from empty")
+
+
+def test_static_branches_alone_match_eager():
+    """Each branch alone (gates one-hot) equals the eager reference branch: no branch computes another's part."""
+    from nsa_core import _decode
+
+    m = _model("avg", seed=3)
+    x = torch.randn(2, 50, DIM, dtype=torch.float64)
+    _, cache = m(x[:, :49], max_len=64)
+    ref_cache = cache.clone()
+    dec = m.decoder(cache)
+    dec.pos.fill_(49)
+    proj = dec.project(x[:, 49:50])
+    dec.append(*proj[1:7])
+    q, gates = proj[0], proj[7]
+    p = m.project(x[:, 49:50], 49)
+    ref_cache.append_(p.k_cmp[:, 0], p.v_cmp[:, 0], p.k_sel[:, 0], p.v_sel[:, 0], p.k_win[:, 0], p.v_win[:, 0])
+    for i, name in enumerate(("cmp", "sel", "win")):
+        onehot = torch.zeros_like(p.gates)
+        onehot[..., i] = 1.0
+        ref, _, _ = _decode.attend(p.q, onehot, ref_cache, 49, m.cfg)
+        flags = {"cmp": False, "sel": False, "win": False, name: True}
+        o = dec.branches(q, gates, **flags)  # real gates: compare gate-scaled
+        ref_scaled = (ref * p.gates[..., i:i + 1]).reshape(o.shape)
+        _check(o, ref_scaled, what=f"branch {name} alone")
+
+
+def test_decode_input_errors(setup):
+    m, x, _ = setup
+    _, cache = m(x[:, :10])
+    with pytest.raises(ValueError, match="NSACache"):
+        m(x[:, 10:11], cache={"not": "a cache"})
+    with pytest.raises(ValueError, match="B=2"):
+        m(x[:1, 10:11], cache)
+    with pytest.raises(ValueError, match="at least one"):
+        m(x[:, 10:10], cache)
+    other = NSAAttention(DIM, HQ, G, DK, DV, NSAConfig(l=8, d=4, l_sel=16, n_sel=5, w=16)).double()
+    with pytest.raises(ValueError, match="cache was built for"):
+        other(x[:, 10:11], cache)
+    with pytest.raises(ValueError, match="max_len"):
+        m(x[:, :10], max_len=5)
+    dec = m.decoder(m(x[:, :15], max_len=16)[1])
+    dec.step(x[:, 15:16])
+    with pytest.raises(ValueError, match="cache is full"):
+        dec.step(x[:, 16:17])
+    with pytest.raises(ValueError, match="impl"):
+        m.decoder(cache, impl="cuda-magic")
+
+
+def test_triton_decoder_matches_prefill():
+    """Fused Triton step (interpreter on CPU, fp32) over several boundaries, both phi, split-K chunks."""
+    pytest.importorskip("triton", reason="triton not installed")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for phi in ("avg", "mlp"):
+        m64 = _model(phi, seed=5)
+        x = torch.randn(2, 84, DIM, dtype=torch.float64)
+        y_full, _ = m64(x)
+        m = _model(phi, seed=5).float().to(dev)
+        for T in (7, 75):
+            y, cache = m(x[:, :T].float().to(dev), max_len=96)
+            dec = m.decoder(cache, impl="triton", chunk=16)  # 2 chunks: at T=75 both hold visible tokens
+            assert dec._tri.NCH == 2
+            outs = [y]
+            for k in range(T, T + 4):
+                outs.append(dec.step(x[:, k:k + 1].float().to(dev)).clone())
+            _check(torch.cat(outs, 1), y_full[:, :T + 4], torch.float32, what=f"triton {phi} T={T}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_step_matches_reference(impl, dtype):
+    """CUDA: a graph-captured step, replayed over positions, vs the float64 eager reference fed
+    the step's own selection (bf16 scores may rank near-ties differently)."""
+    from nsa_core import _decode
+
+    if impl == "triton":
+        pytest.importorskip("triton")
+    torch.manual_seed(0)
+    cfg = NSAConfig()  # paper geometry
+    m64 = NSAAttention(256, 32, 2, 64, 32, cfg).double().cuda()
+    m = NSAAttention(256, 32, 2, 64, 32, cfg).cuda()
+    m.load_state_dict(m64.state_dict())
+    m = m.to(dtype)
+    B, S = 2, 3000
+    x = torch.randn(B, S + 8, 256, device="cuda", dtype=torch.float64)
+    cache = m.new_cache(B, S + 64, dtype=dtype)
+    cache.fill_random_(S, generator=torch.Generator("cuda").manual_seed(0), scale=1.0)
+    ref = cache.to(torch.float64)
+    dec = m.decoder(cache, impl=impl)
+    dec.capture()
+    for k in range(S, S + 8):
+        y = dec.step(x[:, k:k + 1].to(dtype)).clone()
+        p = m64.project(x[:, k:k + 1], k)
+        ref.append_(p.k_cmp[:, 0], p.v_cmp[:, 0], p.k_sel[:, 0], p.v_sel[:, 0], p.k_win[:, 0], p.v_win[:, 0])
+        sel = cache.last_selection[:, None]  # [B, 1, G, n]
+        cnt = (sel >= 0).sum(-1).to(torch.int32)
+        sel_sorted = torch.sort(torch.where(sel >= 0, sel, torch.iinfo(torch.int64).max), -1).values
+        sel_sorted = torch.where(sel_sorted == torch.iinfo(torch.int64).max, -1, sel_sorted).to(torch.int32)
+        o, _, _ = _decode.attend(p.q, p.gates, ref, k, cfg, block_idx=sel_sorted, block_count=cnt)
+        r = compare(y, m64.out(o), dtype)
+        assert r.ok, f"{impl} {dtype} t={k}: {r}"
