@@ -248,9 +248,10 @@ def key_columns(df) -> list[str]:
         if c in _NOT_KEYS or is_time(c) or is_spread(c) or is_reads(c) or is_speedup(c):
             continue
         s = df[c]
-        if pd.api.types.is_integer_dtype(s) or pd.api.types.is_bool_dtype(s) or pd.api.types.is_object_dtype(s):
+        t = pd.api.types
+        if t.is_integer_dtype(s) or t.is_bool_dtype(s) or t.is_object_dtype(s) or t.is_string_dtype(s):
             keys.append(c)
-        elif pd.api.types.is_float_dtype(s) and s.notna().all() and (s == s.round()).all() and c in ("S", "T", "B"):
+        elif t.is_float_dtype(s) and s.notna().all() and (s == s.round()).all() and c in ("S", "T", "B"):
             keys.append(c)  # an integer column that came back as float
     return keys
 

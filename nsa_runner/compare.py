@@ -226,7 +226,7 @@ def _stage_rows(A: Run, B: Run, comparable: bool) -> list[Row]:
     for name in names:
         sa, sb = A.stage(name), B.stage(name)
         a, b = (sa or {}).get("status"), (sb or {}).get("status")
-        row = Row("stage", name, name, "status", a or "-", b or "-")
+        row = Row("stage", "manifest.json", name, "status", a or "-", b or "-")
         reason_b = ((sb or {}).get("reason") or "")[:160]
         reason_a = ((sa or {}).get("reason") or "")[:160]
         if sb is None:
@@ -275,10 +275,12 @@ def _error_row(section: str, source: str, key: str, a_status: str | None, b_stat
         row.mark, row.note = "*", f"{a_status} -> PASS"
         return row
     if "SKIP" in (a_status, b_status):
-        row.mark = "x"
-        row.note = "skipped in " + ("both" if a_status == b_status else ("A" if a_status == "SKIP" else "B"))
         note = b_note or a_note
-        row.note += f": {note}" if note else ""
+        if a_status == b_status:  # nothing measured on either side: no change, nothing to compare
+            row.note = "skipped in both" + (f": {note}" if note else "")
+        else:
+            row.mark = "x"
+            row.note = f"skipped in {'A' if a_status == 'SKIP' else 'B'}" + (f": {note}" if note else "")
         return row
     if not (_finite(a_err) and _finite(b_err)):
         row.mark, row.note = "x", "no finite error on " + ("both sides" if not (_finite(a_err) or _finite(b_err))

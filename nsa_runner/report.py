@@ -130,7 +130,7 @@ def plot_times(df, title: str) -> str | None:
     keys = [k for k in key_columns(df) if k != x and df[k].nunique() > 1]
     fig = _figure(5.5 * min(len(times), 3), 4.0)
     axes = fig.subplots(1, min(len(times), 3), squeeze=False)[0]
-    for ax, c in zip(axes, times[:3]):
+    for ax, c in zip(axes, times[:3], strict=True):
         groups = list(df.groupby(keys, dropna=False)) if keys else [((), df)]
         spread = spread_columns(df, c)
         for name, g in groups:
@@ -138,7 +138,7 @@ def plot_times(df, title: str) -> str | None:
             if g.empty:
                 continue
             name = name if isinstance(name, tuple) else (name,)
-            label = " ".join(f"{k}={v}" for k, v in zip(keys, name)) or c
+            label = " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True)) or c
             if spread is not None:
                 lo = (g[c] - g[spread[0]]).clip(lower=0)
                 hi = (g[spread[1]] - g[c]).clip(lower=0)
@@ -169,7 +169,7 @@ def plot_parity(panels: list[tuple[str, list[dict]]]) -> str | None:
     fig = _figure(11, height)
     axes = fig.subplots(len(panels), 1, squeeze=False,
                         gridspec_kw={"height_ratios": [max(1, len(r)) for _, r in panels]})[:, 0]
-    for ax, (title, rows) in zip(axes, panels):
+    for ax, (title, rows) in zip(axes, panels, strict=True):
         vals = [r["rel_err"] for r in rows if _pos(r["rel_err"])] + [r["tol"] for r in rows if _pos(r["tol"])]
         floor = min(vals) / 10 if vals else 1e-12
         for i, r in enumerate(rows):

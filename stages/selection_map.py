@@ -173,7 +173,7 @@ def plot(images: list, cfg, title: str, path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, G, squeeze=False)[0]
     cmap = ListedColormap(COLORS)
-    for g, (ax, img) in enumerate(zip(axes, images)):
+    for g, (ax, img) in enumerate(zip(axes, images, strict=True)):
         T, NB = img.shape
         ax.imshow(img, cmap=cmap, vmin=-0.5, vmax=len(COLORS) - 0.5, aspect="auto", interpolation="nearest",
                   extent=(-0.5, NB - 0.5, T - 0.5, -0.5))
@@ -182,7 +182,7 @@ def plot(images: list, cfg, title: str, path) -> None:
         ax.set_xlabel(f"key block (l' = {cfg.l_sel} tokens)")
         if g == 0:
             ax.set_ylabel("query position t")
-    fig.legend(handles=[Patch(facecolor=c, edgecolor="#888", label=lab) for c, lab in zip(COLORS, LABELS)],
+    fig.legend(handles=[Patch(facecolor=c, edgecolor="#888", label=lab) for c, lab in zip(COLORS, LABELS, strict=True)],
                loc="lower center", ncol=3, fontsize=8, frameon=False)
     width = max(50, int(22 * (2.2 + 2.6 * G)))
     fig.suptitle("\n".join(textwrap.fill(part, width) for part in title.split("\n")), fontsize=9)

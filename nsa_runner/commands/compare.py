@@ -38,6 +38,16 @@ from nsa_runner.compare import (
     visible_rows,
 )
 
+THRESHOLD = typer.Option("10%", "--threshold", help="Timing noise threshold: flag B/A beyond 1+t (e.g. 10% or 0.1).")
+PARITY_FACTOR = typer.Option(2.0, "--parity-factor", help="Flag parity errors worse by more than this factor.")
+BASELINE = typer.Option(None, "--baseline", help="Check B (or A alone) against this baseline file (docs/baselines.md).")
+SAVE_BASELINE = typer.Option(None, "--save-baseline",
+                             help="Record the timing figures of B (or A) as a NEW baseline file.")
+ONLY_CHANGED = typer.Option(False, "--only-changed", help="Show only rows with a mark or a change.")
+MARKDOWN = typer.Option(False, "--markdown", help="GitHub markdown on stdout.")
+RUN_A = typer.Argument(..., metavar="A", help="Run A (before): a run id under --out, or a run folder.")
+RUN_B = typer.Argument(None, metavar="[B]", help="Run B (after). May be omitted with --baseline / --save-baseline.")
+
 MARK_STYLE = {"+": "bold red", "!": "bold red", "-": "green", "*": "bold green", "x": "yellow", "~": "dim"}
 HINT = "give a run id under --out (see its folder names) or the path of a run folder"
 
@@ -72,7 +82,7 @@ def _render(cmp: Comparison, only_changed: bool) -> None:
         if not sec:
             continue
         t = Table(title=section, title_justify="left", show_lines=False)
-        for col, kw in (("", {}), ("source", {}), ("key", {"overflow": "fold"}), ("metric", {}),
+        for col, kw in (("", {}), ("source", {}), ("key", {"no_wrap": True}), ("metric", {}),
                         ("A", {"justify": "right"}), ("B", {"justify": "right"}), ("B/A", {"justify": "right"}),
                         ("note", {"overflow": "fold"})):
             t.add_column(col, **kw)
@@ -88,17 +98,15 @@ def _render(cmp: Comparison, only_changed: bool) -> None:
 
 
 def compare(
-    a: str = typer.Argument(..., help="Run A (before): a run id under --out, or a run folder."),
-    b: str = typer.Argument(None, help="Run B (after). May be omitted with --baseline / --save-baseline."),
+    a: str = RUN_A,
+    b: str = RUN_B,
     out: Path = c.OUT,
-    threshold: str = typer.Option("10%", "--threshold",
-                                  help="Timing noise threshold: flag B/A beyond 1+t (e.g. 10% or 0.1)."),
-    parity_factor: float = typer.Option(2.0, "--parity-factor", help="Flag parity errors worse by more than this."),
-    baseline: Path = typer.Option(None, "--baseline", help="Check B (or A alone) against this baseline file."),
-    save_baseline: Path = typer.Option(None, "--save-baseline",
-                                       help="Record the timing figures of B (or A) as a NEW baseline file."),
-    only_changed: bool = typer.Option(False, "--only-changed", help="Show only rows with a mark or a change."),
-    markdown: bool = typer.Option(False, "--markdown", help="GitHub markdown on stdout."),
+    threshold: str = THRESHOLD,
+    parity_factor: float = PARITY_FACTOR,
+    baseline: Path = BASELINE,
+    save_baseline: Path = SAVE_BASELINE,
+    only_changed: bool = ONLY_CHANGED,
+    markdown: bool = MARKDOWN,
     as_json: bool = c.JSON,
 ) -> None:
     """Compare two runs (status changes, parity errors, timings as B/A); exit 1 on a regression."""

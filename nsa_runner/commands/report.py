@@ -19,9 +19,11 @@ from nsa_runner._readers import ArtifactError, resolve_run
 from nsa_runner._ui import fail, out_console
 from nsa_runner.commands import _common as c
 
+RUN = typer.Argument(..., metavar="RUN", help="A run id under --out, or the path of a run folder.")
+
 
 def report(
-    run: str = typer.Argument(..., help="A run id under --out, or the path of a run folder."),
+    run: str = RUN,
     out: Path = c.OUT,
     as_json: bool = c.JSON,
 ) -> None:
