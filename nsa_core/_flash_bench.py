@@ -173,8 +173,8 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
             cands = [("sdpa", sdpa)] + [(p, _branch_fns(branch, cfg, S, p)) for p in branch_paths.get(branch, [])]
             base = None
             for name, fn in cands:
-                row = {"branch": branch, "path": name, "S": S, "B": B, "HQ": HQ, "G": G, "D": D,
-                       "dtype": DTYPE_NAMES[dtype]}
+                row = {"branch": branch, "kind": "baseline" if name == "sdpa" else "flash", "path": name, "S": S,
+                       "B": B, "HQ": HQ, "G": G, "D": D, "dtype": DTYPE_NAMES[dtype]}
                 try:
                     fw = timer(lambda fn=fn, lv=leaves: fn(*lv))
                     lv = [x.detach().requires_grad_(True) for x in leaves]
@@ -223,7 +223,7 @@ def _score_rows(timer, q, kc, S, cfg, shape) -> list[dict]:
         ("q.k^T only (floor with lse)", qk_only, "what returning the kernel's lse would still leave to compute"),
     ):
         t = timer(fn)
-        out.append({"branch": "cmp", "path": name, "S": S, **shape, "fwd_ms": t[0], "fwd_p20": t[1],
+        out.append({"branch": "cmp", "kind": "scores", "path": name, "S": S, **shape, "fwd_ms": t[0], "fwd_p20": t[1],
                     "fwd_p80": t[2], "note": note})
     return out
 
@@ -234,7 +234,7 @@ def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
     out: dict = {}
     by: dict = {}
     for r in rows:
-        if r["path"] not in flash.PATHS:  # sdpa itself, the score timings
+        if r.get("kind") != "flash":  # sdpa itself, the score timings
             continue
         by.setdefault((r["branch"], r["path"]), []).append(r)
     for (branch, path), rs in by.items():

@@ -141,6 +141,11 @@ class Fa2Probe(Stage):
 
         rows, timer = _flash_bench.bench(device, good, list(S_list), cfg)
         thr = _flash_bench.thresholds(rows)
+        if not thr:  # every path ran out of memory (or none was timed): nothing to recommend
+            write_csv(d / "fa2_bench.csv", pd.DataFrame(rows))
+            files.append("fa2_bench.csv")
+            txt += ["", "bench: no flash path could be timed (see fa2_bench.csv notes); no thresholds written"]
+            return "bench: no flash path timed, no thresholds"
         for r in rows:
             rec = thr.get(r["branch"], {}).get(r["path"])
             r["recommended_min_len"] = ("never" if rec["min_len"] is None else rec["min_len"]) if rec else ""

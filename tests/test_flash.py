@@ -169,7 +169,7 @@ def test_probe_on_cpu_lists_every_family_and_never_claims_it_works():
 
 
 def _row(branch, path, S, f, fb):
-    return {"branch": branch, "path": path, "S": S, "speedup_fwd": f, "speedup_fwdbwd": fb}
+    return {"branch": branch, "kind": "flash", "path": path, "S": S, "speedup_fwd": f, "speedup_fwdbwd": fb}
 
 
 def test_threshold_is_the_smallest_length_from_which_the_path_stays_faster():
@@ -178,8 +178,8 @@ def test_threshold_is_the_smallest_length_from_which_the_path_stays_faster():
             _row("win", "varlen", 4096, 3.0, 2.0), _row("win", "varlen", 8192, 9.0, 5.0),
             _row("cmp", "varlen", 1024, 0.7, 0.9), _row("cmp", "varlen", 4096, 1.1, 1.3),
             _row("cmp", "sdpa-flash", 1024, 1.3, 1.25), _row("cmp", "sdpa-flash", 4096, 2.0, 2.0),
-            {"branch": "cmp", "path": "sdpa", "S": 1024, "speedup_fwd": 1.0, "speedup_fwdbwd": 1.0},
-            {"branch": "cmp", "path": "block_scores (recompute p_cmp)", "S": 1024}]
+            {"branch": "cmp", "kind": "baseline", "path": "sdpa", "S": 1024, "speedup_fwd": 1.0, "speedup_fwdbwd": 1.0},
+            {"branch": "cmp", "kind": "scores", "path": "block_scores (recompute p_cmp)", "S": 1024}]
     t = _flash_bench.thresholds(rows)
     assert t["win"]["varlen"] == {"min_len": 4096, "max_measured": 8192, "speedup_at_max": 5.0}
     assert t["cmp"]["varlen"]["min_len"] is None  # never (fwd 1.1 < 1.2 at the longest S)
