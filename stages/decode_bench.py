@@ -1,0 +1,598 @@
+"""Stage ``decode-bench``: NSA decode step latency, per branch and total, vs full-attention decode;
+read counters vs the formula (DESIGN §4, §5).
+
+For each cached length S and batch B: an NSA layer (``NSAAttention``) gets a context of S-1
+tokens (``--fill``: a real prefill through the module, or a direct fill of every cache with
+random data for long S — the output says which), then the step that decodes token S-1 (cached
+length S during the step) is measured with the static decoder (``nsa_core._decode_fast``):
+
+  step    the whole layer step: projections + RoPE + gate MLP, cache append (+ compression),
+          the three branches, gated combine, output projection
+  attn    the attention part: cache append + three branches + gated combine (no projections)
+  cmp     the compressed branch alone
+  sel     the selected branch alone, including its scores (the compressed softmax) and top-n
+  win     the window branch alone
+  other   projections + gate MLP + cache append + output projection (no branch)
+  full    full-attention decode over the same S cached tokens (torch SDPA, same dtype, the h
+          heads of a group as h query rows against the group's keys = GQA): the baseline
+
+Each part is its own function computing only its own part (never a "forced branch" that
+still runs all three), so shares of ``step`` add up to about 100%; the remainder is printed
+(the isolated ``sel`` recomputes the compressed logits the full step shares with ``cmp``, and
+each isolated part pays its own launches). speedup = full / attn (attention vs attention:
+the paper's Table 4 comparison); speedup_step = full / step also charges NSA its projections.
+
+On CUDA every function is captured in a CUDA graph; each replay is timed with CUDA events,
+L2 flushed before each (a 256 MB write outside the timed region), median over ``--iters``
+replays after ``--warmup``. On CPU: perf_counter medians (the quick profile is small S and
+small dims; its counters are real, its timings are CPU timings).
+
+Checks (FAIL): read counters of the measured step (from the blocks it actually selected)
+equal the formula (``nsa_core.cache.formula_reads``) for every (b, group), also for the float64
+reference's own selection; the step output matches the float64 eager reference fed the step's
+selection (DESIGN §7 tolerance of the dtype); the SDPA baseline matches float64 math; every
+output is finite. Timings are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+import traceback
+
+from nsa_runner.artifacts import now_iso, write_csv, write_text
+from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DEFAULTS = {
+    "cuda": dict(S_list=[4096, 8192, 16384, 32768, 65536], batch_list=[1, 16], iters=100, warmup=20, dtype="bf16",
+                 groups=4, heads_per_group=16, dk=192, dv=128, dim=2048, nsa="l=32,d=16,l_sel=64,n_sel=16,w=512"),
+    "cpu": dict(S_list=[256, 1024], batch_list=[1, 2], iters=15, warmup=2, dtype="fp32",
+                groups=2, heads_per_group=2, dk=32, dv=16, dim=64, nsa="l=16,d=8,l_sel=32,n_sel=8,w=128"),
+}
+PREFILL_MAX_S = 2048  # --fill auto: a real prefill up to this S, a direct random fill above
+PARTS = ("step", "attn", "cmp", "sel", "win", "other")
+COLUMNS = ["S", "B", "impl", "fill", "ms_step", "ms_attn", "ms_cmp", "ms_sel", "ms_win", "ms_other", "ms_full",
+           "speedup", "speedup_step", "share_cmp", "share_sel", "share_win", "share_other", "share_sum",
+           "ms_step_eager", "reads_cmp", "reads_sel", "reads_win", "reads_total", "reads_bound", "reads_full",
+           "read_ratio", "GB/s", "GB/s_full", "full_backend", "parity_rel_err", "parity_tol", "sel_agree",
+           "full_rel_err"]
+L2_FLUSH_BYTES = 256 << 20
+
+
+def _pos(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise ValueError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise ValueError(f"expected a non-negative integer, got {text!r}")
+    return v
+
+
+def parse_nsa(text: str) -> dict:
+    """'l=32,d=16,l_sel=64,n_sel=16,w=512' -> dict (validated by NSAConfig)."""
+    from nsa_core import NSAConfig
+
+    out = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        key, eq, val = part.partition("=")
+        key = key.strip()
+        if not eq or key not in ("l", "d", "l_sel", "n_sel", "w", "phi"):
+            raise ValueError(f"--nsa: expected key=value with keys l, d, l_sel, n_sel, w, phi; got {part!r}")
+        out[key] = val.strip() if key == "phi" else int(val)
+    NSAConfig(**out)  # raises ValueError naming the problem
+    return out
+
+
+# ---- measuring -------------------------------------------------------------------------------
+
+def _sorted_selection(blk):
+    """blk [B, G, n] (-1 = unused, any order) -> block_idx [B, 1, G, n] int32 ascending, -1 padded; count."""
+    import torch
+
+    big = torch.iinfo(torch.int64).max
+    s = torch.sort(torch.where(blk >= 0, blk, torch.full_like(blk, big)), dim=-1).values
+    s = torch.where(s == big, torch.full_like(s, -1), s)
+    return s[:, None].to(torch.int32).contiguous(), (blk >= 0).sum(-1)[:, None].to(torch.int32)
+
+
+class _Timer:
+    """Median ms per function, the functions timed round-robin (a slow moment hits all alike).
+
+    CUDA: each function captured in a CUDA graph (``graphs``), replays timed with CUDA events,
+    L2 flushed before each (outside the timed region). CPU: perf_counter.
+    """
+
+    def __init__(self, device: str, iters: int, warmup: int, graphs: bool):
+        import torch
+
+        self.cuda = device == "cuda"
+        self.iters, self.warmup, self.graphs = iters, warmup, graphs and self.cuda
+        self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if self.cuda else None
+
+    def __call__(self, fns: dict, graph: bool | None = None) -> dict[str, float]:
+        import torch
+
+        use_graph = self.graphs if graph is None else (graph and self.cuda)
+        runs = {}
+        for name, fn in fns.items():
+            if use_graph:
+                from nsa_core._decode_fast import capture_graph
+
+                runs[name] = capture_graph(fn).replay
+            else:
+                runs[name] = fn
+        for _ in range(self.warmup):
+            for run in runs.values():
+                run()
+        times: dict[str, list] = {k: [] for k in runs}
+        if not self.cuda:
+            for _ in range(self.iters):
+                for name, run in runs.items():
+                    t0 = time.perf_counter()
+                    run()
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+            return {k: statistics.median(v) for k, v in times.items()}
+        for _ in range(self.iters):
+            for name, run in runs.items():
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                self.flush.zero_()
+                a.record()
+                run()
+                b.record()
+                times[name].append((a, b))
+        torch.cuda.synchronize()
+        return {k: statistics.median(a.elapsed_time(b) for a, b in v) for k, v in times.items()}
+
+
+def _sdpa_backends(device: str):
+    """[(name, context factory)]: each SDPA backend alone on CUDA; the default dispatch on CPU."""
+    import contextlib
+
+    if device != "cuda":
+        return [("default", contextlib.nullcontext)]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"):
+        b = getattr(SDPBackend, name, None)
+        if b is not None:
+            out.append((name.lower(), lambda b=b: sdpa_kernel([b])))
+    return out
+
+
+def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]:
+    """One (S, B) point -> (CSV row, problems). See the module docstring for what is timed."""
+    import torch
+
+    from nsa_core import NSAAttention, NSAConfig, _decode
+    from nsa_core import cache as cache_mod
+    from nsa_core.testing import compare
+
+    problems: list[str] = []
+    dtype = getattr(torch, DTYPES[o["dtype"]])
+    cfg = NSAConfig(**o["nsa"])
+    G, h = o["groups"], o["heads_per_group"]
+    HQ, dk, dv, dim = G * h, o["dk"], o["dv"], o["dim"]
+    torch.manual_seed(o["seed"] + S * 131 + B)
+    gen = torch.Generator(device=device).manual_seed(o["seed"] + S + 7 * B)
+    m = NSAAttention(dim, HQ, G, dk, dv, cfg).to(device=device, dtype=dtype).eval()
+    fill = o["fill"] if o["fill"] != "auto" else ("prefill" if S <= PREFILL_MAX_S else "random")
+    with torch.no_grad():
+        if fill == "prefill":
+            xs = torch.randn(B, S - 1, dim, device=device, dtype=dtype, generator=gen)
+            _, cache = m(xs, max_len=S)
+            del xs
+        else:
+            cache = m.new_cache(B, S)
+            cache.fill_random_(S - 1, generator=gen)
+    x = torch.randn(B, 1, dim, device=device, dtype=dtype, generator=gen)
+    dec = m.decoder(cache, impl=o["impl"])
+    dec.x.copy_(x)
+    dec.pos.fill_(S - 1)
+    ref_cache = cache.to(dtype=torch.float64)  # context before the step, for the float64 reference
+    dec.run_step()  # one eager step (also compiles the kernels)
+    y = dec.y.clone()
+    blk = dec.blk.clone()
+    tag = f"S={S} B={B}"
+
+    # -- parity: the step vs the float64 eager reference fed the step's selection ---------------
+    m64 = copy.deepcopy(m).to(torch.float64)
+    with torch.no_grad():
+        p = m64.project(x.to(torch.float64), S - 1)
+        ref_cache.append_(p.k_cmp[:, 0], p.v_cmp[:, 0], p.k_sel[:, 0], p.v_sel[:, 0], p.k_win[:, 0], p.v_win[:, 0],
+                          m64.phi_k, m64.phi_v)
+        idx, cnt = _sorted_selection(blk)
+        o_fed, _, _ = _decode.attend(p.q, p.gates, ref_cache, S - 1, cfg, block_idx=idx, block_count=cnt)
+        par = compare(y, m64.out(o_fed), dtype)
+        _, ref_idx, ref_cnt = _decode.attend(p.q, p.gates, ref_cache, S - 1, cfg)
+    del ref_cache
+    ref_live = torch.where(torch.arange(ref_idx.shape[-1], device=ref_idx.device) < ref_cnt[..., None],
+                           ref_idx.long(), -1)[:, 0]
+    agree = float((torch.sort(ref_live, -1).values == torch.sort(_sorted_selection(blk)[0][:, 0].long(), -1).values)
+                  .all(-1).float().mean())
+    if not par.ok:
+        problems.append(f"{tag}: step output vs float64 reference (same selection): {par}")
+
+    # -- counters -------------------------------------------------------------------------------
+    want = cache_mod.formula_reads(S, cfg)
+    reads = {}
+    for who, (bi, bc) in (("step", (blk, None)), ("reference", (ref_idx[:, 0], ref_cnt[:, 0]))):
+        r = cache_mod.read_counts(S, bi, bc, cfg)
+        for k in ("cmp", "sel", "win"):
+            bad = r[k] != want[k]
+            if bool(bad.any()):
+                problems.append(f"{tag}: reads_{k} of the {who} selection {sorted(set(r[k].flatten().tolist()))} "
+                                f"!= formula {want[k]} in {int(bad.sum())} of {bad.numel()} (b, group)")
+        if who == "step":
+            reads = {k: int(r[k].max()) for k in r}
+
+    # -- timing ---------------------------------------------------------------------------------
+    timer = _Timer(device, o["iters"], o["warmup"], o["graphs"])
+    with torch.no_grad():
+        proj = dec.project(dec.x)
+        q, gates = proj[0], proj[7]
+        o_static = dec.branches(q, gates).clone()
+
+        def other():
+            pr = dec.project(dec.x)
+            dec.append(*pr[1:7])
+            dec.y.copy_(m.o_proj(o_static.reshape(B, 1, HQ * dv)))
+
+        outs = {}
+
+        def keep(name, f):
+            def run():
+                outs[name] = f()
+            return run
+
+        fns = {
+            "step": keep("step", dec.run_step),
+            "attn": keep("attn", lambda: dec.attn(*proj)),
+            "cmp": keep("cmp", lambda: dec.branches(q, gates, cmp=True, sel=False, win=False)),
+            "sel": keep("sel", lambda: dec.branches(q, gates, cmp=False, sel=True, win=False)),
+            "win": keep("win", lambda: dec.branches(q, gates, cmp=False, sel=False, win=True)),
+            "other": other,
+        }
+        # -- full-attention baseline over the same S tokens: every SDPA backend that runs ----------
+        qf = q.reshape(B, G, h, dk)
+        kf, vf = cache.K_sel[:, :, :S], cache.V_sel[:, :, :S]
+        ref_full = torch.softmax((qf.double() @ kf.double().transpose(-1, -2)) * dec.scale, -1) @ vf.double()
+        tried, full_err = [], {}
+        for name, ctxf in _sdpa_backends(device):
+            def full(ctxf=ctxf, name=name):
+                with ctxf():
+                    outs[f"full:{name}"] = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, scale=dec.scale)
+            try:
+                full()
+            except RuntimeError as e:  # backend not available for these shapes / dtype
+                tried.append(f"{name}: unavailable ({str(e).strip().splitlines()[0][:80]})")
+                continue
+            c = compare(outs[f"full:{name}"], ref_full, dtype)
+            full_err[name] = c
+            if not c.ok:
+                problems.append(f"{tag}: SDPA {name} vs float64 math: {c}")
+            fns[f"full:{name}"] = full
+        del ref_full
+        ms = timer(fns)
+        ms_eager = timer({"eager": dec.run_step}, graph=False)["eager"] if device == "cuda" else float("nan")
+        for k, v in outs.items():
+            if not bool(torch.isfinite(v).all()):
+                problems.append(f"{tag}: non-finite output of '{k}'")
+        if not bool(torch.isfinite(dec.y).all()):
+            problems.append(f"{tag}: non-finite step output")
+        full_ms, full_name = float("inf"), ""
+        for name, c in full_err.items():
+            t = ms[f"full:{name}"]
+            tried.append(f"{name}: {t:.4f} ms ({c})")
+            if t < full_ms:
+                full_ms, full_name = t, name
+        if not full_name:
+            problems.append(f"{tag}: no SDPA backend ran the full-attention baseline ({'; '.join(tried)})")
+        full_rel = full_err[full_name].rel_err if full_name else float("nan")
+    log(f"{tag}: SDPA backends: " + "; ".join(tried))
+
+    es = torch.empty((), dtype=dtype).element_size()
+    total = sum(reads.values())
+    nsa_bytes = B * G * total * (dk + dv) * es
+    full_bytes = B * G * S * (dk + dv) * es
+    parts = ("cmp", "sel", "win", "other")
+    row = {
+        "S": S, "B": B, "impl": o["impl"], "fill": fill,
+        **{f"ms_{k}": ms[k] for k in PARTS}, "ms_full": full_ms,
+        "speedup": full_ms / ms["attn"], "speedup_step": full_ms / ms["step"],
+        **{f"share_{k}": 100.0 * ms[k] / ms["step"] for k in parts},
+        "share_sum": 100.0 * sum(ms[k] for k in parts) / ms["step"],
+        "ms_step_eager": ms_eager,
+        "reads_cmp": reads.get("cmp", -1), "reads_sel": reads.get("sel", -1), "reads_win": reads.get("win", -1),
+        "reads_total": total, "reads_bound": cache_mod.paper_bound(S, cfg), "reads_full": S,
+        "read_ratio": S / total if total else float("nan"),
+        "GB/s": nsa_bytes / (ms["attn"] * 1e-3) / 1e9, "GB/s_full": full_bytes / (full_ms * 1e-3) / 1e9,
+        "full_backend": full_name, "parity_rel_err": par.rel_err, "parity_tol": par.tol, "sel_agree": agree,
+        "full_rel_err": full_rel,
+    }
+    return row, problems
+
+
+# ---- outputs -----------------------------------------------------------------------------------
+
+def _env_lines(device: str) -> list[str]:
+    import platform
+
+    import torch
+
+    lines = [f"torch {torch.__version__}", f"python {platform.python_version()}"]
+    try:
+        import triton
+
+        lines.append(f"triton {triton.__version__}")
+    except ImportError:
+        lines.append("triton: not installed")
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        lines.append(f"device {p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+                     f"{p.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}")
+    else:
+        import os
+
+        lines.append(f"device cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    return lines
+
+
+def _table(rows: list[dict]) -> str:
+    head = (f"{'S':>6} {'B':>3} {'impl':>6} {'fill':>7} {'step':>8} {'attn':>8} {'cmp%':>6} {'sel%':>6} {'win%':>6} "
+            f"{'other%':>6} {'sum%':>6} {'full':>8} {'speedup':>7} {'reads cmp/sel/win=total':>24} {'bound':>7} "
+            f"{'full':>6} {'full/nsa':>8}")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        reads = f"{r['reads_cmp']}/{r['reads_sel']}/{r['reads_win']}={r['reads_total']}"
+        out.append(f"{r['S']:>6} {r['B']:>3} {r['impl']:>6} {r['fill']:>7} {r['ms_step']:>8.4f} {r['ms_attn']:>8.4f} "
+                   f"{r['share_cmp']:>6.1f} {r['share_sel']:>6.1f} {r['share_win']:>6.1f} {r['share_other']:>6.1f} "
+                   f"{r['share_sum']:>6.1f} {r['ms_full']:>8.4f} {r['speedup']:>7.2f} {reads:>24} "
+                   f"{r['reads_bound']:>7.0f} {r['reads_full']:>6} {r['read_ratio']:>8.2f}")
+    return "\n".join(out)
+
+
+def _plot(rows: list[dict], path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for B in sorted({r["B"] for r in rows}):
+        rs = sorted((r for r in rows if r["B"] == B), key=lambda r: r["S"])
+        S = [r["S"] for r in rs]
+        line = a1.plot(S, [r["ms_attn"] * 1e3 for r in rs], "o-", label=f"NSA attn B={B}")[0]
+        a1.plot(S, [r["ms_step"] * 1e3 for r in rs], "o:", color=line.get_color(), label=f"NSA layer step B={B}")
+        a1.plot(S, [r["ms_full"] * 1e3 for r in rs], "s--", color=line.get_color(), alpha=0.6,
+                label=f"full attn (SDPA) B={B}")
+    a1.set(xscale="log", yscale="log", xlabel="cached length S", ylabel="µs per decode step", title="latency")
+    a1.set_xticks(sorted({r["S"] for r in rows}), [str(s) for s in sorted({r["S"] for r in rows})])
+    a1.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    a1.legend(fontsize=7)
+    rs = sorted({r["S"]: r for r in rows}.values(), key=lambda r: r["S"])
+    S = [r["S"] for r in rs]
+    a2.plot(S, [r["reads_total"] for r in rs], "o-", label="NSA reads (counted)")
+    a2.plot(S, [r["reads_bound"] for r in rs], "k:", label="paper bound (s-l)/d + n l' + w")
+    a2.plot(S, S, "s--", label="full attention (s)")
+    for k, st in (("reads_cmp", "^-"), ("reads_sel", "v-"), ("reads_win", ">-")):
+        a2.plot(S, [r[k] for r in rs], st, alpha=0.5, label=k)
+    a2.set(xscale="log", yscale="log", xlabel="cached length S", ylabel="tokens read per step per KV group",
+           title="KV reads")
+    a2.set_xticks(S, [str(s) for s in S])
+    a2.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    a2.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+class DecodeBench(Stage):
+    name = "decode-bench"
+    order = 60
+    requires = ()
+    description = "decode step latency per branch and total vs full-attention decode; read counters vs formula"
+    timeout_s = 1800.0
+    options = (
+        Option("--S-list", int_list, None, "cached lengths S (default CUDA 4k,8k,16k,32k,64k; CPU 256,1024)"),
+        Option("--batch-list", int_list, None, "batch sizes (default CUDA 1,16; CPU 1,2)"),
+        Option("--iters", _pos, None, "timed steps per measurement, median (default CUDA 100, CPU 5)"),
+        Option("--warmup", _nonneg, None, "untimed steps first (default CUDA 20, CPU 1)"),
+        Option("--dtype", str, None, "cache/compute dtype (default CUDA bf16, CPU fp32)", choices=tuple(DTYPES)),
+        Option("--groups", _pos, None, "KV groups G (default CUDA 4 = paper, CPU 2)"),
+        Option("--heads-per-group", _pos, None, "query heads per group h (default CUDA 16, CPU 2)"),
+        Option("--dk", _pos, None, "key head dim (default CUDA 192, CPU 32)"),
+        Option("--dv", _pos, None, "value head dim (default CUDA 128, CPU 16)"),
+        Option("--dim", _pos, None, "model dim (default CUDA 2048, CPU 64)"),
+        Option("--nsa", parse_nsa, None, "geometry, e.g. l=32,d=16,l_sel=64,n_sel=16,w=512 (default CUDA: paper; "
+               "CPU: l=16,d=8,l_sel=32,n_sel=8,w=128)"),
+        Option("--impl", str, "auto", "decode step implementation (auto: triton on CUDA, torch on CPU)",
+               choices=("auto", "torch", "triton")),
+        Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
+               f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),
+        Option("--graphs", str, "on", "CUDA graphs for the timed functions (CUDA only)", choices=("on", "off")),
+        Option("--seed", _nonneg, 0, "seed of weights and inputs"),
+    )
+
+    def resolve(self, ctx) -> dict:
+        """Options with device defaults filled in; ValueError naming the problem."""
+        dev = "cuda" if ctx.device == "cuda" else "cpu"
+        o = dict(DEFAULTS[dev])
+        for k, v in (ctx.options or {}).items():
+            if v is not None:
+                o[k] = v
+        if isinstance(o["nsa"], str):
+            o["nsa"] = parse_nsa(o["nsa"])
+        for k in ("groups", "heads_per_group", "dk", "dv", "dim", "iters"):
+            if not isinstance(o[k], int) or o[k] <= 0:
+                raise ValueError(f"decode-bench: --{k.replace('_', '-')} must be a positive int, got {o[k]!r}")
+        if o["dk"] % 2:
+            raise ValueError(f"decode-bench: --dk must be even (RoPE rotates pairs), got {o['dk']}")
+        if o["dtype"] not in DTYPES:
+            raise ValueError(f"decode-bench: --dtype must be one of {', '.join(DTYPES)}, got {o['dtype']!r}")
+        if not o["S_list"] or any(s < 2 for s in o["S_list"]):
+            raise ValueError(f"decode-bench: every S in --S-list must be >= 2, got {o['S_list']}")
+        if o["impl"] == "auto":
+            o["impl"] = "triton" if dev == "cuda" and _triton_ok() else "torch"
+        if o["impl"] == "triton" and dev == "cpu":
+            import os
+
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError("decode-bench: --impl triton on CPU needs TRITON_INTERPRET=1 (the executor sets it)")
+        if o["impl"] == "triton" and o["dtype"] not in DTYPES:
+            raise ValueError("decode-bench: --impl triton supports fp32/fp16/bf16")
+        o["graphs"] = o.get("graphs", "on") in ("on", True)
+        o["iters"] = max(o["iters"], 1)
+        return o
+
+    def run(self, ctx) -> StageResult:
+        o = self.resolve(ctx)
+        dev = "cuda" if ctx.device == "cuda" else "cpu"
+        log_lines: list[str] = []
+
+        def log(msg: str) -> None:
+            print(msg, flush=True)
+            log_lines.append(msg)
+
+        rows, problems, errors = [], [], []
+        started = now_iso()
+        import torch
+
+        threads = torch.get_num_threads()
+        if dev == "cpu":  # one thread: CPU timings on a shared machine are steadier
+            torch.set_num_threads(1)
+        try:
+            _points(o, dev, log, rows, problems, errors)
+        finally:
+            torch.set_num_threads(threads)
+        files = self._write(ctx, o, dev, rows, errors + problems, started, log_lines)
+        if errors:  # the stage broke on a point (exception, CUDA fault): ERROR, the other points are written
+            return StageResult(Status.ERROR, f"{len(errors)} point(s) raised: {errors[0]}", files=files)
+        metrics = {"points": len(rows), "impl": o["impl"], "dtype": o["dtype"],
+                   "max_speedup": max(r["speedup"] for r in rows),
+                   "speedup_largest_S": {str(r["B"]): round(r["speedup"], 3) for r in rows
+                                         if r["S"] == max(x["S"] for x in rows)}}
+        if problems:
+            return StageResult(Status.FAIL, f"{len(problems)} check(s) failed: {problems[0]}", files=files,
+                               metrics=metrics)
+        largest = max(rows, key=lambda r: (r["S"], r["B"]))
+        return StageResult(Status.PASS, f"{len(rows)} points; counters = formula, parity ok; S={largest['S']} "
+                           f"B={largest['B']}: {largest['speedup']:.2f}x vs full attention, reads "
+                           f"{largest['reads_total']} vs {largest['S']}", files=files, metrics=metrics)
+
+    def _write(self, ctx, o, dev, rows, problems, started, log_lines) -> list[str]:
+        import pandas as pd
+
+        from nsa_core import NSAConfig
+
+        d = ctx.dir
+        cfg = NSAConfig(**o["nsa"])
+        fills = sorted({r["fill"] for r in rows})
+        fill_note = {"prefill": "prefill of S-1 tokens through the module",
+                     "random": "direct cache fill with random data (every cache independent: the compressed cache "
+                               "is not the compression of the raw one)"}
+        head = [
+            f"# nsa-run decode-bench  run {getattr(ctx, 'run_id', '')}  started {started}",
+            *[f"# {x}" for x in _env_lines(dev)],
+            f"# layer: dim={o['dim']} G={o['groups']} h={o['heads_per_group']} "
+            f"(HQ={o['groups'] * o['heads_per_group']}) dk={o['dk']} dv={o['dv']} dtype={o['dtype']}  "
+            f"NSA {cfg.to_dict()}",
+            f"# impl={o['impl']}  graphs={'on' if o['graphs'] and dev == 'cuda' else 'off'}  iters={o['iters']} "
+            f"warmup={o['warmup']}  seed={o['seed']}",
+            *[f"# context fill '{f}': {fill_note[f]}" for f in fills],
+            "# times in ms, medians" + (" of CUDA-graph replays (CUDA events, L2 flushed before each)"
+                                        if dev == "cuda" else " of perf_counter (CPU, torch.set_num_threads(1))"),
+            "# the functions are timed round-robin (one replay of each per round)",
+            "# step = whole layer step; attn = append + 3 branches + gates; cmp/sel/win/other = each part alone",
+            "# (sel includes its scores + top-n); shares are % of step; sum% - 100 = the remainder (sel alone",
+            "# recomputes the compressed logits the full step shares with cmp; each part pays its own launches)",
+            "# speedup = full / attn (attention vs attention); reads = tokens per step per KV group",
+        ]
+        text = "\n".join(head) + "\n\n" + (_table(rows) if rows else "(no rows)") + "\n"
+        text += "\nchecks:\n" + ("\n".join(f"  FAIL {p}" for p in problems) if problems else
+                                 "  counters == formula for every (b, group); parity ok; outputs finite") + "\n"
+        text += "\nlog:\n" + "\n".join(f"  {line}" for line in log_lines) + "\n"
+        write_text(d / "decode_bench.txt", text)
+        df = pd.DataFrame(rows, columns=COLUMNS) if rows else pd.DataFrame(columns=COLUMNS)
+        write_csv(d / "decode.csv", df)
+        write_text(d / "decode_summary.txt", self._summary(rows, problems, o, dev, head))
+        files = ["decode_bench.txt", "decode.csv", "decode_summary.txt"]
+        if rows:
+            _plot(rows, d / "decode.png", f"NSA decode ({o['impl']}, {o['dtype']}, G={o['groups']} h="
+                  f"{o['heads_per_group']} dk={o['dk']} dv={o['dv']}) vs full attention, {_env_lines(dev)[-1][:60]}")
+            files.append("decode.png")
+        return files
+
+    @staticmethod
+    def _summary(rows, problems, o, dev, head) -> str:
+        out = ["# decode-bench summary", *head[1:3], ""]
+        out.append(f"verdict: {'FAIL' if problems else 'PASS'} ({len(problems)} failed checks)")
+        for p in problems:
+            out.append(f"  - {p}")
+        out.append("")
+        out.append("per point: speedup (full/attn), speedup_step (full/step), NSA KV read ratio, SDPA backend")
+        for r in rows:
+            out.append(f"  S={r['S']:>6} B={r['B']:>3}: attn {r['ms_attn'] * 1e3:9.1f} us  step "
+                       f"{r['ms_step'] * 1e3:9.1f} us  full {r['ms_full'] * 1e3:9.1f} us  -> {r['speedup']:6.2f}x "
+                       f"({r['speedup_step']:5.2f}x with projections)  reads {r['read_ratio']:5.1f}x fewer  "
+                       f"[{r['full_backend']}]  {r['GB/s']:7.1f} GB/s NSA vs {r['GB/s_full']:7.1f} GB/s full")
+        out.append("")
+        out.append("shares of the step (%): cmp / sel / win / other = sum")
+        for r in rows:
+            out.append(f"  S={r['S']:>6} B={r['B']:>3}: {r['share_cmp']:5.1f} / {r['share_sel']:5.1f} / "
+                       f"{r['share_win']:5.1f} / {r['share_other']:5.1f} = {r['share_sum']:5.1f}"
+                       + (f"   (eager, no graph: {r['ms_step_eager'] * 1e3:.1f} us)" if dev == "cuda" else ""))
+        out.append("")
+        out.append("timings are measurements, not checks; on CPU they are CPU timings of small shapes.")
+        return "\n".join(out) + "\n"
+
+
+def _points(o, dev, log, rows, problems, errors) -> None:
+    """Measure every (S, B); an exception in one point is logged and counted, the others still run."""
+    for S in o["S_list"]:
+        for B in o["batch_list"]:
+            try:
+                row, probs = measure(S, B, o, dev, log)
+            except Exception as e:  # noqa: BLE001 - one point failing must not hide the others
+                msg = f"S={S} B={B}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                log(traceback.format_exc())
+                errors.append(msg)
+                continue
+            finally:
+                _free(dev)
+            rows.append(row)
+            problems += probs
+            log(f"S={S:>6} B={B:>3} step {row['ms_step']:.4f} ms attn {row['ms_attn']:.4f} ms full "
+                f"{row['ms_full']:.4f} ms speedup {row['speedup']:.2f}x reads {row['reads_total']} "
+                f"(bound {row['reads_bound']:.0f}, full {S}) parity {row['parity_rel_err']:.2e}")
+
+
+def _free(dev: str) -> None:
+    import gc
+
+    gc.collect()
+    if dev == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def _triton_ok() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,127 @@
+"""Stage decode-bench on CPU, in-process: files, CSV columns, counters = formula, FAIL paths."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from nsa_runner.stage import Status
+from stages import decode_bench
+from stages.decode_bench import COLUMNS, DecodeBench
+
+FILES = {"decode_bench.txt", "decode.csv", "decode_summary.txt", "decode.png"}
+
+
+def _ctx(tmp_path, **opts):
+    options = {o.dest: o.default for o in DecodeBench.options}
+    options.update(opts)
+    return SimpleNamespace(dir=tmp_path, device="cpu", profile="quick", options=options, run_id="t")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode")
+    res = DecodeBench().run(_ctx(d))
+    return d, res
+
+
+def test_quick_profile_passes_and_writes_everything(quick_run):
+    d, res = quick_run
+    assert res.status == Status.PASS, res.reason
+    assert set(res.files) == FILES
+    for f in FILES:
+        assert (d / f).stat().st_size > 0, f
+    df = pd.read_csv(d / "decode.csv")
+    assert list(df.columns) == COLUMNS
+    assert len(df) == 4 and sorted(set(df.S)) == [256, 1024] and sorted(set(df.B)) == [1, 2]
+    from nsa_core import NSAConfig
+    from nsa_core.cache import formula_reads, paper_bound
+
+    cfg = NSAConfig(**decode_bench.parse_nsa(decode_bench.DEFAULTS["cpu"]["nsa"]))
+    for _, r in df.iterrows():
+        want = formula_reads(int(r.S), cfg)
+        assert (r.reads_cmp, r.reads_sel, r.reads_win) == (want["cmp"], want["sel"], want["win"])
+        assert r.reads_total == sum(want.values()) and r.reads_full == r.S
+        assert r.reads_bound == pytest.approx(paper_bound(int(r.S), cfg))
+        for c in ("ms_step", "ms_attn", "ms_cmp", "ms_sel", "ms_win", "ms_other", "ms_full"):
+            assert r[c] > 0 and r[c] < 1e4, (c, r[c])
+        assert r.speedup == pytest.approx(r.ms_full / r.ms_attn)
+        assert r.share_sum == pytest.approx(r.share_cmp + r.share_sel + r.share_win + r.share_other)
+        assert r.parity_rel_err <= r.parity_tol and r.fill == "prefill" and r.impl == "torch"
+    # S=1024 with n_sel=8 blocks of 32: top-n really picks 8 of 32 blocks
+    assert int(df[df.S == 1024].reads_sel.iloc[0]) == 8 * 32
+    text = (d / "decode_bench.txt").read_text()
+    assert "prefill of S-1 tokens" in text and "counters == formula" in text
+    assert "PASS" in (d / "decode_summary.txt").read_text()
+
+
+def test_corrupted_counters_fail(tmp_path, monkeypatch):
+    """An off-by-one in the counters the stage reads must turn it FAIL, naming the counter."""
+    from nsa_core import cache as cache_mod
+
+    real = cache_mod.read_counts
+
+    def off_by_one(*a, **k):
+        r = real(*a, **k)
+        r["sel"] = r["sel"] + 1
+        return r
+
+    monkeypatch.setattr(cache_mod, "read_counts", off_by_one)
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[1], iters=1, warmup=0))
+    assert res.status == Status.FAIL
+    assert "reads_sel" in res.reason and "formula" in res.reason
+    assert (tmp_path / "decode.csv").exists() and "FAIL" in (tmp_path / "decode_bench.txt").read_text()
+
+
+def test_non_finite_output_fails(tmp_path, monkeypatch):
+    """A step that produces NaN must FAIL (parity and the finiteness check both catch it)."""
+    from nsa_core import _decode_fast
+
+    real = _decode_fast.StaticDecoder.combine
+
+    def poisoned(self, *a, **k):
+        o = real(self, *a, **k)
+        return o * float("nan")
+
+    monkeypatch.setattr(_decode_fast.StaticDecoder, "combine", poisoned)
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[1], iters=1, warmup=0))
+    assert res.status == Status.FAIL
+    assert "non-finite" in (tmp_path / "decode_bench.txt").read_text()
+
+
+def test_random_fill_is_reported(tmp_path):
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[400], batch_list=[2], iters=1, warmup=0, fill="random"))
+    assert res.status == Status.PASS, res.reason
+    df = pd.read_csv(tmp_path / "decode.csv")
+    assert df.fill.tolist() == ["random"]
+    assert "direct cache fill with random data" in (tmp_path / "decode_bench.txt").read_text()
+
+
+@pytest.mark.parametrize("opts, match", [
+    (dict(dk=31), "even"),
+    (dict(S_list=[1]), ">= 2"),
+    (dict(dtype="fp8"), "dtype"),
+])
+def test_bad_options_raise_value_error(tmp_path, opts, match):
+    with pytest.raises(ValueError, match=match):
+        DecodeBench().run(_ctx(tmp_path, **opts))
+    assert not (tmp_path / "decode.csv").exists()
+
+
+def test_option_parsers():
+    from nsa_runner.stage import int_list
+
+    opt = {o.flag: o for o in DecodeBench.options}
+    assert opt["--S-list"].convert("4k,64K") == [4096, 65536] and opt["--S-list"].parse is int_list
+    assert decode_bench.parse_nsa("l=16,d=8,l_sel=32,n_sel=8,w=128")["l_sel"] == 32
+    with pytest.raises(ValueError, match="d must divide"):
+        decode_bench.parse_nsa("l=16,d=5,l_sel=32,n_sel=8,w=128")
+    with pytest.raises(ValueError, match="key=value"):
+        decode_bench.parse_nsa("block=3")
+    with pytest.raises(ValueError):
+        opt["--iters"].convert("0")
+    with pytest.raises(ValueError, match="not one of"):
+        opt["--impl"].convert("cuda")
+    assert DecodeBench.name == "decode-bench" and DecodeBench.order == 60
