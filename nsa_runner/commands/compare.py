@@ -46,7 +46,7 @@ SAVE_BASELINE = typer.Option(None, "--save-baseline",
 ONLY_CHANGED = typer.Option(False, "--only-changed", help="Show only rows with a mark or a change.")
 MARKDOWN = typer.Option(False, "--markdown", help="GitHub markdown on stdout.")
 RUN_A = typer.Argument(..., metavar="A", help="Run A (before): a run id under --out, or a run folder.")
-RUN_B = typer.Argument(None, metavar="[B]", help="Run B (after). May be omitted with --baseline / --save-baseline.")
+RUN_B = typer.Argument(None, metavar="B", help="Run B (after). May be omitted with --baseline / --save-baseline.")
 
 MARK_STYLE = {"+": "bold red", "!": "bold red", "-": "green", "*": "bold green", "x": "yellow", "~": "dim"}
 HINT = "give a run id under --out (see its folder names) or the path of a run folder"
