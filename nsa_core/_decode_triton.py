@@ -104,7 +104,7 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
     m_i = tl.full([HP], NEG, dtype=tl.float32)
     l_i = tl.zeros([HP], dtype=tl.float32)
     acc = tl.zeros([HP, BV], dtype=tl.float32)
-    lo = c * CH
+    lo = c.to(tl.int64) * CH
     hi = tl.minimum(lo + CH, nvis)
     k_base = K_CMP + bg64 * CCAP * DK
     v_base = V_CMP + bg64 * CCAP * DV
@@ -218,12 +218,12 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
     q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
     if tile < NS_SEL:  # a selected block: raw tokens j*l_sel .. of it that are <= t
         j = tl.load(BLK + bg64 * NSEL + tile)
-        kpos = j * LSEL + os_
+        kpos = (j * LSEL + os_).to(tl.int64)
         m_s = (os_ < LSEL) & (kpos >= 0) & (kpos <= pos)  # j = -1 (unused slot) gives kpos < 0
         k_base = K_SEL + bg64 * CAP * DK
         v_base = V_SEL + bg64 * CAP * DV
     else:  # a tile of the window ring: slots <= t (all of them once t >= w - 1)
-        kpos = (tile - NS_SEL) * BS + os_
+        kpos = ((tile - NS_SEL) * BS + os_).to(tl.int64)
         m_s = (kpos < W) & (kpos <= pos)
         k_base = K_WIN + bg64 * W * DK
         v_base = V_WIN + bg64 * W * DV

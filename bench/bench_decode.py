@@ -1,0 +1,145 @@
+"""Decode benchmark driver: the decode-bench stage in-process, and a kernel profile of the step.
+
+    PYTHONPATH=. python bench/bench_decode.py stage --out DIR [--impl triton] [--S-list 4k,64k] ...
+    PYTHONPATH=. python bench/bench_decode.py profile --S 65536 --B 16 [--impl triton]
+
+``stage`` runs ``stages.decode_bench.DecodeBench`` exactly as ``nsa-run stage decode-bench``
+would (same options, device defaults), writing into DIR. ``profile`` fills a cache directly
+(random data), runs the eager static step under torch.profiler and prints the device time per
+kernel (the profile of one step: which launches cost what).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def cmd_stage(args, extra: list[str]) -> int:
+    from nsa_runner.context import RunContext
+    from stages.decode_bench import DecodeBench
+
+    st = DecodeBench()
+    opts = {o.dest: o.default for o in st.options}
+    flags = {o.flag: o for o in st.options}
+    it = iter(extra)
+    for tok in it:
+        if tok not in flags:
+            raise SystemExit(f"unknown option {tok}; known: {', '.join(flags)}")
+        opts[flags[tok].dest] = flags[tok].convert(next(it))
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = st.run(RunContext(out, dev, "full" if dev == "cuda" else "quick", opts, run_id=args.run_id,
+                            stage="decode-bench"))
+    print(f"decode-bench: {res.status.value}: {res.reason}")
+    print((out / "decode_bench.txt").read_text())
+    return 0 if not res.status.failed else 1
+
+
+def cmd_profile(args) -> int:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nsa_core import NSAAttention, NSAConfig
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    m = NSAAttention(args.dim, args.G * args.h, args.G, args.dk, args.dv, NSAConfig()).cuda().to(dt).eval()
+    cache = m.new_cache(args.B, args.S)
+    cache.fill_random_(args.S - 1, generator=torch.Generator("cuda").manual_seed(0))
+    dec = m.decoder(cache, impl=args.impl)
+    dec.x.normal_()
+    dec.pos.fill_(args.S - 1)
+    for _ in range(3):
+        dec.run_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            dec.run_step()
+        torch.cuda.synchronize()
+    print(f"# profile: S={args.S} B={args.B} impl={args.impl} dtype={args.dtype} G={args.G} h={args.h} dk={args.dk} "
+          f"dv={args.dv} dim={args.dim}, {args.steps} eager steps (no graph), device time per kernel")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """Median graph-replay time of the attention part (append + branches) per split-K chunk size."""
+    import statistics
+
+    import torch
+
+    from nsa_core import NSAAttention, NSAConfig
+    from nsa_core._decode_fast import capture_graph
+
+    print(f"# sweep: attn part (append + 3 branches + gates), impl=triton, CUDA graph replays, median of {args.iters}, "
+          f"L2 not flushed")
+    print(f"{'S':>6} {'B':>3} {'chunk':>6} {'NCH':>4} {'BT':>3} {'us':>8}")
+    for S in args.S:
+        for B in args.B:
+            torch.manual_seed(0)
+            m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
+            cache = m.new_cache(B, S)
+            cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
+            for chunk in [None, *args.chunks]:
+                dec = m.decoder(cache, impl="triton", chunk=chunk)
+                dec.x.normal_()
+                dec.pos.fill_(S - 1)
+                proj = dec.project(dec.x)
+                g = capture_graph(lambda dec=dec, proj=proj: dec.attn(*proj))
+                for _ in range(10):
+                    g.replay()
+                ts = []
+                for _ in range(args.iters):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    g.replay()
+                    b.record()
+                    ts.append((a, b))
+                torch.cuda.synchronize()
+                us = statistics.median(a.elapsed_time(b) for a, b in ts) * 1e3
+                w = dec._tri
+                print(f"{S:>6} {B:>3} {('auto:' + str(w.CH)) if chunk is None else chunk:>6} {w.NCH:>4} {w.BT:>3} "
+                      f"{us:8.1f}", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stage", help="run the decode-bench stage in-process (other options go to the stage)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--run-id", default="bench")
+    p = sub.add_parser("profile", help="torch.profiler kernel table of the eager static step (CUDA)")
+    p.add_argument("--S", type=int, default=65536)
+    p.add_argument("--B", type=int, default=16)
+    p.add_argument("--impl", default="triton", choices=("torch", "triton"))
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--G", type=int, default=4)
+    p.add_argument("--h", type=int, default=16)
+    p.add_argument("--dk", type=int, default=192)
+    p.add_argument("--dv", type=int, default=128)
+    p.add_argument("--dim", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=5)
+    w = sub.add_parser("sweep", help="attn-part time per split-K chunk size (CUDA, triton impl)")
+    w.add_argument("--S", type=int, nargs="+", default=[16384, 65536])
+    w.add_argument("--B", type=int, nargs="+", default=[1, 16])
+    w.add_argument("--chunks", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
+    w.add_argument("--iters", type=int, default=100)
+    args, extra = ap.parse_known_args(argv)
+    if args.cmd == "sweep":
+        return cmd_sweep(args)
+    if args.cmd == "stage":
+        return cmd_stage(args, extra)
+    if extra:
+        ap.error(f"unknown arguments {extra}")
+    return cmd_profile(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
