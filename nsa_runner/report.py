@@ -243,7 +243,7 @@ def _absent(what: str) -> str:
     return f'<p class="absent">{_e(what)}: not in this run.</p>'
 
 
-def _counts(stages: list[dict]) -> dict[str, int]:
+def counts(stages: list[dict]) -> dict[str, int]:
     c = {"passed": 0, "failed": 0, "skipped": 0}
     for s in stages:
         c[{"PASS": "passed", "SKIP": "skipped"}.get(s["status"], "failed")] += 1
@@ -397,7 +397,7 @@ def _env_html(run: Run) -> str:
 def render(run: Run) -> str:
     """The report.html text for a run folder. Raises ArtifactError on a broken artifact."""
     m = run.manifest
-    c = _counts(m["stages"])
+    c = counts(m["stages"])
     body = [
         f"<h1>nsa-run report — {_e(run.run_id)}</h1>",
         f'<div class="note">{_e(run.machine()["label"])} · profile {_e(m.get("profile"))} · '
@@ -439,4 +439,4 @@ def write(folder: Path) -> dict:
     if summary_text is not None:
         write_text(summary_path, summary_text)
     return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
-            "run_id": run.run_id, "counts": _counts(run.stages)}
+            "run_id": run.run_id, "counts": counts(run.stages)}

@@ -71,8 +71,9 @@ def _open(arg: str, out: Path, which: str) -> Run:
         fail(f"run {which}: {e}", HINT)
 
 
-def _render(cmp: Comparison, only_changed: bool) -> None:
-    con = out_console()
+def render(cmp: Comparison, only_changed: bool, con=None) -> None:
+    """The comparison for people: a rich table per section, the marks, the verdict last."""
+    con = con or out_console()
     con.print(f"[bold]{escape(title(cmp))}[/]")
     for n in cmp.notes:
         con.print(f"[yellow]note:[/] {escape(n)}")
@@ -149,7 +150,7 @@ def compare(
     elif markdown:
         print(to_markdown(cmp, only_changed))
     else:
-        _render(cmp, only_changed)
+        render(cmp, only_changed)
     raise typer.Exit(cmp.exit_code)
 
 

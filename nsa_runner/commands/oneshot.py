@@ -9,6 +9,7 @@ import typer
 
 from nsa_runner._ui import fail
 from nsa_runner.commands import _common as c
+from nsa_runner.commands import report as report_cmd
 from nsa_runner.manifest import RunManifest
 from nsa_runner.registry import discover
 
@@ -35,9 +36,11 @@ def oneshot(
     strict: bool = c.STRICT,
     timeout: float = c.TIMEOUT,
     as_json: bool = c.JSON,
+    baseline: Path = report_cmd.BASELINE,
 ) -> None:
     """Run every registered stage in order (built-ins and plugins) on this machine."""
     machine, profile = c.resolve_machine(device, profile, timeout)
+    base = report_cmd.load_baseline(baseline)
     entries = discover()
     known = [e.name for e in entries]
     selected = set(_names(only, "--only", known) or known) - set(_names(skip, "--skip", known))
@@ -53,7 +56,10 @@ def oneshot(
     manifest = RunManifest.create(folder, rid, sys.argv, device=machine.device, profile=profile,
                                   strict=strict, selection={"only": only, "skip": skip},
                                   command="oneshot")
-    c.run_and_report(plan, manifest, machine, profile, timeout, strict, as_json)
+    try:
+        c.run_and_report(plan, manifest, machine, profile, timeout, strict, as_json)
+    except typer.Exit as done:  # report.html (+ the baseline check) at the end; the run's code is kept
+        raise typer.Exit(report_cmd.finish_oneshot(folder, done.exit_code, base, as_json)) from None
 
 
 def register(app: typer.Typer) -> None:

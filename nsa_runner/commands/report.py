@@ -14,9 +14,10 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from nsa_runner import baseline as bl
 from nsa_runner import report as report_mod
-from nsa_runner._readers import ArtifactError, resolve_run
-from nsa_runner._ui import fail, out_console
+from nsa_runner._readers import ArtifactError, Run, resolve_run
+from nsa_runner._ui import err_console, fail, out_console
 from nsa_runner.commands import _common as c
 
 RUN = typer.Argument(..., metavar="RUN", help="A run id under --out, or the path of a run folder.")
@@ -45,6 +46,60 @@ def report(
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
     raise typer.Exit(0)
+
+
+# ---- the end of ``oneshot`` (called from nsa_runner/commands/oneshot.py) ------------------------
+
+BASELINE = typer.Option(None, "--baseline",
+                        help="Check decode / kernel figures against this baseline file at the end (docs/baselines.md).")
+
+
+def load_baseline(path: Path | None) -> dict | None:
+    """Validate ``--baseline`` before anything runs (exit 2 on a bad file)."""
+    if path is None:
+        return None
+    try:
+        return bl.load(path)
+    except ArtifactError as e:
+        fail(f"--baseline: {e}", "see docs/baselines.md")
+
+
+def finish_oneshot(folder: Path, code: int, baseline: dict | None, as_json: bool) -> int:
+    """Write report.html (and summary.md if absent) and check the baseline; returns the exit code.
+
+    The run's own code is kept (a failure is never hidden); a baseline regression turns 0 into 1.
+    Everything goes to stderr, then the counts line is repeated there so that it stays the last
+    line on a terminal (stdout, with its one counts line or the JSON, is unchanged).
+    """
+    from nsa_runner.commands.compare import render
+    from nsa_runner.compare import Comparison, run_info
+
+    err = err_console()
+    try:
+        info = report_mod.write(folder)
+        err.print(f"report: {escape(info['report'])}")
+    except (ArtifactError, OSError) as e:
+        err.print(f"[yellow]report not written:[/] {escape(str(e))}")
+    if baseline is not None:
+        try:
+            run = Run.open(folder)
+            rows, notes = bl.check(run, baseline)
+        except ArtifactError as e:
+            err.print(f"[bold red]baseline check impossible:[/] {escape(str(e))}")
+            return code or 1
+        cmp = Comparison(None, run_info(run), rows=rows, notes=notes)
+        render(cmp, False, err)
+        if cmp.regressions and code == 0:
+            code = 1
+            if as_json:
+                err.print("[bold red]exit code 1[/]: baseline regression (the JSON above was written before the "
+                          "baseline check)")
+    try:  # the counts line stays the last line on the terminal (stdout keeps its single copy)
+        k = report_mod.counts(Run.open(folder).stages)
+        err.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
+    except ArtifactError:
+        pass
+    return code
 
 
 def register(app: typer.Typer) -> None:
