@@ -153,3 +153,57 @@ def test_plot_helpers_return_png():
         assert base64.b64decode(b64).startswith(PNG)
     assert rp.plot_decode(pd.DataFrame({"x": [1]})) is None
     assert rp.plot_parity([("empty", [])]) is None
+
+
+# ---- oneshot writes the report and checks --baseline at the end ------------------------------------
+
+FAKE_DECODE = """
+import os
+from nsa_runner import Stage, StageResult, Status
+from nsa_runner.artifacts import write_csv
+
+class FakeDecode(Stage):
+    name, order = "fake-decode", 60
+    def run(self, ctx):
+        f = float(os.environ.get("NSA_TEST_SLOWDOWN", "1"))
+        write_csv(ctx.dir / "decode.csv", [{"S": 1024, "B": 1, "ms_step": 0.2 * f, "reads_sel": 1024},
+                                           {"S": 4096, "B": 1, "ms_step": 0.3 * f, "reads_sel": 1024}])
+        return StageResult(Status.PASS, "decoded", files=["decode.csv"])
+"""
+
+
+@pytest.fixture
+def fake_decode(plugins):
+    plugins.make("fake-decode", "fake_decode_mod", FAKE_DECODE, {"fake-decode": "fake_decode_mod:FakeDecode"})
+    return plugins
+
+
+def test_oneshot_writes_report_and_guards_baseline(fake_decode, cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs"
+    r = cli("oneshot", "--only", "fake-decode", "--out", out, "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    assert (out / "testrun" / "report.html").is_file() and (out / "testrun" / "summary.md").is_file()
+    assert "report:" in r.stderr and r.stderr.strip().splitlines()[-1] == "1 passed, 0 failed, 0 skipped"
+    assert r.stdout.strip().splitlines()[-1] == "1 passed, 0 failed, 0 skipped"
+    base = tmp_path / "cpu.json"
+    assert cli("compare", "testrun", "--out", out, "--save-baseline", base).exit_code == 0
+    # same figures: passes; 40% slower: the baseline check fails the run (exit 1)
+    r = cli("oneshot", "--only", "fake-decode", "--out", out, "--device", "cpu", "--baseline", base)
+    assert r.exit_code == 0, r.output
+    monkeypatch.setenv("NSA_TEST_SLOWDOWN", "1.4")
+    r = cli("oneshot", "--only", "fake-decode", "--out", out, "--device", "cpu", "--baseline", base, "--json")
+    assert r.exit_code == 1, r.output
+    assert json.loads(r.stdout)["exit_code"] == 0  # the run itself passed; the baseline check came after
+    err = " ".join(r.stderr.split())
+    assert "baseline regression" in err and "slower beyond 10%" in err and "2 regression(s)" in err
+    assert (out / "testrun.3" / "report.html").is_file()
+
+
+def test_oneshot_bad_baseline_exit_2_before_running(fake_decode, cli, tmp_path):
+    out = tmp_path / "runs"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": 1, "kind": "nsa-run-baseline", "machines": {}}')
+    r = cli("oneshot", "--only", "fake-decode", "--out", out, "--device", "cpu", "--baseline", bad)
+    assert r.exit_code == 2 and "--baseline" in r.stderr
+    assert not out.exists() or not list(out.iterdir())
