@@ -196,7 +196,9 @@ def test_oneshot_writes_report_and_guards_baseline(fake_decode, cli, tmp_path, m
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)["exit_code"] == 0  # the run itself passed; the baseline check came after
     err = " ".join(r.stderr.split())
-    assert "baseline regression" in err and "slower beyond 10%" in err and "2 regression(s)" in err
+    assert "baseline regression" in err and "2 regression(s): 2 worse (+)" in err
+    for S in (1024, 4096):
+        assert f"│ + │ decode.csv │ S={S} B=1 │ ms_step" in r.stderr
     assert (out / "testrun.3" / "report.html").is_file()
 
 
