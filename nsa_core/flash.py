@@ -109,8 +109,16 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     p = _pick(path, "win", q, k, v)
     if q.shape[1] == 0:
-        return q.new_zeros(*q.shape[:3], v.shape[-1])
+        return _zeros(q, k, v, v.shape[-1])
     return _k.window(q, k, v, w, scale, p)
+
+
+def _zeros(q, k, v, dv) -> torch.Tensor:
+    """o = 0 [B, Tq, HQ, dv], still connected to autograd (gradients 0), as the reference."""
+    z = q.new_zeros(*q.shape[:3], dv)
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        z = z + 0 * (q.sum() + k.sum() + v.sum())
+    return z
 
 
 def fold_queries(q: torch.Tensor, S: int, cfg: NSAConfig, m0: int, n_rows: int) -> tuple[torch.Tensor, int]:
@@ -159,7 +167,7 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
     n_all = cfg.num_cmp(S)  # chunks that hold queries up to position S-1
     nc = min(kc.shape[1], n_all)  # tokens beyond num_cmp(S) are visible to no query
     if nc == 0 or Tq == 0:
-        return q.new_zeros(B, Tq, HQ, dv)
+        return _zeros(q, kc, vc, dv)
     d = cfg.d
     # first chunk with a query in it: position S-Tq lies in chunk (S-Tq - (l-1)) // d (or before chunk 0)
     m0 = max(0, (S - Tq - (cfg.l - 1)) // d)

@@ -70,6 +70,13 @@ def test_compressed_packing_matches_reference(c):
     _assert_all_ok([out, *og], [ref, *rg])
     if S >= l:  # a non-trivial case: the outputs are not all zero
         assert out.abs().max() > 0.01
+    else:  # nothing visible: exactly 0, still on autograd (as the reference), gradients 0
+        assert torch.equal(out, torch.zeros_like(out))
+        qq = q.detach().requires_grad_(True)
+        o = flash.compressed_attention(qq, kc, vc, S, cfg, path="sdpa-math")
+        assert o.requires_grad
+        o.sum().backward()
+        assert torch.equal(qq.grad, torch.zeros_like(qq))
 
 
 @pytest.mark.parametrize("tile", [None, 8, 3])
