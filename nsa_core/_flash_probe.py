@@ -28,7 +28,7 @@ INSTALL = {
                          "takes 30-60 min)",
     "flash_attn_interface (FA-3)": "git clone Dao-AILab/flash-attention && cd hopper && python setup.py install "
                                    "(Hopper sm_90 only)",
-    "flash_attn.cute (FA-4)": "pip install flash-attn-cute (CuTe DSL; Hopper/Blackwell)",
+    "flash_attn.cute (FA-4)": "pip install --pre flash-attn-4 (CuTe DSL, pre-release; Hopper/Blackwell)",
     "torch varlen_attn": "torch >= 2.10 with CUDA",
 }
 
@@ -139,7 +139,7 @@ def probe(device: str = "cuda") -> list[dict]:
                     reasons.append(f"{label}: {why}")
                 row["reason"] = f"on {gpu}: " + "; ".join(reasons)
         rows.append(row)
-    row, mod = _import_row("flash_attn.cute (FA-4)", "flash_attn.cute", "flash-attn-cute", ("flash_attn_func",))
+    row, mod = _import_row("flash_attn.cute (FA-4)", "flash_attn.cute", "flash-attn-4", ("flash_attn_func",))
     if mod is not None:
         row["reason"] = ("present; nsa_core has no FA-4 path (its API is not validated here)"
                          + ("" if cuda else f"; device {device} is not CUDA"))
