@@ -222,3 +222,15 @@ def test_list_shows_plugins_requirements_and_why_not(fake, cli):
 def test_no_args_shows_help(cli):
     r = cli()
     assert "oneshot" in r.stdout and "stage" in r.stdout and "list" in r.stdout
+
+
+def test_list_name_shows_one_stage_and_its_options(fake, cli):
+    r = cli("list", "echo", "--device", "cpu", "--json")
+    assert r.exit_code == 0
+    st = json.loads(r.stdout)["stage"]
+    assert st["name"] == "echo" and st["options"][1] == {"flag": "--mode", "default": "a", "help": "",
+                                                         "choices": ["a", "b"]}
+    r = cli("list", "echo", "--device", "cpu")
+    assert r.exit_code == 0 and "--S-list" in r.stdout and "a, b" in r.stdout
+    r = cli("list", "nosuch")
+    assert r.exit_code == 2 and "unknown stage 'nosuch'" in r.stderr

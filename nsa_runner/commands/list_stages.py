@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from nsa_runner._ui import out_console
+from nsa_runner._ui import fail, out_console
 from nsa_runner.commands import _common as c
 from nsa_runner.registry import Machine, StageEntry, discover, skip_reason, unmet
 
@@ -39,14 +39,44 @@ def _row(e: StageEntry, machine: Machine) -> dict:
     }
 
 
+def _render_one(r: dict) -> None:
+    con = out_console()
+    con.print(f"[bold]{escape(r['name'])}[/] (order {r['order']}, {escape(r['source'])}, {escape(r['entry_point'])})")
+    if r["description"]:
+        con.print(escape(r["description"]))
+    con.print(f"requires: {', '.join(r['requires']) or '-'}   runs here: "
+              + ("yes" if r["runs_here"] else f"no: {escape(r['why_not'])}"))
+    if not r["options"]:
+        con.print("options: none")
+        return
+    t = Table(title=f"options of `nsa-run stage {r['name']}`")
+    for col in ("flag", "default", "choices", "help"):
+        t.add_column(col, overflow="fold", no_wrap=col == "flag")
+    for o in r["options"]:
+        default = "(chosen by the stage)" if o["default"] is None else str(o["default"])
+        t.add_row(o["flag"], escape(default), ", ".join(o["choices"]) or "-", escape(o["help"] or ""))
+    con.print(t)
+
+
 def list_stages(
+    name: str = typer.Argument(None, help="Show one stage in detail: description and its options."),
     device: str = c.DEVICE,
     as_json: bool = c.JSON,
 ) -> None:
-    """List the registered stages and whether each can run on this machine."""
+    """List the registered stages and whether each can run on this machine (NAME: one stage's options)."""
     machine, _ = c.resolve_machine(device, None, None)
     rows = [_row(e, machine) for e in discover()]
     broken = [r["name"] for r in rows if r["why_not"].startswith("broken:")]
+    if name is not None:
+        match = [r for r in rows if r["name"] == name]
+        if not match:
+            fail(f"unknown stage {name!r}", f"known stages: {', '.join(r['name'] for r in rows) or 'none'}")
+        if as_json:
+            print(json.dumps({"schema_version": 1, "device": machine.device, "stage": match[0]}, indent=2,
+                             default=str))
+        else:
+            _render_one(match[0])
+        raise typer.Exit(1 if name in broken else 0)
     if as_json:
         print(json.dumps({"schema_version": 1, "device": machine.device, "stages": rows}, indent=2,
                          default=str))

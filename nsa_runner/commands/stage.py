@@ -30,7 +30,7 @@ def stage(
     as_json: bool = c.JSON,
 ) -> None:
     """Run one stage. Stage options follow the name, e.g. `nsa-run stage decode-bench --S-list 1k,2k`;
-    `nsa-run list` shows each stage's options."""
+    `nsa-run list NAME` shows a stage's options."""
     machine, profile = c.resolve_machine(device, profile, timeout)
     entries = {e.name: e for e in discover()}
     if name not in entries:
