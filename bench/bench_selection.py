@@ -71,7 +71,34 @@ def block_indices(T: int, seed: int, device="cuda", n: int = N_SEL, l_sel: int =
     return torch.cat(idx, 1).contiguous(), torch.cat(cnt, 1).contiguous()
 
 
-def inputs(T: int, seed: int = 0, dk: int = D, dv: int = D, dtype=DTYPE):
+def block_indices_fla_style(T: int, seed: int, device="cuda", n: int = N_SEL, l_sel: int = L_SEL):
+    """fla's own benchmark indices: per (b, t, g) a random subset of blocks [0, max(1, t // l')) —
+    no forced blocks (the current block is never chosen, block 0 only by chance)."""
+    NB = (T + l_sel - 1) // l_sel
+    gen = torch.Generator(device=device).manual_seed(seed)
+    idx, cnt = [], []
+    C = max(1, (1 << 25) // (B * G * NB))
+    for c0 in range(0, T, C):
+        c1 = min(T, c0 + C)
+        ncand = torch.clamp(torch.arange(c0, c1, device=device) // l_sel, min=1)  # [C]
+        scores = torch.rand(B, c1 - c0, G, NB, generator=gen, device=device)
+        j = torch.arange(NB, device=device)
+        scores = torch.where(j[None, None, None, :] < ncand[None, :, None, None], scores, -1.0)
+        k = min(n, NB)
+        top = torch.topk(scores, k, dim=-1).indices
+        c = torch.clamp(ncand, max=n).to(torch.int32)[None, :, None].expand(B, c1 - c0, G)
+        live = torch.arange(k, device=device) < c[..., None]
+        big = torch.iinfo(torch.int64).max
+        top = torch.sort(torch.where(live, top, big), dim=-1).values
+        top = torch.where(top == big, -1, top)
+        if k < n:
+            top = torch.cat([top, torch.full((B, c1 - c0, G, n - k), -1, device=device, dtype=top.dtype)], -1)
+        idx.append(top.to(torch.int32))
+        cnt.append(c.contiguous())
+    return torch.cat(idx, 1).contiguous(), torch.cat(cnt, 1).contiguous()
+
+
+def inputs(T: int, seed: int = 0, dk: int = D, dv: int = D, dtype=DTYPE, style: str = "forced"):
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def rnd(*s):
@@ -79,7 +106,10 @@ def inputs(T: int, seed: int = 0, dk: int = D, dv: int = D, dtype=DTYPE):
 
     q, k, v = rnd(B, T, HQ, dk), rnd(B, T, G, dk), rnd(B, T, G, dv)
     do = rnd(B, T, HQ, dv)
-    idx, cnt = block_indices(T, seed + 1)
+    if style == "fla":
+        idx, cnt = block_indices_fla_style(T, seed + 1)
+    else:
+        idx, cnt = block_indices(T, seed + 1)
     return q, k, v, idx, cnt, do
 
 
@@ -198,54 +228,82 @@ def _lse(q, k, v, idx, cnt):
     return triton_sel.selection_attention_fwd(q, k, v, idx, cnt, L_SEL, validate_indices=False)[1]
 
 
-def _grid(args):
-    return [(w, s, p) for w in args.sweep_warps for s in args.sweep_stages for p in (False, True)]
+def _fwd_grid(args):
+    grid = [dict(qt=qt, num_warps=w, num_stages=st) for qt in args.sweep_qt for w in args.sweep_warps
+            for st in args.sweep_stages]
+    return grid + [dict(qt=1, num_warps=2, num_stages=2)]
+
+
+def _diag(kernel_name):
+    from nsa_core import triton_sel as ts
+
+    ck = ts.LAST_COMPILED.get(kernel_name)
+    out = {}
+    for attr in ("n_regs", "n_spills"):
+        out[attr] = getattr(ck, attr, None)
+    try:
+        out["wgmma"] = "wgmma" in ck.asm["ptx"]
+    except Exception:  # noqa: BLE001
+        out["wgmma"] = None
+    return out
 
 
 def part_sweep(args, out: Path):
-    """Launch settings per kernel at the largest T; returns rows."""
+    """Launch settings per kernel at the largest T; returns rows. With --apply-best the fastest
+    fwd / dq / dkv settings become nsa_core.triton_sel.CONFIG for the later parts."""
     from nsa_core import triton_sel as ts
 
     T = max(args.T_list)
     q, k, v, idx, cnt, do = inputs(T, seed=3)
     rows = []
 
-    def rec(kernel, cfg, fn):
+    def rec(kernel, cfg, fn, diag=None):
         try:
             fn()  # compile + warm
             torch.cuda.synchronize()
             med, lo, hi = bench(fn)
-            rows.append({"kernel": kernel, "config": json.dumps(cfg), "T": T, "ms": med, "p20": lo, "p80": hi})
-            log(f"sweep {kernel:10s} {json.dumps(cfg):60s} {med:8.3f} ms")
+            row = {"kernel": kernel, "config": json.dumps(cfg), "T": T, "ms": med, "p20": lo, "p80": hi}
+            if diag:
+                row.update(_diag(diag))
+            rows.append(row)
+            log(f"sweep {kernel:10s} {json.dumps(cfg):64s} {med:8.3f} ms  "
+                + (f"regs={row.get('n_regs')} spills={row.get('n_spills')} wgmma={row.get('wgmma')}" if diag else ""))
         except Exception as e:  # noqa: BLE001
             rows.append({"kernel": kernel, "config": json.dumps(cfg), "T": T, "ms": float("nan"),
                          "error": f"{type(e).__name__}: {str(e)[:160]}"})
-            log(f"sweep {kernel:10s} {json.dumps(cfg):60s} FAILED {type(e).__name__}: {str(e)[:160]}")
+            log(f"sweep {kernel:10s} {json.dumps(cfg):64s} FAILED {type(e).__name__}: {str(e)[:160]}")
 
-    for w, s, pre in _grid(args):
-        if True:
-            cfg = {"num_warps": w, "num_stages": s, "preload": pre}
-            rec("fwd", cfg, lambda cfg=cfg: ts.selection_attention_fwd(q, k, v, idx, cnt, L_SEL,
-                                                                        validate_indices=False, config=cfg))
+    rec("validate", {}, lambda: ts._check_indices(idx, cnt, T, L_SEL))
+    for cfg in _fwd_grid(args):
+        rec("fwd", cfg, lambda cfg=cfg: ts.selection_attention_fwd(q, k, v, idx, cnt, L_SEL,
+                                                                    validate_indices=False, config=cfg), "fwd")
     o, lse = ts.selection_attention_fwd(q, k, v, idx, cnt, L_SEL, validate_indices=False)
     geo = ts._bwd_setup(q, k, v, o, do, idx, L_SEL, None)
     geo["block_size"] = L_SEL
     delta = ts._delta(o, do)
     rec("delta", {}, lambda: ts._delta(o, do))
-    for w, s, pre in _grid(args):
-        if True:
-            cfg = {"num_warps": w, "num_stages": s, "preload": pre}
-            rec("dq", cfg, lambda cfg=cfg: ts._launch_dq(q, k, v, do, lse, delta, idx, cnt, geo, cfg))
+    for cfg in _fwd_grid(args):
+        rec("dq", cfg, lambda cfg=cfg: ts._launch_dq(q, k, v, do, lse, delta, idx, cnt, geo, cfg), "dq")
     for seg in args.sweep_segs:
         rec("index", {"seg": seg}, lambda seg=seg: ts._inverted_index(idx, cnt, geo, seg))
     for seg in args.sweep_segs:
         index = ts._inverted_index(idx, cnt, geo, seg)
         for rws in args.sweep_rows:
-            for w in (4, 8):
-                for s in (1, 2):
-                    cfg = {"num_warps": w, "num_stages": s, "rows": rws, "seg": seg}
+            for w in args.sweep_dkv_warps:
+                for st in (1, 2):
+                    cfg = {"num_warps": w, "num_stages": st, "rows": rws, "seg": seg}
                     rec("dkv", cfg, lambda cfg=cfg, index=index: ts._launch_dkv(q, k, v, do, lse, delta, index, geo,
-                                                                                cfg))
+                                                                                cfg), "dkv")
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if args.apply_best:
+        for kern in ("fwd", "dq", "dkv"):
+            d = df[(df.kernel == kern) & df.ms.notna()]
+            if len(d):
+                best = json.loads(d.loc[d.ms.idxmin(), "config"])
+                ts.CONFIG[kern].update(best)
+                log(f"apply-best {kern}: {best} ({d.ms.min():.3f} ms)")
     for mode in ts.DKV_MODES:
         rec(f"bwd:{mode}", {}, lambda mode=mode: ts.selection_attention_bwd(q, k, v, o, lse, do, idx, cnt, L_SEL,
                                                                            dkv_mode=mode))
@@ -258,10 +316,9 @@ def part_sweep(args, out: Path):
     gb = ts.selection_attention_bwd(q, k, v, o, lse, do, idx, cnt, L_SEL, dkv_mode="atomic")
     log("atomic backward bitwise identical across 2 runs: "
         f"{[bool(torch.equal(a, b)) for a, b in zip(ga, gb, strict=True)]} (dq, dk, dv)")
-    import pandas as pd
-
     df = pd.DataFrame(rows)
     df.to_csv(out / "sweep.csv", index=False)
+    log(f"CONFIG now {json.dumps(ts.CONFIG)}")
     return df
 
 
@@ -276,22 +333,29 @@ def part_table(args, out: Path):
     for T in sorted(args.T_list, reverse=True):  # largest first: fla autotunes at the target size
         _table_T(T, args, state, flash, cudnn, rows, agree)
         torch.cuda.empty_cache()
+    if args.fla_style_T:
+        for T in args.fla_style_T:  # fla's own benchmark indices, as a second workload
+            _table_T(T, args, state, flash, cudnn, rows, agree, style="fla")
+            torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     df.to_csv(out / "bench_selection.csv", index=False)
     (out / "agreement.json").write_text(json.dumps(agree, indent=2))
-    md = _markdown(df, flash_state, cudnn_state)
+    md = _markdown(df[df["indices"] == "forced"], flash_state, cudnn_state)
+    if (df["indices"] == "fla").any():
+        md += "\nfla-style indices (random subset of blocks < t // l', no forced blocks):\n\n"
+        md += _markdown(df[df["indices"] == "fla"], flash_state, cudnn_state).rsplit("SDPA GQA", 1)[0]
     (out / "bench_selection.md").write_text(md)
     log(md)
     _plot(df, out / "bench_selection.png")
     return df
 
 
-def _table_T(T, args, state, flash, cudnn, rows, agree):
+def _table_T(T, args, state, flash, cudnn, rows, agree, style="forced"):
     """One sequence length of the table: agreement with fla, then the timings."""
     from nsa_core.testing import compare
 
     fla = state["fla"]
-    q, k, v, idx, cnt, do = inputs(T, seed=11)
+    q, k, v, idx, cnt, do = inputs(T, seed=11, style=style)
     qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
     impls = {"ours": lambda: ours(q, k, v, idx, cnt)}
     fwdbwd = {"ours": lambda: ours(qg, kg, vg, idx, cnt).backward(do)}
@@ -304,7 +368,7 @@ def _table_T(T, args, state, flash, cudnn, rows, agree):
     doh = do.transpose(1, 2).contiguous()
     qhg, khg, vhg = (x.clone().requires_grad_(True) for x in (qh, kh, vh))
     for name, fn in (("sdpa-flash", flash), ("sdpa-cudnn", cudnn)):
-        if T <= args.sdpa_max_T:
+        if T <= args.sdpa_max_T and style == "forced":
             impls[name] = (lambda fn=fn: fn(qh, kh, vh))
             fwdbwd[name] = (lambda fn=fn: fn(qhg, khg, vhg).backward(doh))
 
@@ -348,11 +412,11 @@ def _table_T(T, args, state, flash, cudnn, rows, agree):
                     torch.cuda.synchronize()
                     est = (time.perf_counter() - t0) * 1e3
                     med, lo, hi = bench(fn, grad_to_none=gtn, expect_ms=est)
-                rows.append({"T": T, "pass": label, "impl": name, "ms": med, "p20": lo, "p80": hi})
-                log(f"T={T:6d} {label:8s} {name:22s} {med:9.3f} ms  (p20 {lo:.3f}, p80 {hi:.3f})")
+                rows.append({"T": T, "indices": style, "pass": label, "impl": name, "ms": med, "p20": lo, "p80": hi})
+                log(f"T={T:6d} {style:6s} {label:8s} {name:22s} {med:9.3f} ms  (p20 {lo:.3f}, p80 {hi:.3f})")
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
-                rows.append({"T": T, "pass": label, "impl": name, "ms": float("nan"),
+                rows.append({"T": T, "indices": style, "pass": label, "impl": name, "ms": float("nan"),
                              "error": f"{type(e).__name__}: {str(e)[:200]}"})
                 log(f"T={T:6d} {label:8s} {name:22s} FAILED {type(e).__name__}: {str(e)[:200]}")
     torch.cuda.empty_cache()
@@ -400,7 +464,7 @@ def _plot(df, path: Path):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
     for ax, label in zip(axes, ("fwd", "fwd+bwd"), strict=True):
-        d = df[(df["pass"] == label)].dropna(subset=["ms"])
+        d = df[(df["pass"] == label) & (df["indices"] == "forced")].dropna(subset=["ms"])
         for impl, g in d.groupby("impl"):
             g = g.sort_values("T")
             ax.plot(g["T"], g["ms"], marker="o", label=impl)
@@ -444,9 +508,14 @@ def main(argv=None) -> int:
     ap.add_argument("--sdpa-max-T", type=int, default=1 << 20)
     ap.add_argument("--check-T", type=int, default=2048)
     ap.add_argument("--sweep-warps", default="4,8", type=parse_T)
-    ap.add_argument("--sweep-stages", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--sweep-rows", default="64,128", type=parse_T)
-    ap.add_argument("--sweep-segs", default="256,1024", type=parse_T)
+    ap.add_argument("--sweep-stages", default="2,3", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--sweep-qt", default="1,2,4", type=parse_T)
+    ap.add_argument("--sweep-rows", default="32,64", type=parse_T)
+    ap.add_argument("--sweep-dkv-warps", default="2,4", type=parse_T)
+    ap.add_argument("--sweep-segs", default="1024,4096", type=parse_T)
+    ap.add_argument("--apply-best", action="store_true", help="sweep: make the fastest settings the CONFIG")
+    ap.add_argument("--fla-style-T", default="", type=lambda s: parse_T(s) if s else [],
+                    help="table: also these T with fla's own benchmark indices")
     ap.add_argument("--stage-cases", default=None)
     ap.add_argument("--config", default=None, help="JSON overrides of nsa_core.triton_sel.CONFIG")
     args = ap.parse_args(argv)

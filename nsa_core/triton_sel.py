@@ -46,12 +46,13 @@ MAX_H = 16
 
 # Launch settings (tuned on an H100, see docs/benchmarks.md). Keys: kernel name -> dict.
 CONFIG = {
-    "fwd": {"num_warps": 4, "num_stages": 2, "preload": False},
-    "dq": {"num_warps": 4, "num_stages": 2, "preload": False},
-    "dkv": {"num_warps": 4, "num_stages": 1, "rows": 64, "seg": 512},
+    "fwd": {"num_warps": 4, "num_stages": 2, "preload": False, "qt": 1},
+    "dq": {"num_warps": 4, "num_stages": 2, "preload": False, "qt": 1},
+    "dkv": {"num_warps": 4, "num_stages": 1, "rows": 64, "seg": 1024},
     "atomic": {"num_warps": 4, "num_stages": 1, "preload": False},
 }
 DEFAULT_DKV_MODE = "index"
+LAST_COMPILED: dict = {}  # kernel name -> the last CompiledKernel launched (bench diagnostics: regs, spills)
 
 
 def available() -> bool:
@@ -191,8 +192,22 @@ def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=N
     cfg = {**CONFIG["fwd"], **(config or {})}
     o = _new(geo["B"], geo["Tq"], geo["HQ"], geo["dv"], dtype=q.dtype, device=q.device)
     lse = _new(geo["B"], geo["Tq"], geo["HQ"], dtype=torch.float32, device=q.device)
+    qt = int(cfg.get("qt", 1))
+    if qt > 1:
+        if qt not in (2, 4):
+            raise ValueError(f"selection_attention_fwd: config qt must be 1, 2 or 4, got {qt}")
+        LAST_COMPILED["fwd"] = _k._fwd_qt_kernel[(triton.cdiv(geo["Tq"], qt), geo["B"] * geo["G"])](
+            q, k, v, o, lse, block_idx, block_count,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
+            G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
+            HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
+            NP=_np2(geo["n"]), QT=qt, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        return o, lse
     grid = (geo["Tq"], geo["B"] * geo["G"])
-    _k._fwd_kernel[grid](
+    LAST_COMPILED["fwd"] = _k._fwd_kernel[grid](
         q, k, v, o, lse, block_idx, block_count,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -220,40 +235,44 @@ def _inverted_index(block_idx, block_count, geo, seg: int):
 
     Returns csr_t [P] int32 (query rows t, grouped by key = (b*G + g)*NB + j, ascending t),
     per-segment arrays seg_key / seg_start / seg_end / seg_out (int32; seg_out = -1 when the
-    segment is its block's only one, else its fp32 workspace slot), and for the blocks split
-    over several segments red_key / red_start / red_end (their workspace slot ranges).
-    Every key block has at least one segment, so every dk/dv row is written.
+    segment is its block's only one, else its fp32 workspace slot), the number of workspace
+    slots, and for the blocks split over several segments red_key / red_start / red_end (their
+    workspace slot ranges). Every key block has at least one segment, so every dk/dv row is
+    written. One torch.sort over (key, t) pairs (int32 when they fit): deterministic; one host
+    sync for the sizes.
     """
     B, Tq, G, n, NB = geo["B"], geo["Tq"], geo["G"], geo["n"], geo["NB"]
     dev = block_idx.device
     nkeys = B * G * NB
-    live = torch.arange(n, device=dev) < block_count[..., None]  # [B, Tq, G, n]
-    b_ix = torch.arange(B, device=dev).view(B, 1, 1, 1)
-    g_ix = torch.arange(G, device=dev).view(1, 1, G, 1)
-    t_ix = torch.arange(Tq, device=dev).view(1, Tq, 1, 1)
-    key = (b_ix * G + g_ix) * NB + block_idx.long()
-    combined = (key * Tq + t_ix)[live]
-    combined = torch.sort(combined).values  # unique values: ordering is deterministic
-    keys_sorted = combined // Tq
+    kdt = torch.int32 if (nkeys + 1) * Tq < 2**31 - 1 else torch.int64
+    live = torch.arange(n, device=dev, dtype=torch.int32) < block_count[..., None]  # [B, Tq, G, n]
+    b_ix = torch.arange(B, device=dev, dtype=kdt).view(B, 1, 1, 1)
+    g_ix = torch.arange(G, device=dev, dtype=kdt).view(1, 1, G, 1)
+    t_ix = torch.arange(Tq, device=dev, dtype=kdt).view(1, Tq, 1, 1)
+    combined = ((b_ix * G + g_ix) * NB + block_idx.to(kdt)) * Tq + t_ix
+    combined = torch.where(live, combined, torch.full_like(combined, nkeys * Tq))  # dead slots sort last
+    combined = torch.sort(combined.flatten()).values  # values are unique: the order is deterministic
+    keys_sorted = combined // Tq  # nkeys for dead slots
     csr_t = (combined - keys_sorted * Tq).to(torch.int32)
-    counts = torch.bincount(keys_sorted, minlength=nkeys)
+    counts = torch.bincount(keys_sorted, minlength=nkeys + 1)[:nkeys]
     offsets = torch.cumsum(counts, 0) - counts
     nseg = torch.clamp((counts + seg - 1) // seg, min=1)
+    multi_blk = nseg > 1
+    total, n_ws, n_red = (int(x) for x in torch.stack(
+        [nseg.sum(), (nseg * multi_blk).sum(), multi_blk.sum()]).tolist())
     seg_first = torch.cumsum(nseg, 0) - nseg
-    total = int(nseg.sum())
     seg_key = torch.repeat_interleave(torch.arange(nkeys, device=dev), nseg, output_size=total)
     local = torch.arange(total, device=dev) - seg_first[seg_key]
     seg_start = offsets[seg_key] + local * seg
     seg_end = torch.minimum(seg_start + seg, offsets[seg_key] + counts[seg_key])
-    multi = nseg[seg_key] > 1
+    multi = multi_blk[seg_key]
     slot = torch.cumsum(multi.to(torch.int64), 0) - 1
     seg_out = torch.where(multi, slot, torch.full_like(slot, -1))
-    red_mask = nseg > 1
-    red_key = torch.nonzero(red_mask).flatten()
+    red_key = torch.sort(multi_blk.to(torch.int8), descending=True, stable=True).indices[:n_red]
     red_start = seg_out[seg_first[red_key]]
     red_end = red_start + nseg[red_key]
     i32 = torch.int32
-    return (csr_t, seg_key.to(i32), seg_start.to(i32), seg_end.to(i32), seg_out.to(i32), int(multi.sum()),
+    return (csr_t, seg_key.to(i32), seg_start.to(i32), seg_end.to(i32), seg_out.to(i32), n_ws,
             red_key.to(i32), red_start.to(i32), red_end.to(i32))
 
 
@@ -272,7 +291,16 @@ def _launch_dq(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=None):
     c = {**CONFIG["dq"], **(cfg or {})}
     B, Tq, HQ, S = geo["B"], geo["Tq"], geo["HQ"], geo["S"]
     dq = _new(B, Tq, HQ, geo["dk"], dtype=q.dtype, device=q.device)
-    _k._bwd_dq_kernel[(Tq, B * geo["G"])](
+    qt = int(c.get("qt", 1))
+    if qt > 1:
+        if qt not in (2, 4):
+            raise ValueError(f"selection_attention_bwd: config qt must be 1, 2 or 4, got {qt}")
+        LAST_COMPILED["dq"] = _k._bwd_dq_qt_kernel[(triton.cdiv(Tq, qt), B * geo["G"])](
+            q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
+            Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
+            NP=_np2(geo["n"]), QT=qt, num_warps=c["num_warps"], num_stages=c["num_stages"])
+        return dq
+    LAST_COMPILED["dq"] = _k._bwd_dq_kernel[(Tq, B * geo["G"])](
         q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
         Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
         PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=c["num_warps"], num_stages=c["num_stages"])
@@ -305,7 +333,7 @@ def _launch_dkv(q, k, v, do, lse, delta, index, geo, cfg=None, dq32=None):
     wsv = torch.empty(max(n_ws, 1) * BS * geo["BV"], dtype=torch.float32, device=dev)
     HPd = _np2(geo["h"])
     BQ = max(1, int(c["rows"]) // HPd, 16 // HPd)
-    _k._bwd_dkv_kernel[(seg_key.numel(),)](
+    LAST_COMPILED["dkv"] = _k._bwd_dkv_kernel[(seg_key.numel(),)](
         q, k, v, do, lse, delta, dk_out, dv_out, wsk, wsv, dq32 if dq32 is not None else delta,
         seg_key, seg_start, seg_end, seg_out, csr_t, *geo["strides"],
         Tq, S, S - Tq, geo["NB"], geo["qk_scale"], geo["scale"], HP=HPd, BQ=BQ, ATOMIC_DQ=dq32 is not None,
