@@ -59,6 +59,8 @@ class StageRecord:
     log_tail: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     strict_fail: bool = False  # a SKIP that --strict counts as a failure
+    device: str = ""
+    profile: str = ""
 
     def to_dict(self) -> dict:
         d = {
@@ -73,6 +75,8 @@ class StageRecord:
             "log": self.log,
             "started": self.started,
             "finished": self.finished,
+            "device": self.device,
+            "profile": self.profile,
             "options": {k: _jsonable(v) for k, v in self.options.items()},
             "metrics": self.metrics,
         }
@@ -189,7 +193,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     """
     observer = observer or Observer()
     rec = StageRecord(entry.name, entry.order, entry.source, Status.ERROR, started=now_iso(),
-                      options=dict(ctx.options))
+                      options=dict(ctx.options), device=ctx.device, profile=ctx.profile)
     if entry.stage is None:  # a plugin that failed to load: the run fails, the CLI goes on
         rec.reason, rec.traceback = entry.error, entry.traceback
         rec.finished = now_iso()
