@@ -49,20 +49,30 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, 
     return B, Tq, HQ, G, S
 
 
-def _chunk(B: int, HQ: int, S: int) -> int:
-    return max(1, _SCORE_BUDGET // max(1, B * HQ * S))
+def _chunk(B: int, HQ: int, S: int, span: int | None = None) -> int:
+    """Queries per chunk so one [B, HQ, chunk, keys] score tensor stays within the budget.
+
+    ``span``: when each query sees at most ``span`` keys (sliding window), a chunk of C queries
+    needs only C + span keys, so the chunk does not shrink as S grows.
+    """
+    if span is None:
+        return max(1, _SCORE_BUDGET // max(1, B * HQ * S))
+    X = _SCORE_BUDGET // max(1, B * HQ)  # C * (C + span) <= X
+    fit = int((math.sqrt(span * span + 4 * X) - span) // 2)
+    return max(1, min(fit, max(64, span)))  # chunks near the span waste little on masked keys
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t_pos: torch.Tensor,
                      mask_fn: Callable[[torch.Tensor, int, int], torch.Tensor], scale: float | None = None,
                      engine: str = "math", key_range: Callable[[int, int], tuple[int, int]] | None = None,
-                     return_probs: bool = False):
+                     return_probs: bool = False, span: int | None = None):
     """softmax(q k^T * scale + mask) v with GQA, rows with no visible key -> 0 (no NaN).
 
     q [B, Tq, HQ, dk], k [B, S, G, dk], v [B, S, G, dv], t_pos [Tq] query positions
     -> o [B, Tq, HQ, dv]. Heads are group-major: query head hq belongs to group hq // (HQ/G).
     mask_fn(t, c0, c1) -> bool [C, S'] or [B, G, C, S'] for queries c0..c1 (positions t) over
-    the keys of key_range(t0, t1) -> (s0, s1) (default all keys; used to skip far keys).
+    the keys of key_range(t0, t1) -> (s0, s1) (default all keys; used to skip far keys);
+    ``span`` bounds the keys one query sees (sizes the chunks when key_range is given).
     """
     B, Tq, HQ, G, S = _check_qkv(q, k, v)
     h = HQ // G
@@ -70,7 +80,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t_pos: t
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     t_all = t_pos
     outs, probs = [], []
-    C = _chunk(B, HQ, S)
+    C = _chunk(B, HQ, S, span)
     for c0 in range(0, Tq, C):
         c1 = min(Tq, c0 + C)
         t = t_all[c0:c1]
@@ -151,10 +161,14 @@ def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
         raise ValueError(
             f"block_idx {tuple(block_idx.shape)} / block_count {tuple(block_count.shape)} must be "
             f"[B, T, G, n] / [B, T, G] = [{B}, {Tq}, {G}, n] / [{B}, {Tq}, {G}]")
-    def mask_fn(t, c0, c1):
-        return _blocks.selected_token_mask(block_idx[:, c0:c1], block_count[:, c0:c1], t, S, block_size)
+    def key_range(t0, t1):  # causal: no key after the chunk's last query
+        return 0, t1
 
-    return masked_attention(q, k, v, _positions(Tq, S, q.device), mask_fn, scale, engine)
+    def mask_fn(t, c0, c1):
+        s1 = int(t[-1]) + 1
+        return _blocks.selected_token_mask(block_idx[:, c0:c1], block_count[:, c0:c1], t, s1, block_size)
+
+    return masked_attention(q, k, v, _positions(Tq, S, q.device), mask_fn, scale, engine, key_range=key_range)
 
 
 def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
@@ -170,7 +184,7 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
 
     _check_qkv(q, k, v)
     t_pos = _positions(q.shape[1], k.shape[1], q.device)
-    return masked_attention(q, k, v, t_pos, mask_fn, scale, engine, key_range=key_range)
+    return masked_attention(q, k, v, t_pos, mask_fn, scale, engine, key_range=key_range, span=w)
 
 
 def full_attention(q, k, v, scale=None, engine: str = "math"):

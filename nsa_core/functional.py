@@ -42,13 +42,14 @@ def _engine(backend: str, branch: str) -> str | None:
     raise ValueError(f"unknown backend {backend!r} for branch {branch!r}; expected one of {BACKENDS[branch]}")
 
 
-def _resolve(backend, branch: str, device: torch.device) -> str:
+def _resolve(backend, branch: str, device: torch.device, S: int | None = None) -> str:
+    """A concrete backend name; "auto" asks the router (thresholds are per key length S)."""
     if isinstance(backend, dict):
         backend = backend.get(branch, "reference")
     if backend == "auto":
         from nsa_core import routing
 
-        backend = routing.decide(str(device.type)).backend(branch)
+        backend = routing.cached_decide(str(device.type)).backend(branch, S=S)
     return backend
 
 
@@ -153,7 +154,7 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
     A query that sees no compressed token yet (t + 1 < l) gets o = 0.
     """
     _check_group(q, k_cmp, "compressed_attention", v_cmp)
-    backend = _resolve(backend, "cmp", q.device)
+    backend = _resolve(backend, "cmp", q.device, k_cmp.shape[1])
     S = k_cmp.shape[1]
     kc, vc = compress(k_cmp, cfg, phi_k), compress(v_cmp, cfg, phi_v)
     return _compressed_on(q, kc, vc, S, cfg, backend, scale)
@@ -173,7 +174,7 @@ def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
                         scale: float | None = None) -> torch.Tensor:
     """Selected branch (Eq. 12): raw tokens of the selected l_sel-blocks, causal. o [B, T, HQ, dv]."""
     _check_group(q, k, "selection_attention", v)
-    backend = _resolve(backend, "slc", q.device)
+    backend = _resolve(backend, "slc", q.device, k.shape[1])
     eng = _engine(backend, "slc")
     if eng is not None:
         return _reference.selection_attention(q, k, v, block_idx, block_count, cfg.l_sel, scale, eng)
@@ -186,7 +187,7 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: NS
                       backend: str = "reference", *, scale: float | None = None) -> torch.Tensor:
     """Sliding-window branch: keys max(0, t-w+1)..t. o [B, T, HQ, dv]."""
     _check_group(q, k, "sliding_attention", v)
-    backend = _resolve(backend, "win", q.device)
+    backend = _resolve(backend, "win", q.device, k.shape[1])
     eng = _engine(backend, "win")
     if eng is not None:
         return _reference.sliding_attention(q, k, v, cfg.w, scale, eng)
@@ -225,10 +226,10 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
     kc, vc = compress(k_cmp, cfg, phi_k), compress(v_cmp, cfg, phi_v)
     scores = block_scores(q, kc, S, cfg, scale)
     block_idx, block_count = _blocks.topn_blocks(scores, torch.arange(S - T, S, device=q.device), cfg)
-    o_cmp = _compressed_on(q, kc, vc, S, cfg, _resolve(backend, "cmp", q.device), scale)
-    o_slc = selection_attention(q, k_sel, v_sel, block_idx, block_count, cfg, _resolve(backend, "slc", q.device),
+    o_cmp = _compressed_on(q, kc, vc, S, cfg, _resolve(backend, "cmp", q.device, S), scale)
+    o_slc = selection_attention(q, k_sel, v_sel, block_idx, block_count, cfg, _resolve(backend, "slc", q.device, S),
                                 scale=scale)
-    o_win = sliding_attention(q, k_win, v_win, cfg, _resolve(backend, "win", q.device), scale=scale)
+    o_win = sliding_attention(q, k_win, v_win, cfg, _resolve(backend, "win", q.device, S), scale=scale)
     g = gates.to(o_cmp.dtype)
     o = g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
     return (o, (block_idx, block_count)) if return_selection else o
