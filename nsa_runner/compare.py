@@ -422,14 +422,19 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
             rows.append(Row("timing", name, "-", m, mark="x", note=f"column only in {'A' if m in ma else 'B'}"))
     ra = {tuple(str(r[k]) for k in ka): r for r in da.to_dict("records")}
     rb = {tuple(str(r[k]) for k in kb): r for r in db.to_dict("records")}
+    # label rows by the key columns that vary (impl=torch on every row says nothing); match on all
+    both = [*ra.values(), *rb.values()]
+    shown = [k for k in ka if len({str(r[k]) for r in both}) > 1] or ka[:1]
     for key in dict.fromkeys([*ra, *rb]):
         a, b = ra.get(key), rb.get(key)
-        label = fmt_key(a or b, ka) or "(all)"
+        label = fmt_key(a or b, shown) or "(all)"
         if a is None or b is None:
             rows.append(Row("timing", name, label, "-", mark="x", note=f"only in {'A' if b is None else 'B'}"))
             continue
         for m in metrics:
             va, vb = a.get(m), b.get(m)
+            if not (_finite(va) or _finite(vb)):
+                continue  # measured on neither side (an optional column left empty): nothing to say
             row = Row("timing", name, label, m, va, vb)
             if not (_finite(va) and _finite(vb)):
                 note = (a.get("note") if not _finite(va) else b.get("note")) or ""

@@ -63,7 +63,7 @@ white-space:nowrap}
 .banner.partial{background:#fff8c5;border:1px solid #9a6700}
 .absent{color:#57606a;font-style:italic} .note{color:#57606a;font-size:13px}
 pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px;max-height:420px}
-img{max-width:100%;border:1px solid #d0d7de} details{margin:4px 0}
+img{max-width:100%;border:1px solid #d0d7de} details{margin:4px 0} .scroll{overflow-x:auto;max-width:100%}
 tr.row-FAIL td,tr.row-ERROR td,tr.row-TIMEOUT td{background:#fff5f5} tr.row-SKIP td{color:#57606a}
 """
 
@@ -88,26 +88,32 @@ def _figure(w: float, h: float):
 
 
 def plot_decode(df) -> str | None:
-    """Decode latency per branch vs S, and reads per step vs S (with S = full attention)."""
-    times = [c for c in df.columns if is_time(c)]
-    reads = [c for c in df.columns if is_reads(c)]
+    """Decode latency vs S (per branch when the table holds one configuration, else ms_step and
+    ms_full per configuration), and KV tokens read per step vs S (full attention reads S)."""
+    times = [c for c in df.columns if is_time(c) and df[c].notna().any()]
+    reads = [c for c in df.columns if is_reads(c) and df[c].notna().any()]
     if "S" not in df.columns or not (times or reads):
         return None
-    fig = _figure(11, 4.2)
+    keys = [k for k in key_columns(df) if k != "S" and df[k].nunique() > 1]
+    groups = list(df.groupby(keys, dropna=False)) if keys else [((), df)]
+    fig = _figure(11, 4.4)
     axes = fig.subplots(1, 2)
-    groups = list(df.groupby("B")) if "B" in df.columns and df["B"].nunique() > 1 else [(None, df)]
-    for B, g in groups:
+    if len(groups) > 1:
+        times = [c for c in ("ms_step", "ms_full") if c in times]
+    for name, g in groups:
         g = g.sort_values("S")
-        sfx = f" (B={B})" if B is not None else ""
+        name = name if isinstance(name, tuple) else (name,)
+        sfx = (" " + " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True))) if keys else ""
         for c in times:
             axes[0].plot(g["S"], g[c], marker="o", lw=2.2 if c in ("ms_step", "ms_full") else 1.2,
                          ls="--" if c == "ms_full" else "-", label=c + sfx)
-        for c in reads:
-            axes[1].plot(g["S"], g[c], marker="o", label=c + sfx)
-        if reads:
-            axes[1].plot(g["S"], g["S"], color="k", ls=":", label="full attention (S)" + sfx)
+    g0 = groups[0][1].sort_values("S")
+    for c in reads:
+        axes[1].plot(g0["S"], g0[c], marker="o", ls="--" if c == "reads_full" else "-", label=c)
+    if reads and "reads_full" not in reads:
+        axes[1].plot(g0["S"], g0["S"], color="k", ls=":", label="full attention (S)")
     for ax, title, ylabel in ((axes[0], "decode step latency vs S", "ms per step"),
-                              (axes[1], "KV tokens read per step vs S (per group)", "tokens")):
+                              (axes[1], "KV tokens read per step vs S", "tokens")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("cached length S")
@@ -118,6 +124,10 @@ def plot_decode(df) -> str | None:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "no columns", ha="center", transform=ax.transAxes)
+    if len(groups) > 1:
+        label = " ".join(f"{k}={v}" for k, v in zip(keys, groups[0][0] if isinstance(groups[0][0], tuple)
+                                                     else (groups[0][0],), strict=True))
+        axes[1].set_title(f"KV tokens read per step vs S ({label})")
     return _png(fig)
 
 
@@ -218,7 +228,7 @@ def _img(b64: str, alt: str) -> str:
 
 
 def _table(rows: list[dict], cols: list[str], status_col: str | None = None, max_rows: int = 400) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>"]
+    out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>"]
     for r in rows[:max_rows]:
         st = str(r.get(status_col, "")) if status_col else ""
         cells = []
@@ -233,7 +243,7 @@ def _table(rows: list[dict], cols: list[str], status_col: str | None = None, max
             else:
                 cells.append(f"<td>{_e('' if v is None or (isinstance(v, float) and math.isnan(v)) else v)}</td>")
         out.append(f'<tr class="row-{_e(st)}">' + "".join(cells) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     if len(rows) > max_rows:
         out.append(f'<p class="note">{len(rows) - max_rows} more rows in the CSV.</p>')
     return "\n".join(out)
@@ -347,13 +357,17 @@ def _decode_html(run: Run) -> str:
     if df is None:
         return _absent(DECODE_FILE)
     png = plot_decode(df)
-    cols = [c for c in df.columns if not is_spread(c)]
-    return (_img(png, "decode latency and reads vs S") if png else "") + _table(df.to_dict("records"), cols)
+    keys = [k for k in key_columns(df) if df[k].nunique() > 1 or k in ("S", "B")]
+    cols = keys + [c for c in df.columns if (is_time(c) or is_reads(c) or c.startswith("speedup"))
+                   and df[c].notna().any() and c not in keys]
+    more = len(df.columns) - len(cols)
+    note = f'<p class="note">{more} more columns in <a href="{DECODE_FILE}">{DECODE_FILE}</a>.</p>' if more else ""
+    return (_img(png, "decode latency and reads vs S") if png else "") + _table(df.to_dict("records"), cols) + note
 
 
 def _bench_html(run: Run) -> str:
     out = []
-    names = [n for n in run.timing_files() if n != DECODE_FILE]
+    names = sorted((n for n in run.timing_files() if n != DECODE_FILE), key=lambda n: n == "fa2_bench.csv")
     for name in names:
         df = run.timing(name)
         if df is None:

@@ -184,7 +184,7 @@ def plot(images: list, cfg, title: str, path) -> None:
             ax.set_ylabel("query position t")
     fig.legend(handles=[Patch(facecolor=c, edgecolor="#888", label=lab) for c, lab in zip(COLORS, LABELS, strict=True)],
                loc="lower center", ncol=3, fontsize=8, frameon=False)
-    width = max(50, int(22 * (2.2 + 2.6 * G)))
+    width = max(40, int(12 * (2.2 + 2.6 * G)))  # characters per line at 9 pt
     fig.suptitle("\n".join(textwrap.fill(part, width) for part in title.split("\n")), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 0.93))
     buf = io.BytesIO()

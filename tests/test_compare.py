@@ -98,9 +98,9 @@ def test_slower_decode_is_a_regression(out):
     edit_csv(b / "decode.csv", scale("ms_step", 1.5, lambda df: df.S == 65536))
     code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
     assert code == 1
-    (r,) = rows(doc, "timing", "decode.csv", "ms_step", "S=65536 B=1")
+    (r,) = rows(doc, "timing", "decode.csv", "ms_step", "S=65536")
     assert r["mark"] == "+" and r["ratio"] == pytest.approx(1.5) and "slower" in r["note"]
-    others = [x for x in rows(doc, "timing", "decode.csv", "ms_step") if x["key"] != "S=65536 B=1"]
+    others = [x for x in rows(doc, "timing", "decode.csv", "ms_step") if x["key"] != "S=65536"]
     assert all(x["mark"] == "" for x in others)
     assert doc["regressions"] == 1
 
@@ -127,7 +127,7 @@ def test_beyond_threshold_but_within_spread_is_tilde(out):
 
     edit_csv(b / "decode.csv", noisy)
     code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
-    (r,) = rows(doc, "timing", "decode.csv", "ms_step", "S=4096 B=1")
+    (r,) = rows(doc, "timing", "decode.csv", "ms_step", "S=4096")
     assert r["mark"] == "~" and "A inside B's p20..p80" in r["note"]
     assert code == 0
 
@@ -274,7 +274,7 @@ def test_markdown_and_table_outputs(out):
     edit_csv(b / "decode.csv", scale("ms_step", 2.0))
     r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out, "--markdown", "--only-changed")
     assert r.exit_code == 1
-    assert "| + | decode.csv | S=1024 B=1 | ms_step |" in r.stdout
+    assert "| + | decode.csv | S=1024 | ms_step |" in r.stdout
     assert "| | source | key | metric | A | B | B/A | note |" in r.stdout
     last = r.stdout.strip().splitlines()[-1]
     assert last == "**4 regression(s): 4 worse (+)**"
