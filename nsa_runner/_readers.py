@@ -43,7 +43,9 @@ _TIME = re.compile(r"^(ms|ms_\w+|\w+_ms)$")
 _SPREAD = re.compile(r"^(\w+_)?(p20|p80)$")
 _READS = re.compile(r"^reads_\w+$")
 _SPEEDUP = re.compile(r"^speedup(_\w+)?$")
-_NOT_KEYS = {"note", "notes", "timer", "comment", "error", "status", "reason", "message", "seconds", "time_s"}
+# measurement settings and free text: never part of a row's identity
+_NOT_KEYS = {"note", "notes", "timer", "comment", "error", "status", "reason", "message", "seconds", "time_s",
+             "iters", "warmup", "reps", "repeats", "n_iter", "samples"}
 
 
 class ArtifactError(ValueError):
