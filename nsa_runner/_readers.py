@@ -103,7 +103,8 @@ def resolve_run(arg: str, out: Path) -> Path:
         if not folder.is_dir():
             known = _runs_under(out)
             listing = (", ".join(known[-8:]) + (" ..." if len(known) > 8 else "")) if known else "none"
-            raise ArtifactError(f"no run {arg!r} under {out} (runs there: {listing})")
+            raise ArtifactError(f"no run {arg!r} under {out} (runs there: {listing}; for a folder elsewhere give "
+                                f"its path, e.g. ./{arg})")
     if not (folder / MANIFEST_NAME).is_file():
         raise ArtifactError(f"{folder}: not a run folder (no {MANIFEST_NAME})")
     return folder
