@@ -69,43 +69,54 @@ def cmd_profile(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    """Median graph-replay time of the attention part (append + branches) per split-K chunk size."""
+    """Median graph-replay time of the attention part (append + branches) per split-K chunk size and
+    num_warps of the compressed pass; and of the split-K full-attention baseline per chunk size."""
     import statistics
 
     import torch
 
     from nsa_core import NSAAttention, NSAConfig
     from nsa_core._decode_fast import capture_graph
+    from nsa_core._decode_triton import FullDecode
 
-    print(f"# sweep: attn part (append + 3 branches + gates), impl=triton, CUDA graph replays, median of {args.iters}, "
-          f"L2 not flushed")
-    print(f"{'S':>6} {'B':>3} {'chunk':>6} {'NCH':>4} {'BT':>3} {'us':>8}")
+    def bench(fn):
+        g = capture_graph(fn)
+        for _ in range(10):
+            g.replay()
+        ts = []
+        for _ in range(args.iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            ts.append((a, b))
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) for a, b in ts) * 1e3
+
+    print(f"# sweep: CUDA graph replays, median of {args.iters}, L2 not flushed (same buffers every replay)")
+    print(f"{'what':>10} {'S':>6} {'B':>3} {'chunk':>10} {'NCH':>4} {'BT':>3} {'warps':>5} {'us':>8}")
     for S in args.S:
         for B in args.B:
             torch.manual_seed(0)
             m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
             cache = m.new_cache(B, S)
             cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
-            for chunk in [None, *args.chunks]:
-                dec = m.decoder(cache, impl="triton", chunk=chunk)
-                dec.x.normal_()
-                dec.pos.fill_(S - 1)
-                proj = dec.project(dec.x)
-                g = capture_graph(lambda dec=dec, proj=proj: dec.attn(*proj))
-                for _ in range(10):
-                    g.replay()
-                ts = []
-                for _ in range(args.iters):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    g.replay()
-                    b.record()
-                    ts.append((a, b))
-                torch.cuda.synchronize()
-                us = statistics.median(a.elapsed_time(b) for a, b in ts) * 1e3
-                w = dec._tri
-                print(f"{S:>6} {B:>3} {('auto:' + str(w.CH)) if chunk is None else chunk:>6} {w.NCH:>4} {w.BT:>3} "
-                      f"{us:8.1f}", flush=True)
+            for warps in args.warps:
+                for chunk in [None, *args.chunks]:
+                    dec = m.decoder(cache, impl="triton", chunk=chunk, warps={"cmp": warps})
+                    dec.x.normal_()
+                    dec.pos.fill_(S - 1)
+                    proj = dec.project(dec.x)
+                    us = bench(lambda dec=dec, proj=proj: dec.attn(*proj))
+                    w = dec._tri
+                    name = ("auto:" + str(w.CH)) if chunk is None else str(chunk)
+                    print(f"{'nsa-attn':>10} {S:>6} {B:>3} {name:>10} {w.NCH:>4} {w.BT:>3} {warps:>5} {us:8.1f}",
+                          flush=True)
+            for chunk in [None, *args.full_chunks]:
+                fd = FullDecode(proj[0], cache.K_sel, cache.V_sel, dec.pos, dec.scale, chunk=chunk)
+                us = bench(fd)
+                name = ("auto:" + str(fd.CH)) if chunk is None else str(chunk)
+                print(f"{'full-tri':>10} {S:>6} {B:>3} {name:>10} {fd.NCH:>4} {fd.BT:>3} {4:>5} {us:8.1f}", flush=True)
     return 0
 
 
@@ -130,6 +141,8 @@ def main(argv=None) -> int:
     w.add_argument("--S", type=int, nargs="+", default=[16384, 65536])
     w.add_argument("--B", type=int, nargs="+", default=[1, 16])
     w.add_argument("--chunks", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
+    w.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    w.add_argument("--full-chunks", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     w.add_argument("--iters", type=int, default=100)
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "sweep":

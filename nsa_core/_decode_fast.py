@@ -65,7 +65,7 @@ class StaticDecoder:
     """
 
     def __init__(self, module, cache: NSACache, *, impl: str = "torch", scale: float | None = None,
-                 chunk: int | None = None):
+                 chunk: int | None = None, warps: dict | None = None):
         if impl not in IMPLS:
             raise ValueError(f"StaticDecoder: impl must be one of {IMPLS}, got {impl!r}")
         if impl == "triton" and cache.device.type == "cpu":
@@ -105,7 +105,7 @@ class StaticDecoder:
         if impl == "triton":
             from nsa_core import _decode_triton
 
-            self._tri = _decode_triton.Workspace(self, chunk=chunk)
+            self._tri = _decode_triton.Workspace(self, chunk=chunk, warps=warps)
 
     def refresh(self) -> None:
         """Re-read the module's projection weights (fused into one GEMM for the step)."""

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-NEG = -1.0e30
+NEG = tl.constexpr(-1.0e30)  # a global a jit function may read must be a constexpr
 
 
 @triton.jit
@@ -308,30 +308,43 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
+def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None) -> tuple[int, int, int]:
+    """Split-K geometry over n_tokens keys for BG (batch*group) rows -> (BT, CH, NCH).
+
+    Default: about PROGRAMS_PER_SM programs per SM in all, never more than MAX_CHUNKS chunks
+    per row (each row's chunks are merged by one program)."""
+    if chunk is None:
+        want = min(MAX_CHUNKS, -(-PROGRAMS_PER_SM * _num_sms(device) // BG))
+        chunk = -(-n_tokens // max(1, want))
+    BT = min(64 if BK <= 256 else 32, _p2(chunk, 16))  # keys per tile
+    CH = -(-chunk // BT) * BT
+    return BT, CH, -(-n_tokens // CH)
+
+
+PROGRAMS_PER_SM = 4
+MAX_CHUNKS = 64
+
+
 class Workspace:
     """Scratch buffers and launch geometry of the Triton decode step for one StaticDecoder.
 
-    chunk: compressed tokens per program of the split-K compressed pass (default: enough
-    programs for ~4 per SM, rounded to the tile).
+    chunk: compressed tokens per program of the split-K compressed pass (default: ``chunking``).
+    warps: num_warps per kernel, overriding CONFIG for this workspace (measurement).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "select": 4, "selwin": 4, "combine": 4}  # num_warps
 
-    def __init__(self, dec, chunk: int | None = None):
+    def __init__(self, dec, chunk: int | None = None, warps: dict | None = None):
         cfg = dec.cfg
         self.dec = dec
         dev = dec.device
+        self.CONFIG = {**self.CONFIG, **(warps or {})}
         self.BG = dec.B * dec.G
         self.HP = _p2(dec.h, 16)
         self.BK = _p2(dec.dk, 16)
         self.BV = _p2(dec.dv, 16)
         ccap = dec.ccap
-        if chunk is None:
-            want = -(-4 * _num_sms(dev) // self.BG)
-            chunk = -(-ccap // max(1, want))
-        self.BT = min(64 if self.BK <= 256 else 32, _p2(chunk, 16))  # keys per tile of the compressed pass
-        self.CH = -(-chunk // self.BT) * self.BT
-        self.NCH = -(-ccap // self.CH)
+        self.BT, self.CH, self.NCH = chunking(ccap, self.BG, self.BK, dev, chunk)
         self.BS = _p2(cfg.l_sel, 16)
         self.NS_WIN = -(-cfg.w // self.BS)
         self.IEEE = dec.dtype == torch.float32
@@ -419,6 +432,49 @@ class Workspace:
             self.cmp_select(do_cmp=cmp, do_sel=sel)
         ns_sel, ns_win = self.selwin(q, sel, win)
         return self.combine(gates, out, cmp, ns_sel, ns_win)
+
+
+class FullDecode:
+    """Full-attention decode baseline, flash-decoding style, with the same kernels: split-K over
+    all s = pos + 1 cached keys (_cmp_partial_kernel with l = d = 1: every token visible), then
+    one merge program per (b, group). SDPA has no split over the keys for a single decode query,
+    so at small batch it leaves most SMs idle; this is the strong baseline there.
+
+    q [B, HQ, dk] (contiguous [HQ, dk]); K/V [B, G, cap, dk|dv] contiguous; pos 0-dim int64.
+    __call__() -> o [B, G, h, dv] fp32 (a view of the padded output buffer).
+    """
+
+    def __init__(self, q, K, V, pos, scale: float, chunk: int | None = None, warps: int = 4):
+        B, HQ, dk = q.shape
+        _, G, cap, dv = V.shape
+        if q.stride(2) != 1 or q.stride(1) != dk or not K.is_contiguous() or not V.is_contiguous():
+            raise ValueError("FullDecode: q must have contiguous [HQ, dk]; K, V must be contiguous [B, G, cap, D]")
+        self.q, self.K, self.V, self.pos = q, K, V, pos
+        self.B, self.G, self.h, self.dk, self.dv, self.cap = B, G, HQ // G, dk, dv, cap
+        self.BG, self.HP, self.BK, self.BV = B * G, _p2(self.h, 16), _p2(dk, 16), _p2(dv, 16)
+        self.BT, self.CH, self.NCH = chunking(cap, self.BG, self.BK, q.device, chunk)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        self.m_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
+        self.l_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
+        self.acc_p = torch.empty(self.BG, self.NCH, self.HP, self.BV, **f32)
+        self.o = torch.empty(self.BG, self.HP, self.BV, **f32)
+        self.dummy = torch.empty(1, **f32)
+        self.blk = torch.empty(1, dtype=torch.int64, device=q.device)
+        self.qk_scale = scale * LOG2E
+        self.ieee = q.dtype == torch.float32
+        self.warps = warps
+
+    def __call__(self) -> torch.Tensor:
+        _cmp_partial_kernel[(self.BG, self.NCH)](
+            self.pos, self.q, self.q.stride(0), self.K, self.V, self.dummy, self.m_p, self.l_p, self.acc_p, self.cap,
+            self.qk_scale, G=self.G, H=self.h, DK=self.dk, DV=self.dv, L=1, STRIDE=1, HP=self.HP, BK=self.BK,
+            BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=True, DO_LOGITS=False, IEEE=self.ieee,
+            num_warps=self.warps)
+        _cmp_select_kernel[(self.BG,)](
+            self.pos, self.m_p, self.l_p, self.acc_p, self.dummy, self.dummy, self.o, self.blk, self.cap, 1,
+            H=self.h, L=1, STRIDE=1, LSEL=1, NSEL=1, A=1, BQ=1, HP=self.HP, BV=self.BV, NCH=self.NCH,
+            BC=_p2(self.NCH), BI=64, BNB=1, DO_CMP=True, DO_SEL=False, num_warps=4)
+        return self.o[:, :self.h, :self.dv].view(self.B, self.G, self.h, self.dv)
 
 
 def describe(ws: Workspace) -> dict:

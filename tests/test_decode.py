@@ -174,6 +174,25 @@ def test_triton_decoder_matches_prefill():
             _check(torch.cat(outs, 1), y_full[:, :T + 4], torch.float32, what=f"triton {phi} T={T}")
 
 
+def test_triton_full_decode_baseline():
+    """The flash-decoding full-attention baseline of decode-bench: all s = pos + 1 keys, split-K merged."""
+    pytest.importorskip("triton", reason="triton not installed")
+    from nsa_core._decode_triton import FullDecode
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(4)
+    B, G, h, dk, dv, cap, pos = 2, 2, 3, 8, 6, 96, 70
+    q = torch.randn(B, G * h, dk, generator=g).to(dev)
+    K = torch.randn(B, G, cap, dk, generator=g).to(dev)
+    V = torch.randn(B, G, cap, dv, generator=g).to(dev)
+    fd = FullDecode(q, K, V, torch.tensor(pos, device=dev), dk ** -0.5, chunk=16)
+    assert fd.NCH == 6
+    o = fd()
+    q4 = q.double().view(B, G, h, dk)
+    ref = torch.softmax(q4 @ K[:, :, :pos + 1].double().transpose(-1, -2) * dk ** -0.5, -1) @ V[:, :, :pos + 1].double()
+    _check(o, ref, torch.float32, what="full decode")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("impl", ["torch", "triton"])
