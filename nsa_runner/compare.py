@@ -410,6 +410,10 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
         return []
     if da is None or db is None:
         return [Row("timing", name, "-", "-", mark="x", note=f"{name} not in {'A' if da is None else 'B'}")]
+    where = _stage_setting(A, name), _stage_setting(B, name)
+    if comparable and None not in where and where[0] != where[1]:
+        return [Row("timing", name, "-", "-", mark="x",
+                    note=f"measured with {where[0]} (A) vs {where[1]} (B): not comparable")]
     ka, kb = key_columns(da), key_columns(db)
     if ka != kb:
         return [Row("timing", name, "-", "-", mark="x",
@@ -456,6 +460,16 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
                     row.mark, row.note = "x", "another machine/profile"
             rows.append(row)
     return rows
+
+
+def _stage_setting(run: Run, name: str) -> str | None:
+    """'device=cuda profile=full' of the stage that wrote ``name`` (a later ``nsa-run stage X`` may run
+    with other settings than the run), or None when the manifest does not record them."""
+    owner = run.declared_by(name)
+    entry = run.stage(owner) if owner else None
+    if not entry or not (entry.get("device") or entry.get("profile")):
+        return None
+    return f"device={entry.get('device') or '?'} profile={entry.get('profile') or '?'}"
 
 
 def _finite_str(s: Any) -> bool:

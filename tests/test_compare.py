@@ -260,6 +260,19 @@ def test_different_profile_is_x(out):
     assert code == 0 and all(r["mark"] == "x" for r in rows(doc, "timing"))
 
 
+def test_stage_rerun_with_other_settings_is_x(out):
+    b = copy(out)
+    for folder, rerun in ((out / "aaaaaaa", False), (b, True)):
+        m = json.loads((folder / "manifest.json").read_text())
+        for s in m["stages"]:  # B: decode-bench re-run into the folder with `nsa-run stage ... --profile quick`
+            s.update(device="cuda", profile="quick" if rerun and s["name"] == "decode-bench" else "full")
+        (folder / "manifest.json").write_text(json.dumps(m))
+    edit_csv(b / "decode.csv", scale("ms_step", 0.2))
+    code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
+    (r,) = rows(doc, "timing", "decode.csv")
+    assert r["mark"] == "x" and "profile=quick" in r["note"] and code == 0
+
+
 def test_cpu_vs_cuda_not_comparable(out):
     make_run(out, "ccccccc", device="cpu")
     code, doc = as_json(out, "aaaaaaa", "ccccccc")
