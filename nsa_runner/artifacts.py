@@ -2,7 +2,7 @@
 
 Public for stage authors::
 
-    from nsa_runner.artifacts import write_text, write_json, write_csv
+    from nsa_runner.artifacts import write_text, write_json, write_csv, write_bytes
 
 Every writer is atomic: the data goes to a temporary file in the destination folder, is
 flushed to disk, then renamed over the destination (``os.replace``). A reader never sees a
@@ -51,6 +51,13 @@ def _atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             pass
         raise
     return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (e.g. a PNG); parent folders are created."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"write_bytes: expected bytes, got {type(data).__name__}")
+    return _atomic_write_bytes(path, bytes(data))
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

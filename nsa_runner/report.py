@@ -435,7 +435,7 @@ def summary_markdown(run: Run) -> str:
     from stages import summary as summary_stage
 
     stages = [s for s in run.stages if s["name"] != summary_stage.Summary.name]
-    return summary_stage._markdown(run.manifest, stages, summary_stage._counts(stages))
+    return summary_stage.markdown(run.manifest, stages, summary_stage.counts(stages))
 
 
 def write(folder: Path) -> dict:

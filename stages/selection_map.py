@@ -166,7 +166,7 @@ def plot(images: list, cfg, title: str, path) -> None:
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    from nsa_runner.artifacts import _atomic_write_bytes
+    from nsa_runner.artifacts import write_bytes
 
     G = len(images)
     fig = Figure(figsize=(2.2 + 2.6 * G, 7.2))
@@ -189,7 +189,7 @@ def plot(images: list, cfg, title: str, path) -> None:
     fig.tight_layout(rect=(0, 0.07, 1, 0.93))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    _atomic_write_bytes(path, buf.getvalue())
+    write_bytes(path, buf.getvalue())
 
 
 def jsonl_lines(block_idx, block_count, cfg, b: int = 0) -> list[str]:

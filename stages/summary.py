@@ -18,7 +18,7 @@ SUMMARY_SCHEMA_VERSION = 1
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "💥", "TIMEOUT": "⏱", "SKIP": "⏭"}
 
 
-def _counts(stages: list[dict]) -> dict[str, int]:
+def counts(stages: list[dict]) -> dict[str, int]:
     c = {"passed": 0, "failed": 0, "skipped": 0}
     for s in stages:
         key = {"PASS": "passed", "SKIP": "skipped"}.get(s["status"], "failed")
@@ -30,7 +30,7 @@ def _md_cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _markdown(m: dict, stages: list[dict], c: dict) -> str:
+def markdown(m: dict, stages: list[dict], c: dict) -> str:
     host = m.get("host", {})
     lines = [
         f"# nsa-run summary — {m['run_id']}",
@@ -101,14 +101,14 @@ class Summary(Stage):
         except ManifestError as e:
             return StageResult(Status.FAIL, f"cannot summarise: {e}")
         stages = [s for s in m["stages"] if s["name"] != self.name]
-        c = _counts(stages)
+        c = counts(stages)
         summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "run_id": m["run_id"], "written": now_iso(),
                    "started": m.get("started"), "device": m.get("device"), "profile": m.get("profile"),
                    "host": m.get("host"), "counts": c,
                    "stages": [{k: s.get(k) for k in ("name", "order", "status", "duration_s", "reason", "hint",
                                                      "files", "log", "metrics")} for s in stages]}
         write_json(ctx.dir / "summary.json", summary)
-        write_text(ctx.dir / "summary.md", _markdown(m, stages, c))
+        write_text(ctx.dir / "summary.md", markdown(m, stages, c))
         write_text(ctx.dir / "junit.xml", _junit(m, stages, c))
         files = ["summary.md", "summary.json", "junit.xml"]
         line = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,13 @@ def default_options(entry: StageEntry) -> dict[str, Any]:
 
 def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunManifest,
                    machine: Machine, profile: str, timeout: float | None, strict: bool,
-                   as_json: bool) -> None:
-    """Execute the plan with live progress, report, and exit with the DESIGN §5 code."""
+                   as_json: bool, after: Callable[[int], int] | None = None) -> None:
+    """Execute the plan with live progress, report, and exit with the DESIGN §5 code.
+
+    ``after(code) -> code`` runs once the stages are done and before anything is reported
+    (oneshot: report.html and the baseline check), so the JSON, the table and the exit code
+    all carry the final verdict and the counts line is printed once, last.
+    """
     settings = Settings(device=machine.device, profile=profile, timeout_s=timeout, strict=strict)
     err = err_console()
     err.print(f"[bold]nsa-run[/] run {manifest.data['run_id']} -> {manifest.dir}  "
@@ -121,6 +127,8 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     finally:
         signal.signal(signal.SIGTERM, previous)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
+    if after is not None and not interrupted:
+        code = after(code)
     payload = {
         "schema_version": 1,
         "run_id": manifest.data["run_id"],

@@ -56,10 +56,9 @@ def oneshot(
     manifest = RunManifest.create(folder, rid, sys.argv, device=machine.device, profile=profile,
                                   strict=strict, selection={"only": only, "skip": skip},
                                   command="oneshot")
-    try:
-        c.run_and_report(plan, manifest, machine, profile, timeout, strict, as_json)
-    except typer.Exit as done:  # report.html (+ the baseline check) at the end; the run's code is kept
-        raise typer.Exit(report_cmd.finish_oneshot(folder, done.exit_code, base, as_json)) from None
+    # report.html (+ the baseline check) once the stages are done; the run's own code is kept
+    c.run_and_report(plan, manifest, machine, profile, timeout, strict, as_json,
+                     after=lambda code: report_cmd.finish_oneshot(folder, code, base))
 
 
 def register(app: typer.Typer) -> None:

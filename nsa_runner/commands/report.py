@@ -64,12 +64,11 @@ def load_baseline(path: Path | None) -> dict | None:
         fail(f"--baseline: {e}", "see docs/baselines.md")
 
 
-def finish_oneshot(folder: Path, code: int, baseline: dict | None, as_json: bool) -> int:
+def finish_oneshot(folder: Path, code: int, baseline: dict | None) -> int:
     """Write report.html (and summary.md if absent) and check the baseline; returns the exit code.
 
     The run's own code is kept (a failure is never hidden); a baseline regression turns 0 into 1.
-    Everything goes to stderr, then the counts line is repeated there so that it stays the last
-    line on a terminal (stdout, with its one counts line or the JSON, is unchanged).
+    Messages go to stderr; the caller then prints the results (table or JSON) and the counts line.
     """
     from nsa_runner.commands.compare import render
     from nsa_runner.compare import Comparison, run_info
@@ -90,15 +89,8 @@ def finish_oneshot(folder: Path, code: int, baseline: dict | None, as_json: bool
         cmp = Comparison(None, run_info(run), rows=rows, notes=notes)
         render(cmp, False, err)
         if cmp.regressions and code == 0:
+            err.print("[bold red]exit code 1[/]: baseline regression")
             code = 1
-            if as_json:
-                err.print("[bold red]exit code 1[/]: baseline regression (the JSON above was written before the "
-                          "baseline check)")
-    try:  # the counts line stays the last line on the terminal (stdout keeps its single copy)
-        k = report_mod.counts(Run.open(folder).stages)
-        err.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
-    except ArtifactError:
-        pass
     return code
 
 
