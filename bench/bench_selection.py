@@ -1,8 +1,9 @@
 """Selection-attention kernel benchmark (issue: Triton selection kernel), CUDA only.
 
-    python bench/bench_selection.py --what table --T-list 8k,16k,32k,64k --out DIR
+    python bench/bench_selection.py --what env,table --T-list 8k,16k,32k,64k --out DIR
+    python bench/bench_selection.py --what sweep --apply-best --T-list 64k --out DIR
 
-Parts (``--what``, comma-separated, run in this order):
+Parts (``--what``, comma-separated, run in the order given):
   env     versions and the GPU
   check   our kernel vs the float64 reference on one paper-scale case (fwd + grads)
   sweep   launch settings of each kernel at the largest T (fwd, dq, dkv, backward modes)
@@ -11,6 +12,8 @@ Parts (``--what``, comma-separated, run in this order):
           (flash and cuDNN backends); our output and gradients vs fla's (bf16 tolerance);
           bench_selection.csv / .md / .png
   stages  the triton-fwd / triton-bwd stages in-process (profile full) into DIR/stages
+  cli     the same two stages through ``nsa-run oneshot --profile full`` (executor, manifest);
+          the run folder comes back as DIR/cli_run.tgz
 
 Workload (the issue's): B=1, HQ=64, G=4, head dim 128 (dk = dv), n=16, l'=64, bf16; block
 indices = forced (block 0 + the two local blocks) + random distinct causal blocks, per
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -498,6 +502,50 @@ def part_stages(args, out: Path):
     return res
 
 
+def part_cli(args, out: Path):
+    """`nsa-run oneshot --profile full --only triton-fwd,triton-bwd` through the real CLI + executor.
+
+    Where the checkout is not pip-installed (the GPU machine), the entry points are made visible
+    the way pip would: a dist-info folder (METADATA + entry_points.txt from pyproject.toml) on
+    PYTHONPATH. The run folder is tarred into OUT (cli_run.tgz); the stage .txt files are printed.
+    """
+    import subprocess
+    import tarfile
+    import tempfile
+
+    import tomllib
+
+    env = dict(os.environ)
+    try:
+        import importlib.metadata as md
+
+        md.distribution("nsa-run")
+    except Exception:  # noqa: BLE001 - not installed: register the entry points by hand
+        site = Path(tempfile.mkdtemp(prefix="nsa_ep_"))
+        meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+        info = site / "nsa_run-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nsa-run\nVersion: 0.1.0\n")
+        eps = meta["project"]["entry-points"]["nsa_runner.stages"]
+        lines = "".join(f"{k} = {v}\n" for k, v in eps.items())
+        (info / "entry_points.txt").write_text("[nsa_runner.stages]\n" + lines)
+        env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")])
+        log(f"registered entry points from pyproject.toml in {info}")
+    runs = Path(tempfile.mkdtemp(prefix="nsa_runs_"))
+    cmd = [sys.executable, "-m", "nsa_runner.cli", "oneshot", "--profile", "full", "--only", "triton-fwd,triton-bwd",
+           "--out", str(runs)]
+    log("$ nsa-run " + " ".join(cmd[3:]))
+    r = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=args.cli_timeout)
+    log(r.stdout[-6000:])
+    log(r.stderr[-3000:])
+    log(f"nsa-run exit code {r.returncode}")
+    for txt in sorted(runs.rglob("triton_*.txt")):
+        log(f"---- {txt.relative_to(runs)}\n{txt.read_text()}")
+    with tarfile.open(out / "cli_run.tgz", "w:gz") as tf:
+        tf.add(runs, arcname="runs")
+    return {"exit_code": r.returncode}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--what", default="env,table")
@@ -517,6 +565,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fla-style-T", default="", type=lambda s: parse_T(s) if s else [],
                     help="table: also these T with fla's own benchmark indices")
     ap.add_argument("--stage-cases", default=None)
+    ap.add_argument("--cli-timeout", type=int, default=420)
     ap.add_argument("--config", default=None, help="JSON overrides of nsa_core.triton_sel.CONFIG")
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
@@ -551,6 +600,8 @@ def main(argv=None) -> int:
                 part_table(args, out)
             elif part == "stages":
                 results["stages"] = part_stages(args, out)
+            elif part == "cli":
+                results["cli"] = part_cli(args, out)
             else:
                 print(f"unknown part {part!r}", file=sys.stderr)
                 return 2

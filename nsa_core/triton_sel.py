@@ -44,11 +44,14 @@ DKV_MODES = ("index", "atomic", "index_dq_atomic")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_H = 16
 
-# Launch settings (tuned on an H100, see docs/benchmarks.md). Keys: kernel name -> dict.
+# Launch settings, from the H100 sweeps in docs/benchmarks.md (T=64K, HQ=64, G=4, d=128, bf16).
+# num_warps None = 2 when both head dims fit in 128 lanes (fastest there), else 4 (fewer registers
+# per thread for the 256-wide tiles of dk=192). qt > 1 (several tokens per program sharing the
+# forced blocks) and preload=True are exact alternatives that measured slower; kept for the sweep.
 CONFIG = {
-    "fwd": {"num_warps": 4, "num_stages": 2, "preload": False, "qt": 1},
-    "dq": {"num_warps": 4, "num_stages": 2, "preload": False, "qt": 1},
-    "dkv": {"num_warps": 4, "num_stages": 1, "rows": 64, "seg": 1024},
+    "fwd": {"num_warps": None, "num_stages": 2, "preload": False, "qt": 1},
+    "dq": {"num_warps": None, "num_stages": 2, "preload": False, "qt": 1},
+    "dkv": {"num_warps": 4, "num_stages": 2, "rows": 32, "seg": 1024},
     "atomic": {"num_warps": 4, "num_stages": 1, "preload": False},
 }
 DEFAULT_DKV_MODE = "index"
@@ -169,6 +172,11 @@ def _new(*shape, dtype, device):
     return t
 
 
+def _warps(cfg: dict, geo: dict) -> int:
+    nw = cfg.get("num_warps")
+    return int(nw) if nw else (2 if geo["BK"] <= 128 and geo["BV"] <= 128 else 4)
+
+
 def _geometry(q, k, v, block_idx, block_size):
     B, Tq, HQ, dk = q.shape
     S, G = k.shape[1], k.shape[2]
@@ -203,7 +211,7 @@ def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=N
             geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
             G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
             HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
-            NP=_np2(geo["n"]), QT=qt, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            NP=_np2(geo["n"]), QT=qt, num_warps=_warps(cfg, geo), num_stages=cfg["num_stages"],
         )
         return o, lse
     grid = (geo["Tq"], geo["B"] * geo["G"])
@@ -214,7 +222,7 @@ def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=N
         geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
         G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
         HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
-        PRELOAD=bool(cfg["preload"]), NP=_np2(geo["n"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PRELOAD=bool(cfg["preload"]), NP=_np2(geo["n"]), num_warps=_warps(cfg, geo), num_stages=cfg["num_stages"],
     )
     return o, lse
 
@@ -298,12 +306,12 @@ def _launch_dq(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=None):
         LAST_COMPILED["dq"] = _k._bwd_dq_qt_kernel[(triton.cdiv(Tq, qt), B * geo["G"])](
             q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
             Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
-            NP=_np2(geo["n"]), QT=qt, num_warps=c["num_warps"], num_stages=c["num_stages"])
+            NP=_np2(geo["n"]), QT=qt, num_warps=_warps(c, geo), num_stages=c["num_stages"])
         return dq
     LAST_COMPILED["dq"] = _k._bwd_dq_kernel[(Tq, B * geo["G"])](
         q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
         Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
-        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=_warps(c, geo), num_stages=c["num_stages"])
     return dq
 
 
@@ -316,7 +324,7 @@ def _launch_atomic(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=Non
     _k._bwd_atomic_kernel[(Tq, B * G)](
         q, k, v, do, lse, delta, dq, dk32, dv32, block_idx, block_count, *geo["strides"],
         Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
-        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=_warps(c, geo), num_stages=c["num_stages"])
     return dq, dk32.to(k.dtype), dv32.to(v.dtype)
 
 
@@ -337,7 +345,7 @@ def _launch_dkv(q, k, v, do, lse, delta, index, geo, cfg=None, dq32=None):
         q, k, v, do, lse, delta, dk_out, dv_out, wsk, wsv, dq32 if dq32 is not None else delta,
         seg_key, seg_start, seg_end, seg_out, csr_t, *geo["strides"],
         Tq, S, S - Tq, geo["NB"], geo["qk_scale"], geo["scale"], HP=HPd, BQ=BQ, ATOMIC_DQ=dq32 is not None,
-        **geo["common"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+        **geo["common"], num_warps=_warps(c, geo), num_stages=c["num_stages"])
     if red_key.numel():
         _k._bwd_dkv_reduce_kernel[(red_key.numel(),)](
             wsk, wsv, dk_out, dv_out, red_key, red_start, red_end, S, geo["NB"], G=G, BLOCK_SIZE=geo["block_size"],
