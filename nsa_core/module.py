@@ -75,7 +75,7 @@ class NSAAttention(nn.Module):
                  backend="reference"):
         super().__init__()
         for name, v in (("dim", dim), ("n_heads", n_heads), ("n_kv_groups", n_kv_groups), ("d_k", d_k), ("d_v", d_v)):
-            if not isinstance(v, int) or v <= 0:
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"NSAAttention: {name} must be a positive int, got {v!r}")
         if n_heads % n_kv_groups:
             raise ValueError(f"NSAAttention: n_heads={n_heads} must be a multiple of n_kv_groups={n_kv_groups}")
