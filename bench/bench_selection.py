@@ -476,9 +476,10 @@ def _plot(df, path: Path):
         ax.set_yscale("log")
         ax.set_xlabel("T (tokens)")
         ax.set_ylabel("ms (median)")
-        ax.set_title(f"selection attention {label}: B=1 HQ=64 G=4 d=128 n=16 l'=64 bf16")
+        ax.set_title(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    fig.suptitle("selection attention, B=1 HQ=64 G=4 d=128 n=16 l'=64 bf16 (median ms, log scale)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
