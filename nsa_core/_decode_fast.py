@@ -292,8 +292,18 @@ class StaticDecoder:
 
     # ---- eager convenience + graphs ---------------------------------------------------------
     def capture(self, warmup: int = 2) -> None:
-        """Capture run_step in a CUDA graph (replayed by step())."""
+        """Capture run_step in a CUDA graph (replayed by step()).
+
+        Warm-up and capture really run the step, so they run it at position cache.length: the
+        slot the next real step overwrites (its K_sel row, ring slots and, when a block completes
+        there, its compressed row are all rewritten by that step), so the cache is unchanged."""
+        self._prepare_capture()
         self._graph = capture_graph(self.run_step, warmup=warmup)
+
+    def _prepare_capture(self) -> None:
+        if self.cache.length >= self.cap:
+            raise ValueError(f"StaticDecoder.capture: cache is full (capacity {self.cap})")
+        self.pos.fill_(self.cache.length)
 
     @torch.no_grad()
     def step(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Fused Triton kernels for the static NSA decode step (``StaticDecoder(impl="triton")``).
 
-Five launches per step, all reading the position from a device scalar (graph capturable):
+Six launches per step, all reading the position from a device scalar (graph capturable):
 
   _append_kernel      token t -> K_sel/V_sel row t, window ring slot t % w, raw compression
                       ring slot t % l; with phi="avg" also the compressed token that completes
@@ -10,16 +10,18 @@ Five launches per step, all reading the position from a device scalar (graph cap
                       heads of the group against the chunk's visible compressed keys; online
                       softmax stats (m, l) per head, the partial o_cmp (DO_O) and the logits
                       (DO_LOGITS, log2 domain) for the selection scores.
-  _cmp_select_kernel  one program per (b*g): merges the chunks -> o_cmp (DO_CMP); (DO_SEL)
-                      p_cmp = softmax over the logits summed over the group's heads (Eq. 10),
-                      block scores with the overlap weights (Eq. 9, as sum_{m<a} sum_{n<b}
-                      P[j*a + m - n]), top-n with block 0 and the two local blocks forced, ties
-                      to the lower block id -> block ids [b*g, n] (-1 = unused).
+  _cmp_probs_kernel   one program per (b*g, chunk): p_cmp normalised with the merged stats and
+                      summed over the group's heads (Eq. 10) -> P [b*g, token].
+  _select_kernel      one program per (b*g): block scores with the overlap weights (Eq. 9, as
+                      sum_{m<a} sum_{n<b} P[j*a + m - n]), top-n with block 0 and the two local
+                      blocks forced, ties to the lower block id (one max-reduction per pick over
+                      a packed (score, -id) key) -> block ids [b*g, n] (-1 = unused).
   _selwin_kernel      one program per (b*g, tile): tiles 0..n-1 are the selected blocks (raw
                       tokens <= t), the next ceil(w / BS) tiles the window ring (slots <= t);
                       partial (m, l, o) per tile.
-  _combine_kernel     one program per (b*g): merges the tiles of each branch and applies the
-                      gates (Eq. 5) -> o [B, HQ, dv] in the cache dtype.
+  _combine_kernel     one program per (b*g, slice of value columns): merges the compressed chunks
+                      and the tiles of each branch, applies the gates (Eq. 5) -> o [B, HQ, dv] in
+                      the cache dtype.
 
 Softmax runs in the exp2 domain (qk_scale = scale * log2 e) in fp32; fp32 caches use IEEE
 dots (no tf32). Rows of padding heads (HP > h) are computed and never stored.
@@ -33,6 +35,8 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # a global a jit function may read must be a constexpr
+KEY_MIN = tl.constexpr(-(2**63))  # a top-n key that never wins
+NEG_INF_ORDERED = tl.constexpr(-2139095041)  # order-preserving int32 of float -inf (0xFF800000 ^ 0x7FFFFFFF)
 
 
 @triton.jit
@@ -138,63 +142,71 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
 
 
 @triton.jit
-def _cmp_select_kernel(POS, M_P, L_P, ACC_P, LOGITS, PSUM, O_CMP, BLK, CCAP, NB,
-                       H: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr,
-                       NSEL: tl.constexpr, A: tl.constexpr, BQ: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
-                       NCH, BC: tl.constexpr, BI: tl.constexpr, BNB: tl.constexpr,
-                       DO_CMP: tl.constexpr, DO_SEL: tl.constexpr):
+def _cmp_probs_kernel(POS, M_P, L_P, LOGITS, PSUM, CCAP, CH, NCH,
+                      H: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr,
+                      BC: tl.constexpr):
+    """P[i] = sum over the group's heads of softmax_i (Eq. 10) for the tokens of chunk c."""
     bg = tl.program_id(0)
+    c = tl.program_id(1)
     bg64 = bg.to(tl.int64)
     pos = tl.load(POS).to(tl.int64)
     s = pos + 1
     nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
     oh = tl.arange(0, HP)
-    ov = tl.arange(0, BV)
     oc = tl.arange(0, BC)
     mh = oh < H
-    mc = oc < NCH
     rows = bg64 * NCH + oc
+    mc = oc < NCH
     Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG)  # [BC, HP]
     Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0)
-    Mh = tl.max(Mp, 0)  # [HP]
+    Mh = tl.max(Mp, 0)
     Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
-    has = Z > 0.0
-    if DO_CMP:
-        acc = tl.zeros([HP, BV], dtype=tl.float32)
-        for c in range(0, NCH):
-            mrow = tl.load(M_P + (bg64 * NCH + c) * HP + oh)
-            a = tl.load(ACC_P + ((bg64 * NCH + c) * HP + oh[:, None]) * BV + ov[None, :])
-            acc += a * tl.exp2(mrow - Mh)[:, None]
-        o = acc / tl.where(has, Z, 1.0)[:, None]
-        tl.store(O_CMP + (bg64 * HP + oh[:, None]) * BV + ov[None, :], o)
-    if DO_SEL:
-        invZ = tl.where(has & mh, 1.0 / tl.where(has, Z, 1.0), 0.0)
-        oi = tl.arange(0, BI)
-        for i0 in range(0, nvis, BI):
-            ii = i0 + oi
-            mi = ii < nvis
-            lg = tl.load(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + ii[None, :], mask=mh[:, None] & mi[None, :],
-                         other=float("-inf"))
-            pr = tl.exp2(lg - Mh[:, None]) * invZ[:, None]
-            tl.store(PSUM + bg64 * CCAP + ii, tl.sum(pr, 0), mask=mi)
-        tl.debug_barrier()
-        oj = tl.arange(0, BNB)
-        sc = tl.zeros([BNB], dtype=tl.float32)
-        for mm in tl.static_range(A):
-            for nn in tl.static_range(BQ):
-                idx = oj * A + mm - nn
-                okj = (idx >= 0) & (idx < nvis) & (oj < NB)
-                sc += tl.load(PSUM + bg64 * CCAP + idx, mask=okj, other=0.0)
-        cur = pos // LSEL
-        cand = oj <= cur
-        forced = cand & ((oj == 0) | (oj == cur) | (oj == cur - 1))
-        sc = tl.where(forced, float("inf"), sc)
-        sc = tl.where(cand, sc, float("-inf"))
-        for k in tl.static_range(NSEL):
-            best = tl.argmax(sc, 0)  # ties -> the lower block id
-            bval = tl.max(sc, 0)
-            tl.store(BLK + bg64 * NSEL + k, tl.where(bval > float("-inf"), best, -1).to(tl.int64))
-            sc = tl.where(oj == best, float("-inf"), sc)
+    invZ = tl.where((Z > 0.0) & mh, 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
+    ot = tl.arange(0, BT)
+    lo = c.to(tl.int64) * CH
+    hi = tl.minimum(lo + CH, nvis)
+    for i0 in range(lo, hi, BT):
+        ii = i0 + ot
+        mi = ii < hi
+        lg = tl.load(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + ii[None, :], mask=mh[:, None] & mi[None, :],
+                     other=float("-inf"))
+        pr = tl.exp2(lg - Mh[:, None]) * invZ[:, None]
+        tl.store(PSUM + bg64 * CCAP + ii, tl.sum(pr, 0), mask=mi)
+
+
+@triton.jit
+def _select_kernel(POS, PSUM, BLK, CCAP, NB,
+                   L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr,
+                   A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr):
+    """Block scores (Eq. 9: sum_{m<a} sum_{n<b} P[j*a + m - n]) and top-n (Eq. 11) -> BLK [b*g, n]."""
+    bg = tl.program_id(0)
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    s = pos + 1
+    nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
+    oj = tl.arange(0, BNB)
+    sc = tl.zeros([BNB], dtype=tl.float32)
+    for mm in tl.static_range(A):
+        for nn in tl.static_range(BQ):
+            idx = oj * A + mm - nn
+            okj = (idx >= 0) & (idx < nvis) & (oj < NB)
+            sc += tl.load(PSUM + bg64 * CCAP + idx, mask=okj, other=0.0)
+    cur = pos // LSEL
+    cand = oj <= cur
+    forced = cand & ((oj == 0) | (oj == cur) | (oj == cur - 1))
+    sc = tl.where(forced, float("inf"), sc)
+    sc = tl.where(cand, sc, float("-inf"))
+    # one reduction per pick: the float's order-preserving int32 in the high half, BNB-1-j in the low
+    # half, so the max is the best score and, among equal scores, the lowest block id
+    bits = sc.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = (ordered.to(tl.int64) << 32) | (BNB - 1 - oj).to(tl.int64)
+    for k in tl.static_range(NSEL):
+        best = tl.max(key, 0)
+        j = BNB - 1 - (best & 0xFFFFFFFF)
+        valid = (best >> 32) > NEG_INF_ORDERED  # a candidate (score > -inf) was left
+        tl.store(BLK + bg64 * NSEL + k, tl.where(valid, j, -1).to(tl.int64))
+        key = tl.where(oj == j, KEY_MIN, key)
 
 
 @triton.jit
@@ -247,11 +259,11 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
 
 
 @triton.jit
-def _merge(M_T, L_T, ACC_T, bg64, t0, NT: tl.constexpr, COUNT: tl.constexpr, BCNT: tl.constexpr,
-           HP: tl.constexpr, BV: tl.constexpr):
-    """Merge tiles t0 .. t0+COUNT-1 of row bg -> normalised o [HP, BV] (0 where nothing visible)."""
+def _merge(M_T, L_T, ACC_T, bg64, t0, NT, COUNT, ov, BCNT: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
+           BVS: tl.constexpr):
+    """Merge tiles t0 .. t0+COUNT-1 of row bg (row stride NT) -> normalised o [HP, len(ov)] for the
+    value columns ov (0 where nothing was visible)."""
     oh = tl.arange(0, HP)
-    ov = tl.arange(0, BV)
     ot = tl.arange(0, BCNT)
     rows = bg64 * NT + t0 + ot
     mt = ot < COUNT
@@ -259,7 +271,7 @@ def _merge(M_T, L_T, ACC_T, bg64, t0, NT: tl.constexpr, COUNT: tl.constexpr, BCN
     Lt = tl.load(L_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=0.0)
     Mh = tl.max(Mt, 0)
     Z = tl.sum(Lt * tl.exp2(Mt - Mh[None, :]), 0)
-    acc = tl.zeros([HP, BV], dtype=tl.float32)
+    acc = tl.zeros([HP, BVS], dtype=tl.float32)
     for i in range(0, COUNT):
         r = bg64 * NT + t0 + i
         mrow = tl.load(M_T + r * HP + oh)
@@ -269,28 +281,33 @@ def _merge(M_T, L_T, ACC_T, bg64, t0, NT: tl.constexpr, COUNT: tl.constexpr, BCN
 
 
 @triton.jit
-def _combine_kernel(O_CMP, M_T, L_T, ACC_T, GATES, s_gb, O,
+def _combine_kernel(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT,
                     G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
-                    NT: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr, BSEL: tl.constexpr,
-                    BWIN: tl.constexpr, DO_CMP: tl.constexpr):
+                    BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
+                    BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
+    """One program per (b*g, slice of BVS value columns): merge the compressed chunks (DO_CMP), the
+    selected-block tiles and the window tiles, weight by the gates (GATED; else 1) -> O [B, HQ, dv]."""
     bg = tl.program_id(0)
+    vs = tl.program_id(1)
     b = bg // G
     g = bg % G
     bg64 = bg.to(tl.int64)
     oh = tl.arange(0, HP)
-    ov = tl.arange(0, BV)
+    ov = vs * BVS + tl.arange(0, BVS)
     mh = oh < H
     mv = ov < DV
     gate = GATES + b * s_gb + (g * H + oh) * 3
-    o = tl.zeros([HP, BV], dtype=tl.float32)
+    o = tl.zeros([HP, BVS], dtype=tl.float32)
     if DO_CMP:
-        oc = tl.load(O_CMP + (bg64 * HP + oh[:, None]) * BV + ov[None, :])
-        o += tl.load(gate + 0, mask=mh, other=0.0).to(tl.float32)[:, None] * oc
+        oc = _merge(M_P, L_P, ACC_P, bg64, 0, NCH, NCH, ov, BC, HP, BV, BVS)
+        if GATED:
+            oc = tl.load(gate + 0, mask=mh, other=0.0).to(tl.float32)[:, None] * oc
+        o += oc
     if NS_SEL > 0:
-        os_ = _merge(M_T, L_T, ACC_T, bg64, 0, NT, NS_SEL, BSEL, HP, BV)
+        os_ = _merge(M_T, L_T, ACC_T, bg64, 0, NT, NS_SEL, ov, BSEL, HP, BV, BVS)
         o += tl.load(gate + 1, mask=mh, other=0.0).to(tl.float32)[:, None] * os_
     if NS_WIN > 0:
-        ow = _merge(M_T, L_T, ACC_T, bg64, NS_SEL, NT, NS_WIN, BWIN, HP, BV)
+        ow = _merge(M_T, L_T, ACC_T, bg64, NS_SEL, NT, NS_WIN, ov, BWIN, HP, BV, BVS)
         o += tl.load(gate + 2, mask=mh, other=0.0).to(tl.float32)[:, None] * ow
     rows = b.to(tl.int64) * G * H + g * H + oh
     tl.store(O + rows[:, None] * DV + ov[None, :], o.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
@@ -308,21 +325,23 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None) -> tuple[int, int, int]:
+def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None,
+             max_chunks: int | None = None) -> tuple[int, int, int]:
     """Split-K geometry over n_tokens keys for BG (batch*group) rows -> (BT, CH, NCH).
 
-    Default: about PROGRAMS_PER_SM programs per SM in all, never more than MAX_CHUNKS chunks
-    per row (each row's chunks are merged by one program)."""
+    Default: about PROGRAMS_PER_SM programs per SM in all, at most ``max_chunks`` (MAX_CHUNKS)
+    chunks per row."""
     if chunk is None:
-        want = min(MAX_CHUNKS, -(-PROGRAMS_PER_SM * _num_sms(device) // BG))
+        want = min(max_chunks or MAX_CHUNKS, -(-PROGRAMS_PER_SM * _num_sms(device) // BG))
         chunk = -(-n_tokens // max(1, want))
     BT = min(64 if BK <= 256 else 32, _p2(chunk, 16))  # keys per tile
     CH = -(-chunk // BT) * BT
     return BT, CH, -(-n_tokens // CH)
 
 
-PROGRAMS_PER_SM = 4
-MAX_CHUNKS = 64
+# Split-K defaults, from the chunk sweep on the H100 (docs/benchmarks.md, "Decode").
+PROGRAMS_PER_SM = 2
+MAX_CHUNKS = 16
 
 
 class Workspace:
@@ -332,7 +351,7 @@ class Workspace:
     warps: num_warps per kernel, overriding CONFIG for this workspace (measurement).
     """
 
-    CONFIG = {"append": 4, "cmp": 4, "select": 4, "selwin": 4, "combine": 4}  # num_warps
+    CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4}  # num_warps
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None):
         cfg = dec.cfg
@@ -343,6 +362,7 @@ class Workspace:
         self.HP = _p2(dec.h, 16)
         self.BK = _p2(dec.dk, 16)
         self.BV = _p2(dec.dv, 16)
+        self.BVS = min(self.BV, 32)  # value columns per combine program
         ccap = dec.ccap
         self.BT, self.CH, self.NCH = chunking(ccap, self.BG, self.BK, dev, chunk)
         self.BS = _p2(cfg.l_sel, 16)
@@ -356,11 +376,10 @@ class Workspace:
         self.acc_p = torch.empty(self.BG, self.NCH, self.HP, self.BV, **f32)
         self.logits = torch.empty(self.BG, self.HP, ccap, **f32)
         self.psum = torch.empty(self.BG, ccap, **f32)
-        self.o_cmp = torch.empty(self.BG, self.HP, self.BV, **f32)
-        nt = cfg.n_sel + self.NS_WIN
-        self.m_t = torch.empty(self.BG, nt, self.HP, **f32)
-        self.l_t = torch.empty(self.BG, nt, self.HP, **f32)
-        self.acc_t = torch.empty(self.BG, nt, self.HP, self.BV, **f32)
+        self.NT = cfg.n_sel + self.NS_WIN  # row stride of the sel/win tile buffers
+        self.m_t = torch.empty(self.BG, self.NT, self.HP, **f32)
+        self.l_t = torch.empty(self.BG, self.NT, self.HP, **f32)
+        self.acc_t = torch.empty(self.BG, self.NT, self.HP, self.BV, **f32)
         self.qk_scale = dec.scale * LOG2E
 
     # ---- launches ------------------------------------------------------------------------------
@@ -392,44 +411,48 @@ class Workspace:
             BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=do_o, DO_LOGITS=do_logits, IEEE=self.IEEE,
             num_warps=self.CONFIG["cmp"])
 
-    def cmp_select(self, do_cmp: bool, do_sel: bool) -> None:
+    def select(self) -> None:
+        """Scores and top-n from the logits of the last cmp_partial(do_logits=True) -> dec.blk."""
         d, cfg = self.dec, self.dec.cfg
-        _cmp_select_kernel[(self.BG,)](
-            d.pos, self.m_p, self.l_p, self.acc_p, self.logits, self.psum, self.o_cmp, d.blk, d.ccap, d.NB,
-            H=d.h, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d,
-            HP=self.HP, BV=self.BV, NCH=self.NCH, BC=_p2(self.NCH), BI=64, BNB=_p2(d.NB), DO_CMP=do_cmp,
-            DO_SEL=do_sel, num_warps=self.CONFIG["select"])
+        _cmp_probs_kernel[(self.BG, self.NCH)](
+            d.pos, self.m_p, self.l_p, self.logits, self.psum, d.ccap, self.CH, self.NCH, H=d.h, L=cfg.l,
+            STRIDE=cfg.d, HP=self.HP, BT=self.BT, BC=_p2(self.NCH), num_warps=self.CONFIG["probs"])
+        _select_kernel[(self.BG,)](
+            d.pos, self.psum, d.blk, d.ccap, d.NB, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
+            A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d, BNB=_p2(d.NB), num_warps=self.CONFIG["select"])
 
     def selwin(self, q, do_sel: bool, do_win: bool) -> tuple[int, int]:
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
         self._check_q(q)
         ns_sel = cfg.n_sel if do_sel else 0
         ns_win = self.NS_WIN if do_win else 0
-        nt = cfg.n_sel + self.NS_WIN  # row stride of the tile buffers (fixed)
         if ns_sel + ns_win:
             _selwin_kernel[(self.BG, ns_sel + ns_win)](
                 d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t,
                 d.cap, self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
-                NS_SEL=ns_sel, NT=nt, HP=self.HP, BK=self.BK, BV=self.BV, BS=self.BS, IEEE=self.IEEE,
+                NS_SEL=ns_sel, NT=self.NT, HP=self.HP, BK=self.BK, BV=self.BV, BS=self.BS, IEEE=self.IEEE,
                 num_warps=self.CONFIG["selwin"])
         return ns_sel, ns_win
 
     def combine(self, gates, out, do_cmp: bool, ns_sel: int, ns_win: int) -> torch.Tensor:
-        """Merge the tiles of the last selwin launch (window tiles start at tile ns_sel) + gates."""
+        """Merge the compressed chunks and the tiles of the last selwin launch (window tiles start
+        at tile ns_sel), weight by the gates -> out [B, HQ, dv]."""
         d = self.dec
         if gates.stride(2) != 1 or gates.stride(1) != 3:
             raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
-        _combine_kernel[(self.BG,)](
-            self.o_cmp, self.m_t, self.l_t, self.acc_t, gates, gates.stride(0), out, G=d.G, H=d.h, DV=d.dv,
-            HP=self.HP, BV=self.BV, NT=d.cfg.n_sel + self.NS_WIN, NS_SEL=ns_sel, NS_WIN=ns_win,
-            BSEL=_p2(max(ns_sel, 1)), BWIN=_p2(max(ns_win, 1)), DO_CMP=do_cmp, num_warps=self.CONFIG["combine"])
+        _combine_kernel[(self.BG, self.BV // self.BVS)](
+            self.m_p, self.l_p, self.acc_p, self.m_t, self.l_t, self.acc_t, gates, gates.stride(0), out, self.NCH,
+            self.NT, G=d.G, H=d.h, DV=d.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=ns_sel,
+            NS_WIN=ns_win, BSEL=_p2(max(ns_sel, 1)), BWIN=_p2(max(ns_win, 1)), DO_CMP=do_cmp, GATED=True,
+            num_warps=self.CONFIG["combine"])
         return out
 
     def branches(self, q, gates, out, cmp: bool = True, sel: bool = True, win: bool = True) -> torch.Tensor:
         """Gated sum of the chosen branches for the query q [B, HQ, dk] -> out [B, HQ, dv]."""
         if cmp or sel:
             self.cmp_partial(q, do_o=cmp, do_logits=sel)
-            self.cmp_select(do_cmp=cmp, do_sel=sel)
+        if sel:
+            self.select()
         ns_sel, ns_win = self.selwin(q, sel, win)
         return self.combine(gates, out, cmp, ns_sel, ns_win)
 
@@ -437,14 +460,15 @@ class Workspace:
 class FullDecode:
     """Full-attention decode baseline, flash-decoding style, with the same kernels: split-K over
     all s = pos + 1 cached keys (_cmp_partial_kernel with l = d = 1: every token visible), then
-    one merge program per (b, group). SDPA has no split over the keys for a single decode query,
-    so at small batch it leaves most SMs idle; this is the strong baseline there.
+    the parallel merge of _combine_kernel (no gates). SDPA has no split over the keys for a single
+    decode query, so at small batch it leaves most SMs idle; this is the strong baseline there.
 
     q [B, HQ, dk] (contiguous [HQ, dk]); K/V [B, G, cap, dk|dv] contiguous; pos 0-dim int64.
-    __call__() -> o [B, G, h, dv] fp32 (a view of the padded output buffer).
+    __call__() -> o [B, G, h, dv] in q's dtype (a view of the output buffer).
     """
 
-    def __init__(self, q, K, V, pos, scale: float, chunk: int | None = None, warps: int = 4):
+    def __init__(self, q, K, V, pos, scale: float, chunk: int | None = None, warps: int = 4,
+                 max_chunks: int = 64):
         B, HQ, dk = q.shape
         _, G, cap, dv = V.shape
         if q.stride(2) != 1 or q.stride(1) != dk or not K.is_contiguous() or not V.is_contiguous():
@@ -452,14 +476,15 @@ class FullDecode:
         self.q, self.K, self.V, self.pos = q, K, V, pos
         self.B, self.G, self.h, self.dk, self.dv, self.cap = B, G, HQ // G, dk, dv, cap
         self.BG, self.HP, self.BK, self.BV = B * G, _p2(self.h, 16), _p2(dk, 16), _p2(dv, 16)
-        self.BT, self.CH, self.NCH = chunking(cap, self.BG, self.BK, q.device, chunk)
+        self.BVS = min(self.BV, 32)
+        self.BT, self.CH, self.NCH = chunking(cap, self.BG, self.BK, q.device, chunk, max_chunks)
         f32 = dict(dtype=torch.float32, device=q.device)
         self.m_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
         self.l_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
         self.acc_p = torch.empty(self.BG, self.NCH, self.HP, self.BV, **f32)
-        self.o = torch.empty(self.BG, self.HP, self.BV, **f32)
+        self.o = torch.empty(B, HQ, dv, dtype=q.dtype, device=q.device)
         self.dummy = torch.empty(1, **f32)
-        self.blk = torch.empty(1, dtype=torch.int64, device=q.device)
+        self.gates = torch.empty(B, HQ, 3, dtype=q.dtype, device=q.device)  # not read (GATED=False)
         self.qk_scale = scale * LOG2E
         self.ieee = q.dtype == torch.float32
         self.warps = warps
@@ -470,14 +495,14 @@ class FullDecode:
             self.qk_scale, G=self.G, H=self.h, DK=self.dk, DV=self.dv, L=1, STRIDE=1, HP=self.HP, BK=self.BK,
             BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=True, DO_LOGITS=False, IEEE=self.ieee,
             num_warps=self.warps)
-        _cmp_select_kernel[(self.BG,)](
-            self.pos, self.m_p, self.l_p, self.acc_p, self.dummy, self.dummy, self.o, self.blk, self.cap, 1,
-            H=self.h, L=1, STRIDE=1, LSEL=1, NSEL=1, A=1, BQ=1, HP=self.HP, BV=self.BV, NCH=self.NCH,
-            BC=_p2(self.NCH), BI=64, BNB=1, DO_CMP=True, DO_SEL=False, num_warps=4)
-        return self.o[:, :self.h, :self.dv].view(self.B, self.G, self.h, self.dv)
+        _combine_kernel[(self.BG, self.BV // self.BVS)](
+            self.m_p, self.l_p, self.acc_p, self.dummy, self.dummy, self.dummy, self.gates, 0, self.o, self.NCH, 1,
+            G=self.G, H=self.h, DV=self.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=0,
+            NS_WIN=0, BSEL=1, BWIN=1, DO_CMP=True, GATED=False, num_warps=4)
+        return self.o.view(self.B, self.G, self.h, self.dv)
 
 
 def describe(ws: Workspace) -> dict:
     """Launch geometry, for the benchmark notes."""
     return {"chunk": ws.CH, "chunks": ws.NCH, "HP": ws.HP, "BK": ws.BK, "BV": ws.BV, "BT": ws.BT, "BS": ws.BS,
-            "win_tiles": ws.NS_WIN, "launches_per_attn_step": 5}
+            "win_tiles": ws.NS_WIN, "launches_per_attn_step": 6}

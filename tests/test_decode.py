@@ -108,6 +108,21 @@ def test_static_decoder_from_empty_cache(setup):
     _check(ys, y_full[:, :40], what="from empty")
 
 
+def test_warmup_at_next_position_leaves_cache_intact(setup):
+    """StaticDecoder.capture() runs the step (warm-up, capture) at position cache.length with
+    whatever is in the input buffer; the next real step must still reproduce prefill."""
+    m, x, y_full = setup
+    for T in (15, 16, 31):  # 15 and 31: a compressed block completes at the next position (l=8, d=4)
+        y, cache = m(x[:, :T], max_len=TOTAL)
+        dec = m.decoder(cache)
+        dec.x.normal_()
+        dec._prepare_capture()
+        dec.run_step()  # what capture() does on CUDA: warm-up + capture run the step
+        dec.run_step()
+        outs = [y] + [dec.step(x[:, k:k + 1]).clone() for k in range(T, T + 6)]
+        _check(torch.cat(outs, 1), y_full[:, :T + 6], what=f"after warm-up T={T}")
+
+
 def test_static_branches_alone_match_eager():
     """Each branch alone (gates one-hot) equals the eager reference branch: no branch computes another's part."""
     from nsa_core import _decode
