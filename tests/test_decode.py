@@ -123,17 +123,23 @@ def test_warmup_at_next_position_leaves_cache_intact(setup):
         _check(torch.cat(outs, 1), y_full[:, :T + 6], what=f"after warm-up T={T}")
 
 
-def test_static_branches_alone_match_eager():
-    """Each branch alone (gates one-hot) equals the eager reference branch: no branch computes another's part."""
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_static_branches_alone_match_eager(impl):
+    """Each branch alone equals the eager reference branch (times its gate): what decode-bench times in isolation."""
     from nsa_core import _decode
 
+    if impl == "triton":
+        pytest.importorskip("triton", reason="triton not installed")
+    dt = torch.float64 if impl == "torch" else torch.float32
+    dev = "cuda" if impl == "triton" and torch.cuda.is_available() else "cpu"
     m = _model("avg", seed=3)
     x = torch.randn(2, 50, DIM, dtype=torch.float64)
-    _, cache = m(x[:, :49], max_len=64)
-    ref_cache = cache.clone()
-    dec = m.decoder(cache)
+    _, ref_cache = m(x[:, :49], max_len=64)
+    m_run = _model("avg", seed=3).to(dtype=dt, device=dev)
+    _, cache = m_run(x[:, :49].to(dtype=dt, device=dev), max_len=64)
+    dec = m_run.decoder(cache, impl=impl)
     dec.pos.fill_(49)
-    proj = dec.project(x[:, 49:50])
+    proj = dec.project(x[:, 49:50].to(dtype=dt, device=dev))
     dec.append(*proj[1:7])
     q, gates = proj[0], proj[7]
     p = m.project(x[:, 49:50], 49)
@@ -145,7 +151,7 @@ def test_static_branches_alone_match_eager():
         flags = {"cmp": False, "sel": False, "win": False, name: True}
         o = dec.branches(q, gates, **flags)  # real gates: compare gate-scaled
         ref_scaled = (ref * p.gates[..., i:i + 1]).reshape(o.shape)
-        _check(o, ref_scaled, what=f"branch {name} alone")
+        _check(o, ref_scaled, dt, what=f"{impl} branch {name} alone")
 
 
 def test_decode_input_errors(setup):
