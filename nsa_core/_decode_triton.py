@@ -339,7 +339,9 @@ def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None,
     return BT, CH, -(-n_tokens // CH)
 
 
-# Split-K defaults, from the chunk sweep on the H100 (docs/benchmarks.md, "Decode").
+# Split-K defaults, chosen from the H100 chunk sweep of the second device run (docs/benchmarks.md,
+# "Decode"); the final run's sweep suggests 16 chunks at B=16, S=64k (139 vs 162 us, not adopted:
+# not re-measured through the stage).
 PROGRAMS_PER_SM = 2
 MAX_CHUNKS = 16
 
