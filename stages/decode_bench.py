@@ -60,7 +60,10 @@ COLUMNS = ["S", "B", "impl", "fill", "ms_step", "ms_attn", "ms_cmp", "ms_sel", "
            "ms_full_sdpa", "ms_full_triton", "speedup", "speedup_step", "share_cmp", "share_sel", "share_win",
            "share_other", "share_sum", "ms_step_eager", "reads_cmp", "reads_sel", "reads_win", "reads_total",
            "reads_bound", "reads_full", "read_ratio", "GB/s", "GB/s_full", "full_backend", "parity_rel_err",
-           "parity_tol", "sel_agree", "full_rel_err"]
+           "parity_tol", "sel_agree", "full_rel_err",
+           # the spread (20th / 80th percentile) of the main timings, so `nsa-run compare` can tell noise
+           "ms_step_p20", "ms_step_p80", "ms_attn_p20", "ms_attn_p80", "ms_full_p20", "ms_full_p80",
+           "ms_step_eager_p20", "ms_step_eager_p80"]
 L2_FLUSH_BYTES = 256 << 20
 
 
@@ -121,6 +124,15 @@ class _Timer:
         self.iters, self.warmup, self.graphs = iters, warmup, graphs and self.cuda
         self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if self.cuda else None
         self.failed: dict[str, str] = {}
+        self.spread: dict[str, tuple[float, float]] = {}  # name -> (p20, p80) of the last call
+
+    def _summarise(self, times: dict[str, list]) -> dict[str, float]:
+        out = {}
+        for k, v in times.items():
+            q = statistics.quantiles(v, n=5) if len(v) > 1 else [v[0]] * 4
+            self.spread[k] = (q[0], q[3])
+            out[k] = statistics.median(v)
+        return out
 
     def __call__(self, fns: dict, graph: bool | None = None, optional=()) -> dict[str, float]:
         """Median ms per name; names in ``optional`` that cannot be captured are left out
@@ -152,7 +164,7 @@ class _Timer:
                     t0 = time.perf_counter()
                     run()
                     times[name].append((time.perf_counter() - t0) * 1e3)
-            return {k: statistics.median(v) for k, v in times.items()}
+            return self._summarise(times)
         for _ in range(self.iters):
             for name, run in runs.items():
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -162,7 +174,16 @@ class _Timer:
                 b.record()
                 times[name].append((a, b))
         torch.cuda.synchronize()
-        return {k: statistics.median(a.elapsed_time(b) for a, b in v) for k, v in times.items()}
+        return self._summarise({k: [a.elapsed_time(b) for a, b in v] for k, v in times.items()})
+
+
+def _spread_cols(spread: dict, names: dict[str, str]) -> dict[str, float]:
+    """{"ms_step_p20": .., "ms_step_p80": ..} for each column -> timer name (NaN when not timed)."""
+    out = {}
+    for col, name in names.items():
+        lo, hi = spread.get(name, (float("nan"), float("nan")))
+        out[f"{col}_p20"], out[f"{col}_p80"] = lo, hi
+    return out
 
 
 def _sdpa_backends(device: str):
@@ -344,6 +365,8 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         **{f"share_{k}": 100.0 * ms[k] / ms["step"] for k in parts},
         "share_sum": 100.0 * sum(ms[k] for k in parts) / ms["step"],
         "ms_step_eager": ms_eager,
+        **_spread_cols(timer.spread, {"ms_step": "step", "ms_attn": "attn", "ms_full": f"full:{full_name}",
+                                      "ms_step_eager": "eager"}),
         "reads_cmp": reads.get("cmp", -1), "reads_sel": reads.get("sel", -1), "reads_win": reads.get("win", -1),
         "reads_total": total, "reads_bound": cache_mod.paper_bound(S, cfg), "reads_full": S,
         "read_ratio": S / total if total else float("nan"),
