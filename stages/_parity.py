@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from nsa_runner.stage import StageResult, Status
+from nsa_runner.stage import Option, Stage, StageResult, Status
 
 KERNEL = None  # test hook (see module docstring)
 
@@ -280,3 +280,24 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
         return StageResult(Status.FAIL, f"{len(bad)}/{len(ran)} case(s) failed: {names}{skip_note}", files, metrics)
     return StageResult(Status.PASS, f"{len(ran)}/{len(ran)} cases within tolerance "
                                     f"(worst rel_err {metrics['worst_rel_err']:.2e}){skip_note}", files, metrics)
+
+
+class ParityStage(Stage):
+    """triton-fwd / triton-bwd: the case matrix of ``which`` ("fwd"/"bwd"), one ``measure`` per case."""
+
+    requires = ("triton",)
+    which = ""
+    options = (
+        Option("--cases", str, None, "only cases whose id contains one of these comma-separated substrings"),
+        Option("--seed", int, 0, "base seed of the random inputs"),
+    )
+
+    @staticmethod
+    def measure(case, device: str, seed: int) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def run(self, ctx) -> StageResult:
+        skip = preflight(ctx)
+        if skip is not None:
+            return skip
+        return run_matrix(ctx, self.which, self.measure)

@@ -9,7 +9,6 @@ tolerance, or not reproducible, -> FAIL naming it. Writes triton_bwd.csv / trito
 
 from __future__ import annotations
 
-from nsa_runner.stage import Option, Stage, StageResult
 from stages import _parity
 
 
@@ -43,18 +42,9 @@ def _measure(case, device, seed):
             "bitwise_repeat": repeat, "n": case.n, "l_sel": case.l_sel}
 
 
-class TritonBwd(Stage):
+class TritonBwd(_parity.ParityStage):
     name = "triton-bwd"
     order = 40
-    requires = ("triton",)
+    which = "bwd"
     description = "Triton selection attention dq/dk/dv vs autograd through the float64 reference"
-    options = (
-        Option("--cases", str, None, "only cases whose id contains one of these comma-separated substrings"),
-        Option("--seed", int, 0, "base seed of the random inputs"),
-    )
-
-    def run(self, ctx) -> StageResult:
-        skip = _parity.preflight(ctx)
-        if skip is not None:
-            return skip
-        return _parity.run_matrix(ctx, "bwd", _measure)
+    measure = staticmethod(_measure)

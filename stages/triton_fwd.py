@@ -9,7 +9,6 @@ status, ...) and of the readable triton_fwd.txt. Any case over tolerance -> FAIL
 
 from __future__ import annotations
 
-from nsa_runner.stage import Option, Stage, StageResult
 from stages import _parity
 
 
@@ -26,18 +25,9 @@ def _measure(case, device, seed):
     return {"max_abs": c.max_abs, "rel_err": c.rel_err, "tol": c.tol, "ok": c.ok, "n": case.n, "l_sel": case.l_sel}
 
 
-class TritonFwd(Stage):
+class TritonFwd(_parity.ParityStage):
     name = "triton-fwd"
     order = 30
-    requires = ("triton",)
+    which = "fwd"
     description = "Triton selection attention forward vs the float64 reference over a case matrix"
-    options = (
-        Option("--cases", str, None, "only cases whose id contains one of these comma-separated substrings"),
-        Option("--seed", int, 0, "base seed of the random inputs"),
-    )
-
-    def run(self, ctx) -> StageResult:
-        skip = _parity.preflight(ctx)
-        if skip is not None:
-            return skip
-        return _parity.run_matrix(ctx, "fwd", _measure)
+    measure = staticmethod(_measure)
