@@ -204,3 +204,32 @@ def test_sanity_catches_a_leaky_branch():
     assert rows["win/sdpa causal"]["ok"] is False
     assert rows["win/sdpa forward vs fp64 reference"]["ok"] is False
     assert rows["win/sdpa shape"]["ok"] and rows["win/sdpa finite"]["ok"]
+
+
+def test_sanity_gqa_checks_pass_and_catch_a_head_order_dependent_selection(monkeypatch):
+    """The head-order check is exact (float64) on the real code and fails when the selection
+    depends on which head comes first in a group (scores from head 0 instead of the Eq. 10 sum)."""
+    import torch
+
+    from nsa_core import functional as F
+    from stages import sanity
+
+    def run_checks():
+        c = sanity._Checks()
+        s = sanity.SHAPES["quick"]
+        cfg = __import__("nsa_core").NSAConfig(**s.cfg)
+        sanity._check_selection(c, F, s, cfg, torch.Generator().manual_seed(3), "cpu")
+        return {r["check"]: r["ok"] for r in c.rows}
+
+    ok = run_checks()
+    assert ok["select GQA: head order within a group"] and ok["select GQA: groups independent"]
+
+    real = F.block_scores
+
+    def first_head_only(q, kc, S, cfg, scale=None):
+        h = q.shape[2] // kc.shape[2]
+        q0 = q.reshape(*q.shape[:2], kc.shape[2], h, q.shape[-1])[:, :, :, :1].expand(-1, -1, -1, h, -1)
+        return real(q0.reshape(q.shape).contiguous(), kc, S, cfg, scale)
+
+    monkeypatch.setattr(F, "block_scores", first_head_only)
+    assert not run_checks()["select GQA: head order within a group"]
