@@ -30,22 +30,28 @@ def _positions(Tq: int, S: int, device) -> torch.Tensor:
     return torch.arange(S - Tq, S, device=device)
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str = "") -> tuple[int, int, int, int, int]:
+    """Shapes of q [B, Tq, HQ, dk], k [B, S, G, dk], v [B, S, G, dv] (HQ % G == 0, one dtype).
+
+    Returns (B, Tq, HQ, G, S); raises ValueError naming the problem (prefixed with ``what``).
+    Shared by every backend's input checks (the Triton kernel's too).
+    """
+    pre = f"{what}: " if what else ""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
-            f"q, k, v must be [B, T, heads, dim]; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+            f"{pre}q, k, v must be [B, T, heads, dim]; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
     B, Tq, HQ, dk = q.shape
     Bk, S, G, dk2 = k.shape
     if Bk != B or v.shape[0] != B:
-        raise ValueError(f"batch mismatch: q {B}, k {Bk}, v {v.shape[0]}")
+        raise ValueError(f"{pre}batch mismatch: q {B}, k {Bk}, v {v.shape[0]}")
     if v.shape[1] != S or v.shape[2] != G:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on [B, T, G]")
+        raise ValueError(f"{pre}k {tuple(k.shape)} and v {tuple(v.shape)} must agree on [B, T, G]")
     if dk2 != dk:
-        raise ValueError(f"q head dim {dk} != k head dim {dk2}")
+        raise ValueError(f"{pre}q head dim {dk} != k head dim {dk2}")
     if G == 0 or HQ % G:
-        raise ValueError(f"query heads HQ={HQ} must be a multiple of KV groups G={G}")
+        raise ValueError(f"{pre}query heads HQ={HQ} must be a multiple of KV groups G={G}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise ValueError(f"dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+        raise ValueError(f"{pre}dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
     return B, Tq, HQ, G, S
 
 

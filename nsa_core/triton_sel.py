@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from nsa_core._reference import _check_qkv
+
 try:  # optional dependency: the module imports without triton, the functions then raise
     import triton
 
@@ -81,21 +83,12 @@ def _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices:
     for name, x in (("q", q), ("k", k), ("v", v), ("block_idx", block_idx), ("block_count", block_count)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"selection_attention: {name} must be a torch.Tensor, got {type(x).__name__}")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("selection_attention: q, k, v must be [B, T, heads, dim]; got "
-                         f"q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
-    B, Tq, HQ, dk = q.shape
-    Bk, S, G, dk2 = k.shape
-    if Bk != B or v.shape[0] != B:
-        raise ValueError(f"selection_attention: batch mismatch q {B}, k {Bk}, v {v.shape[0]}")
-    if v.shape[1] != S or v.shape[2] != G:
-        raise ValueError(f"selection_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must agree on [B, T, G]")
-    if dk2 != dk:
-        raise ValueError(f"selection_attention: q head dim {dk} != k head dim {dk2}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"selection_attention: dtype mix q {q.dtype}, k {k.dtype}, v {v.dtype}; use one dtype")
+    B, Tq, HQ, G, S = _check_qkv(q, k, v, "selection_attention")
+    dk = q.shape[3]
     if Tq > S:
         raise ValueError(f"selection_attention: more queries ({Tq}) than keys ({S})")
-    if G == 0 or HQ % G:
-        raise ValueError(f"selection_attention: HQ={HQ} must be a multiple of G={G}")
     h = HQ // G
     if not 1 <= h <= MAX_H:
         raise ValueError(f"selection_attention: heads per group h = HQ/G = {h} is outside 1..{MAX_H}")
@@ -105,8 +98,6 @@ def _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices:
         raise ValueError(f"selection_attention: head dims up to 256 are supported, got dk={dk}, dv={v.shape[3]}")
     if q.dtype not in _DTYPES:
         raise ValueError(f"selection_attention: dtype {q.dtype} not supported (float32, float16, bfloat16)")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"selection_attention: dtype mix q {q.dtype}, k {k.dtype}, v {v.dtype}; use one dtype")
     if not (q.device == k.device == v.device == block_idx.device == block_count.device):
         raise ValueError("selection_attention: all tensors must be on one device; got "
                          f"q {q.device}, k {k.device}, v {v.device}, block_idx {block_idx.device}, "
