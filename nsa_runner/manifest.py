@@ -40,7 +40,7 @@ class RunManifest:
     """The manifest of one run folder; ``write()`` replaces the file atomically."""
 
     def __init__(self, dir: Path, data: dict):
-        self.dir = Path(dir)
+        self.dir = Path(dir).resolve()  # absolute: stages run with it as cwd and get it as ctx.dir
         self.data = data
 
     @property

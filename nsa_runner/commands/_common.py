@@ -49,6 +49,13 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
 
 
 def check_out(out: Path) -> Path:
+    """Resolve ``--out`` once, against the caller's cwd, and check it is writable.
+
+    Returns the absolute path: everything after this (the run folder, the manifest, every
+    stage's ``ctx.dir``, whose process runs with the run folder as its cwd) uses it, so a
+    relative ``--out`` never lands nested inside the run folder (DESIGN §7).
+    """
+    out = Path(out).expanduser().resolve()
     try:
         check_writable(out)
     except OSError as e:

@@ -47,7 +47,7 @@ def oneshot(
     plan = [(e, c.default_options(e)) for e in entries if e.name in selected]
     if not plan:
         fail("nothing to run: --only/--skip leave no stage", f"known stages: {', '.join(known)}")
-    c.check_out(out)
+    out = c.check_out(out)
     rid = c.current_run_id()
     c.check_earlier_runs(out, rid)
     from nsa_runner.artifacts import new_run_folder

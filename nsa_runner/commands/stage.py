@@ -37,7 +37,7 @@ def stage(
         fail(f"unknown stage {name!r}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
     entry = entries[name]
     options = c.parse_stage_options(entry, list(ctx.args))
-    c.check_out(out)
+    out = c.check_out(out)
     rid = c.current_run_id()
     folders = c.check_earlier_runs(out, rid)
     if folders:
