@@ -1,0 +1,1 @@
+"""Measurement code used by the stages: shared timer (timing.py), flash probe and bench, baselines."""

@@ -1,0 +1,269 @@
+"""The shared timer of the stages and benches: median / p20 / p80 in milliseconds.
+
+    from nsa_runner.measure.timing import bench, bench_regions
+
+    t = bench(lambda: f(q, k, v), device="cuda", rep_ms=200)     # -> Timing(ms, p20, p80, n, method)
+    parts, total = bench_regions(instrumented, device="cuda")   # consecutive regions of one pass
+
+Rules it enforces (DESIGN §7: speed is measured in benches, as ratios within one run):
+
+* **Inputs are built outside the timed function.** ``fn`` takes no arguments: build tensors
+  first and close over them; only the call is timed.
+* **Warm-up is outside the timing.** The first call (compilation, autotuning, caches) and then
+  ``warmup`` calls (or ``warmup_ms`` worth) run untimed.
+* **Iteration count by time, not by a fixed large number.** With ``iters=None`` the count is
+  ``rep_ms`` / (time of one call), clamped to ``[min_iters, max_iters]``: a 500 ms call is timed
+  ``min_iters`` times, a 50 µs call up to ``max_iters`` times. ``iters=N`` fixes it.
+* **CUDA:** each call is bracketed by its own pair of CUDA events on the current stream (the
+  same method as ``triton.testing.do_bench``); the L2 cache is flushed before each call by
+  writing a 256 MiB buffer, outside the events (``flush_l2=False`` to keep it warm). One
+  synchronisation at the end; the events are read then.
+* **CPU:** ``time.perf_counter`` around each call (torch CPU ops are synchronous).
+* **Statistics:** median, 20th and 80th percentile (linear interpolation, as ``do_bench``'s
+  ``quantiles=[0.5, 0.2, 0.8]``) of the per-call samples.
+
+``bench_regions`` times one *instrumented* pass that calls ``regions.end_as(label)`` /
+``regions.begin(label)`` at its own boundaries (for example from wrappers around the parts of a
+larger function, or from autograd hooks during a backward pass). Consecutive regions tile the
+pass from its first stamp to its last, so per pass the regions add up to the instrumented pass
+exactly; the caller compares their sum with the uninstrumented whole timed by ``bench``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+L2_FLUSH_BYTES = 256 << 20
+OTHER = "other"  # label of a region nobody named
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of per-call samples, in milliseconds."""
+
+    ms: float  # median
+    p20: float
+    p80: float
+    n: int  # timed calls
+    method: str  # "cuda-events" or "perf_counter"
+
+    def __str__(self) -> str:
+        return f"{self.ms:.4g} ms (p20 {self.p20:.4g}, p80 {self.p80:.4g}, n={self.n}, {self.method})"
+
+    def to_dict(self) -> dict:
+        return {"ms": self.ms, "p20": self.p20, "p80": self.p80, "n": self.n, "method": self.method}
+
+
+def quantile(samples, q: float) -> float:
+    """The q-quantile (0..1) of ``samples`` with linear interpolation (numpy's default)."""
+    xs = sorted(float(x) for x in samples)
+    if not xs:
+        raise ValueError("quantile of no samples")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile q must be in [0, 1], got {q}")
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(samples_ms, method: str) -> Timing:
+    """Timing from per-call samples (ms)."""
+    xs = [float(x) for x in samples_ms]
+    if not xs:
+        raise ValueError("no samples to summarize")
+    return Timing(quantile(xs, 0.5), quantile(xs, 0.2), quantile(xs, 0.8), len(xs), method)
+
+
+def _is_cuda(device) -> bool:
+    return str(device).startswith("cuda")
+
+
+def _sync(device) -> None:
+    if _is_cuda(device):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+_FLUSH: dict = {}
+
+
+def _flush_buffer(device):
+    import torch
+
+    key = str(device)
+    if key not in _FLUSH:
+        _FLUSH[key] = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    return _FLUSH[key]
+
+
+class _Clock:
+    """Stamps on the device timeline: CUDA events (read after one sync) or perf_counter."""
+
+    def __init__(self, device):
+        self.cuda = _is_cuda(device)
+        if self.cuda:
+            import torch
+
+            self._event = lambda: torch.cuda.Event(enable_timing=True)
+
+    def stamp(self):
+        if self.cuda:
+            e = self._event()
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, a, b) -> float:
+        """Milliseconds from stamp a to stamp b (CUDA: call after a synchronize)."""
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+def _counts(one_call_ms: float, warmup, iters, warmup_ms, rep_ms, min_iters, max_iters) -> tuple[int, int]:
+    per = max(one_call_ms, 1e-4)
+    n_warm = warmup if warmup is not None else max(1, min(max_iters, int(warmup_ms / per)))
+    n_iter = iters if iters is not None else max(min_iters, min(max_iters, int(rep_ms / per)))
+    return n_warm, n_iter
+
+
+def _check_counts(warmup, iters, min_iters, max_iters) -> None:
+    if iters is not None and (not isinstance(iters, int) or iters < 1):
+        raise ValueError(f"iters must be a positive int, got {iters!r}")
+    if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
+        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+    if min_iters < 1 or max_iters < min_iters:
+        raise ValueError(f"need 1 <= min_iters <= max_iters, got {min_iters}, {max_iters}")
+
+
+def bench(fn: Callable[[], object], *, device="cuda", warmup: int | None = None, iters: int | None = None,
+          warmup_ms: float = 25.0, rep_ms: float = 100.0, min_iters: int = 3, max_iters: int = 200,
+          flush_l2: bool = True) -> Timing:
+    """Time ``fn()`` (no arguments; build inputs before) on ``device`` -> Timing (ms).
+
+    The first call is untimed (compile / autotune), then ``warmup`` untimed calls (default: about
+    ``warmup_ms`` worth, at least 1), then ``iters`` timed calls (default: about ``rep_ms`` worth,
+    clamped to ``[min_iters, max_iters]``). See the module docstring for the method.
+    """
+    _check_counts(warmup, iters, min_iters, max_iters)
+    clock = _Clock(device)
+    flush = _flush_buffer(device) if (clock.cuda and flush_l2) else None
+    fn()  # first call: compilation / autotuning / allocator
+    _sync(device)
+    a = clock.stamp()
+    fn()
+    b = clock.stamp()
+    _sync(device)
+    n_warm, n_iter = _counts(clock.ms(a, b), warmup, iters, warmup_ms, rep_ms, min_iters, max_iters)
+    for _ in range(max(0, n_warm - 1)):  # the estimating call above was warm-up too
+        fn()
+    _sync(device)
+    stamps = []
+    for _ in range(n_iter):
+        if flush is not None:
+            flush.zero_()
+        s = clock.stamp()
+        fn()
+        stamps.append((s, clock.stamp()))
+    _sync(device)
+    return summarize([clock.ms(s, e) for s, e in stamps], "cuda-events" if clock.cuda else "perf_counter")
+
+
+class Regions:
+    """Consecutive labelled regions of one pass, stamped where the pass says.
+
+    ``begin(label)``: close the open region (keeping its label) and open one named ``label``.
+    ``end_as(label)``: close the open region naming it ``label`` and open an unnamed one (it takes
+    the label of whoever closes it with ``end_as``, else its ``begin`` label, else ``OTHER``).
+    ``close()``: close the open region (done by ``bench_regions`` after the pass).
+    Regions tile the pass from the first stamp to the last without gaps.
+    """
+
+    def __init__(self, device="cpu"):
+        self._clock = _Clock(device)
+        self._stamps: list = []
+        self._labels: list[str | None] = []  # label of the region that starts at stamps[i]
+        self._closed = False
+
+    def _stamp(self, next_label: str | None) -> None:
+        if self._closed:
+            raise RuntimeError("Regions: stamp after close()")
+        self._stamps.append(self._clock.stamp())
+        self._labels.append(next_label)
+
+    def begin(self, label: str) -> None:
+        self._stamp(label)
+
+    def end_as(self, label: str) -> None:
+        if not self._stamps:
+            raise RuntimeError("Regions.end_as: no region is open (call begin() first)")
+        self._labels[-1] = label
+        self._stamp(None)
+
+    def close(self) -> None:
+        if self._stamps and not self._closed:
+            self._stamp(None)
+            self._closed = True
+
+    def durations(self) -> list[tuple[str, float]]:
+        """[(label, ms)] in pass order (CUDA: after a synchronize). Empty regions are kept."""
+        out = []
+        for i in range(len(self._stamps) - 1):
+            out.append((self._labels[i] or OTHER, self._clock.ms(self._stamps[i], self._stamps[i + 1])))
+        return out
+
+    def by_label(self) -> dict[str, float]:
+        """{label: total ms} over the pass (a label stamped twice is summed), in first-seen order."""
+        out: dict[str, float] = {}
+        for label, ms in self.durations():
+            out[label] = out.get(label, 0.0) + ms
+        return out
+
+
+def bench_regions(fn: Callable[[Regions], object], *, device="cuda", warmup: int | None = None,
+                  iters: int | None = None, warmup_ms: float = 25.0, rep_ms: float = 100.0, min_iters: int = 3,
+                  max_iters: int = 200, flush_l2: bool = True) -> tuple[dict[str, Timing], Timing]:
+    """Time an instrumented pass ``fn(regions)`` -> ({label: Timing}, Timing of the whole pass).
+
+    Each timed call gets a fresh ``Regions`` opened (``begin(OTHER)``) just before ``fn`` and
+    closed just after, so the regions of one call add up to that call exactly; the returned
+    per-label medians add up to the pass median up to the spread. Warm-up and iteration counts
+    as in :func:`bench`. A label missing from some calls counts 0 ms in those.
+    """
+    _check_counts(warmup, iters, min_iters, max_iters)
+    clock = _Clock(device)
+    flush = _flush_buffer(device) if (clock.cuda and flush_l2) else None
+
+    def one() -> Regions:
+        r = Regions(device)
+        r.begin(OTHER)
+        fn(r)
+        r.close()
+        return r
+
+    one()
+    _sync(device)
+    r = one()
+    _sync(device)
+    n_warm, n_iter = _counts(sum(ms for _, ms in r.durations()), warmup, iters, warmup_ms, rep_ms, min_iters,
+                             max_iters)
+    for _ in range(max(0, n_warm - 1)):
+        one()
+    _sync(device)
+    passes = []
+    for _ in range(n_iter):
+        if flush is not None:
+            flush.zero_()
+        passes.append(one())
+    _sync(device)
+    method = "cuda-events" if clock.cuda else "perf_counter"
+    per = [p.by_label() for p in passes]
+    labels: list[str] = []
+    for d in per:
+        labels += [k for k in d if k not in labels]
+    parts = {k: summarize([d.get(k, 0.0) for d in per], method) for k in labels}
+    total = summarize([sum(d.values()) for d in per], method)
+    return parts, total

@@ -1,0 +1,115 @@
+"""nsa_runner.measure.timing on CPU: statistics, iteration counts by time, warm-up outside the
+timing, consecutive regions that tile a pass."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nsa_runner.measure import timing
+
+
+def test_quantile_linear_interpolation_matches_numpy():
+    np = pytest.importorskip("numpy")
+    xs = [5.0, 1.0, 3.0, 10.0, 7.5, 2.25]
+    for q in (0.0, 0.2, 0.5, 0.8, 1.0):
+        assert timing.quantile(xs, q) == pytest.approx(float(np.quantile(xs, q)))
+    with pytest.raises(ValueError):
+        timing.quantile([], 0.5)
+    with pytest.raises(ValueError):
+        timing.quantile([1.0], 1.5)
+
+
+def test_summarize_median_and_spread():
+    t = timing.summarize([4.0, 1.0, 2.0, 3.0, 5.0], "perf_counter")
+    assert (t.ms, t.n, t.method) == (3.0, 5, "perf_counter")
+    assert t.p20 == pytest.approx(1.8) and t.p80 == pytest.approx(4.2)
+    assert t.p20 <= t.ms <= t.p80
+    assert set(t.to_dict()) == {"ms", "p20", "p80", "n", "method"}
+
+
+def test_bench_measures_a_known_sleep_and_warms_up_untimed():
+    calls = []
+
+    def fn():
+        calls.append(time.perf_counter())
+        # the first (compile-like) call is slow; it must not be in the samples
+        time.sleep(0.2 if len(calls) == 1 else 0.01)
+
+    t = timing.bench(fn, device="cpu", warmup=2, iters=5)
+    assert t.method == "perf_counter" and t.n == 5
+    assert 9.0 <= t.ms < 60.0, t  # ~10 ms; the 200 ms first call stays out
+    assert t.p80 < 150.0
+    # 1 first call + 1 estimating call + (warmup - 1) + iters
+    assert len(calls) == 1 + 1 + 1 + 5
+
+
+def test_bench_picks_iterations_by_time():
+    n = {"fast": 0, "slow": 0}
+
+    def fast():
+        n["fast"] += 1
+
+    def slow():
+        n["slow"] += 1
+        time.sleep(0.03)
+
+    tf = timing.bench(fast, device="cpu", rep_ms=5.0, warmup_ms=1.0, max_iters=50)
+    ts = timing.bench(slow, device="cpu", rep_ms=5.0, warmup_ms=1.0, min_iters=3, max_iters=50)
+    assert tf.n == 50  # a near-zero call: capped by max_iters
+    assert ts.n == 3  # a 30 ms call with a 5 ms budget: min_iters
+    assert ts.ms > tf.ms
+
+
+def test_bench_rejects_bad_counts():
+    for kw in ({"iters": 0}, {"warmup": -1}, {"min_iters": 0}, {"min_iters": 5, "max_iters": 2}):
+        with pytest.raises(ValueError):
+            timing.bench(lambda: None, device="cpu", **kw)
+
+
+def test_regions_tile_the_pass_and_label():
+    r = timing.Regions("cpu")
+    r.begin("a")
+    time.sleep(0.01)
+    r.end_as("a2")  # relabels the open region
+    time.sleep(0.02)
+    r.end_as("b")
+    r.begin("c")  # closes an empty unnamed region -> OTHER
+    time.sleep(0.01)
+    r.close()
+    d = r.durations()
+    assert [k for k, _ in d] == ["a2", "b", timing.OTHER, "c"]
+    assert d[0][1] >= 9.0 and d[1][1] >= 19.0 and d[3][1] >= 9.0
+    assert sum(ms for _, ms in d) == pytest.approx((r._stamps[-1] - r._stamps[0]) * 1e3)
+    with pytest.raises(RuntimeError):
+        r.begin("late")
+    with pytest.raises(RuntimeError):
+        timing.Regions("cpu").end_as("x")
+
+
+def test_bench_regions_parts_add_up_to_the_pass():
+    def instrumented(r):
+        time.sleep(0.004)
+        r.end_as("first")
+        time.sleep(0.008)
+        r.end_as("second")
+        time.sleep(0.002)  # the tail nobody names -> OTHER
+
+    parts, total = timing.bench_regions(instrumented, device="cpu", warmup=1, iters=7)
+    assert list(parts) == ["first", "second", timing.OTHER]
+    assert total.n == 7 and all(p.n == 7 for p in parts.values())
+    assert parts["first"].ms >= 3.5 and parts["second"].ms >= 7.5 and parts[timing.OTHER].ms >= 1.5
+    assert parts["second"].ms > parts["first"].ms
+    s = sum(p.ms for p in parts.values())
+    assert abs(s - total.ms) / total.ms < 0.1  # medians of the parts vs the median of the sums
+
+
+@pytest.mark.gpu
+def test_bench_cuda_events():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    a = torch.randn(2048, 2048, device="cuda")
+    t = timing.bench(lambda: a @ a, device="cuda", rep_ms=20)
+    assert t.method == "cuda-events" and t.ms > 0 and t.n >= 3
