@@ -1,0 +1,363 @@
+"""Fused selection scoring + top-n (NSA Eqs. 8-11) in Triton: ``select_blocks(backend="triton")``.
+
+For every (token, KV group) the selection scores of DESIGN §2 (softmax over the visible
+compressed tokens per head, summed over the h heads of the group, mapped onto the l'-blocks
+by the overlap weights of Eq. 9) and the top-n of Eq. 11 (block 0 and the two local blocks
+forced, ties to the lower index), without materialising ``[T, HQ, Tc]`` anywhere.
+
+Four layers (STYLE.md):
+  1. ``@triton.jit`` kernels
+     ``_score_kernel``  one program per (tile of BT tokens, batch x group): the group's h heads
+                        of BT tokens (BM = BT*HP query rows) are loaded once; pass 1 streams the
+                        visible compressed keys and keeps an online log-sum-exp per row (exp2
+                        domain); pass 2 streams them again *block-major*: each step owns NBT
+                        selection blocks, loads the compressed tokens that overlap them
+                        (NBT*a + b - 1 <= BC of them), computes p = exp2(q.k*scale*log2e - lse),
+                        sums the h heads (reshape + sum) and maps onto the blocks with one small
+                        fp32 dot against the overlap weights (built from iota, never stored).
+                        Every block is written by exactly one step: no carry, no atomics.
+                        Output: a compact fp32 score row [NB] per (token, group).
+     ``_topn_kernel``   one program per (token, group) row: packs (score bits, -index) into an
+                        int64 key (scores are >= 0, so fp32 bits order like the values; equal
+                        scores -> the lower index wins), forced blocks get the key of +inf,
+                        non-candidates -1; n rounds of an int64 max pick the set; the chosen ids
+                        are written ascending through a cumsum of the chosen flags, then -1.
+  2. host launcher ``fused_select_blocks_launch``: tiles, grid, chunking of the query rows so
+     the compact score buffer stays under ``SCORE_BUDGET_BYTES``.
+  3. autograd: none. Selection is a discrete choice (DESIGN §2: no gradient flows through it),
+     so there is no ``torch.autograd.Function`` in this file.
+  4. public ``fused_select_blocks`` (compressed keys in) with its input checks (ValueError).
+
+Exactness: fp32 inputs use IEEE fp32 dots (no tf32) for q.k and for the overlap map, so the
+kernel's choice equals the float64 reference except at near-ties (DESIGN §7). bf16 / fp16
+inputs: q.k on tensor cores with fp32 accumulation, softmax / head sum / overlap map in fp32.
+The design and the numbers behind it: docs/benchmarks.md, "Fused selection scoring".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from nsa_core.config import NSAConfig
+
+try:  # optional dependency: the module imports without triton, the functions then raise
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+
+__all__ = ["fused_select_blocks", "fused_select_blocks_launch", "topn_from_scores", "available", "CONFIG"]
+
+LOG2E = 1.4426950408889634
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_H = 64
+
+# Launch settings. BM = query rows per score program (BT tokens x HP heads), BC = compressed
+# tokens per step. From the H100 sweep in docs/benchmarks.md ("Fused selection scoring").
+CONFIG = {
+    "score": {"BM": 128, "BC": 64, "num_warps": 8, "num_stages": 2},
+    "topn": {"num_warps": 4, "rows_elems": 2048},
+}
+# The compact score buffer [B, chunk, G, NB] fp32 is bounded by this; longer inputs run in chunks.
+SCORE_BUDGET_BYTES = 1 << 29
+MAX_NB = 1 << 14  # selection blocks per row the one-program top-n handles (T <= 1M with l' = 64)
+
+
+def available() -> bool:
+    """True when triton imports (on CPU the kernels run only with TRITON_INTERPRET=1)."""
+    return triton is not None
+
+
+def _np2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---- 1. kernels ---------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _score_kernel(
+        Q, KC, SC,
+        sqb, sqt, sqh, skb, skt, skg,
+        Tq, T0, Q_OFF, Tc, NB, TCH, qk_scale,
+        G: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr,
+        BC: tl.constexpr, NBT: tl.constexpr, NBTP: tl.constexpr,
+        DK: tl.constexpr, BK: tl.constexpr,
+        L: tl.constexpr, D: tl.constexpr, LSEL: tl.constexpr, A: tl.constexpr, BB: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        # tiles of the chunk, the longest (last tokens) first: causal work is front-loaded
+        n_tiles = tl.cdiv(TCH, BT)
+        pid_t = n_tiles - 1 - tl.program_id(0)
+        bg = tl.program_id(1)
+        b = bg // G
+        g = bg % G
+        BM: tl.constexpr = BT * HP
+
+        offs_m = tl.arange(0, BM)
+        tt = offs_m // HP
+        hh = offs_m % HP
+        tloc = pid_t * BT + tt  # row within the chunk
+        trow = T0 + tloc  # query index within q
+        row_ok = (hh < H) & (tloc < TCH) & (trow < Tq)
+        pos = Q_OFF + trow  # key position of the query
+        nvis = tl.where(pos + 1 < L, 0, (pos + 1 - L) // D + 1)
+        nvis = tl.minimum(nvis, Tc)
+        nvis = tl.where(row_ok, nvis, 0)
+        nvis_max = tl.max(nvis, 0)
+
+        offs_k = tl.arange(0, BK)
+        m_k = offs_k < DK
+        b64 = b.to(tl.int64)
+        q_ptrs = Q + b64 * sqb + trow.to(tl.int64)[:, None] * sqt + (g * H + hh)[:, None] * sqh + offs_k[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & m_k[None, :], other=0.0)
+        k_base = KC + b64 * skb + g * skg
+        offs_c = tl.arange(0, BC)
+
+        # pass 1: online log-sum-exp (log2 units) over the visible compressed tokens of each row
+        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BM], dtype=tl.float32)
+        for c0 in range(0, nvis_max, BC):
+            cc = c0 + offs_c
+            kb = tl.load(k_base + cc.to(tl.int64)[:, None] * skt + offs_k[None, :],
+                         mask=(cc < nvis_max)[:, None] & m_k[None, :], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(kb), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kb))
+            vis = cc[None, :] < nvis[:, None]
+            s = tl.where(vis, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
+            m_i = m_new
+        has = l_i > 0.0
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
+
+        # pass 2, block-major: step i owns blocks j0 .. j0+NBT-1 and reads the compressed tokens
+        # c_start .. c_start+BC-1 (those overlapping them: j0*A - BB + 1 .. (j0+NBT)*A - 1)
+        tt_r = pid_t * BT + tl.arange(0, BT)  # the BT rows of the score tile
+        r_ok = (tt_r < TCH) & (T0 + tt_r < Tq)
+        sc_rows = SC + ((b64 * TCH + tt_r.to(tl.int64)) * G + g) * NB
+        offs_j = tl.arange(0, NBTP)
+        # blocks that overlap a visible token of some row of this tile
+        n_blk = tl.where(nvis_max > 0, ((nvis_max - 1) * D + L - 1) // LSEL + 1, 0)
+        n_blk = tl.minimum(n_blk, NB)
+        for j0 in range(0, n_blk, NBT):
+            c_start = j0 * A - (BB - 1)
+            cc = c_start + offs_c
+            c_ok = (cc >= 0) & (cc < nvis_max)
+            kb = tl.load(k_base + cc.to(tl.int64)[:, None] * skt + offs_k[None, :],
+                         mask=c_ok[:, None] & m_k[None, :], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(kb), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kb))
+            vis = (cc[None, :] < nvis[:, None]) & (cc >= 0)[None, :]
+            p = tl.where(vis, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
+            pg = tl.sum(tl.reshape(p, [BT, HP, BC]), 1)  # Eq. 10: sum over the heads of the group
+            # overlap weights (Eq. 9) of token cc with block j0 + jj, in units of D
+            jj = j0 + offs_j
+            lo = tl.maximum(cc[:, None] * D, jj[None, :] * LSEL)
+            hi = tl.minimum(cc[:, None] * D + L, (jj[None, :] + 1) * LSEL)
+            w = tl.where((offs_j < NBT)[None, :] & c_ok[:, None], tl.maximum(hi - lo, 0) // D, 0).to(tl.float32)
+            sc = tl.dot(pg, w, input_precision="ieee")  # [BT, NBTP]
+            j_ok = (offs_j < NBT) & (jj < n_blk)
+            tl.store(sc_rows[:, None] + jj[None, :], sc, mask=r_ok[:, None] & j_ok[None, :])
+
+    @triton.jit
+    def _topn_kernel(
+        SC, IDX, CNT, Tq, T0, Q_OFF, Tc, NB, TCH, n_rows,
+        G: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr, RB: tl.constexpr,
+        L: tl.constexpr, D: tl.constexpr, LSEL: tl.constexpr, A: tl.constexpr, BB: tl.constexpr,
+        MASK_UNSEEN: tl.constexpr,
+    ):
+        r = tl.program_id(0) * RB + tl.arange(0, RB)  # rows (b*TCH + tloc)*G + g of the chunk
+        r_ok = r < n_rows
+        g = r % G
+        bt = r // G
+        tloc = bt % TCH
+        b = bt // TCH
+        trow = T0 + tloc
+        pos = Q_OFF + trow
+        cur = pos // LSEL
+        nvis = tl.where(pos + 1 < L, 0, (pos + 1 - L) // D + 1)
+        nvis = tl.minimum(nvis, Tc)
+        j = tl.arange(0, NBP)[None, :]
+        cand = (j <= cur[:, None]) & r_ok[:, None]
+        # a block with no visible overlapping token scores exactly 0 (the score kernel skips it)
+        live = cand & (j < NB)
+        if MASK_UNSEEN:
+            live = live & (j * A - (BB - 1) <= nvis[:, None] - 1)
+        s = tl.load(SC + r.to(tl.int64)[:, None] * NB + j, mask=live, other=0.0)
+        forced = cand & ((j == 0) | (j == cur[:, None]) | (j == cur[:, None] - 1))
+        bits = tl.where(forced, 0x7F800000, s.to(tl.int32, bitcast=True)).to(tl.int64)
+        key = tl.where(cand, (bits << 32) | (NBP - j).to(tl.int64), -1)
+        ci = tl.zeros([RB, NBP], dtype=tl.int32)  # 1 where chosen
+        for _ in tl.static_range(N):
+            mx = tl.max(key, 1)
+            take = (key == mx[:, None]) & (mx[:, None] >= 0)
+            ci = tl.where(take, 1, ci)
+            key = tl.where(take, -1, key)
+        cnt = tl.sum(ci, 1)
+        slot = tl.cumsum(ci, 1) - 1
+        out_row = (b.to(tl.int64) * Tq + trow) * G + g
+        tl.store(IDX + out_row[:, None] * N + slot, (j + 0 * slot), mask=ci > 0)
+        offs_n = tl.arange(0, NP)[None, :]
+        tl.store(IDX + out_row[:, None] * N + offs_n, tl.full([RB, NP], -1, tl.int32),
+                 mask=(offs_n >= cnt[:, None]) & (offs_n < N) & r_ok[:, None])
+        tl.store(CNT + out_row, cnt, mask=r_ok)
+
+
+# ---- 2. host launcher ---------------------------------------------------------------------
+
+def _geometry(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, config: dict) -> dict:
+    B, Tq, HQ, dk = q.shape
+    G = kc.shape[2]
+    h = HQ // G
+    HP = _np2(h)
+    A, BB = cfg.l_sel // cfg.d, cfg.l // cfg.d
+    BM = max(int(config["BM"]), 16 * HP)
+    BT = max(16, BM // HP)  # >= 16 rows for the overlap dot
+    BC = max(int(config["BC"]), _np2(A + BB - 1), 16)
+    NBT = (BC - (BB - 1)) // A  # blocks owned per pass-2 step (>= 1 by the choice of BC)
+    return dict(B=B, Tq=Tq, HQ=HQ, dk=dk, G=G, h=h, HP=HP, BT=BT, BC=BC, NBT=NBT,
+                NBTP=max(16, _np2(NBT)), BK=max(16, _np2(dk)), A=A, BB=BB,
+                NB=cfg.num_sel_blocks(S), Tc=min(kc.shape[1], cfg.num_cmp(S)), S=S)
+
+
+def _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, Tc, NB, cfg, c_t, mask_unseen):
+    NBP = max(16, _np2(NB))
+    # rows per program: about rows_elems keys in all (one row per program at long S)
+    re = int(c_t["rows_elems"])
+    RB = min(64, 1 << max(0, (re // NBP).bit_length() - 1)) if re >= NBP else 1
+    n_rows = B * tch * G
+    _topn_kernel[(triton.cdiv(n_rows, RB),)](
+        sc, block_idx, block_count, Tq, t0, S - Tq, Tc, NB, tch, n_rows,
+        G=G, N=cfg.n_sel, NP=_np2(cfg.n_sel), NBP=NBP, RB=RB, L=cfg.l, D=cfg.d, LSEL=cfg.l_sel,
+        A=cfg.l_sel // cfg.d, BB=cfg.l // cfg.d, MASK_UNSEEN=mask_unseen,
+        num_warps=c_t["num_warps"] if NBP <= 4096 else 8)
+
+
+def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig,
+                               scale: float | None = None, *, config: dict | None = None,
+                               chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the score and top-n kernels (inputs already checked). See :func:`fused_select_blocks`.
+
+    ``config``: {"score": {...}, "topn": {...}} launch overrides; ``chunk``: query rows per
+    launch pair (default: as many as fit in SCORE_BUDGET_BYTES).
+    """
+    c_s = {**CONFIG["score"], **((config or {}).get("score") or {})}
+    c_t = {**CONFIG["topn"], **((config or {}).get("topn") or {})}
+    geo = _geometry(q, kc, S, cfg, c_s)
+    B, Tq, G, NB, n = geo["B"], geo["Tq"], geo["G"], geo["NB"], cfg.n_sel
+    dev = q.device
+    scale = 1.0 / math.sqrt(geo["dk"]) if scale is None else float(scale)
+    block_idx = torch.empty(B, Tq, G, n, dtype=torch.int32, device=dev)
+    block_count = torch.empty(B, Tq, G, dtype=torch.int32, device=dev)
+    if Tq == 0:
+        return block_idx, block_count
+    if chunk is None:
+        chunk = max(geo["BT"], SCORE_BUDGET_BYTES // max(1, B * G * NB * 4))
+    chunk = min(Tq, max(1, int(chunk)))
+    sc = torch.empty(B * chunk * G * NB, dtype=torch.float32, device=dev)
+    for t0 in range(0, Tq, chunk):
+        tch = min(chunk, Tq - t0)
+        if geo["Tc"] > 0:
+            grid = (triton.cdiv(tch, geo["BT"]), B * G)
+            _score_kernel[grid](
+                q, kc, sc, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+                Tq, t0, S - Tq, geo["Tc"], NB, tch, scale * LOG2E,
+                G=G, H=geo["h"], HP=geo["HP"], BT=geo["BT"], BC=geo["BC"], NBT=geo["NBT"], NBTP=geo["NBTP"],
+                DK=geo["dk"], BK=geo["BK"], L=cfg.l, D=cfg.d, LSEL=cfg.l_sel, A=geo["A"], BB=geo["BB"],
+                IEEE=q.dtype == torch.float32, num_warps=c_s["num_warps"], num_stages=c_s["num_stages"])
+        _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, geo["Tc"], NB, cfg, c_t, True)
+    return block_idx, block_count
+
+
+# ---- 4. public ----------------------------------------------------------------------------
+
+def _check(q, kc, S, cfg, scale):
+    if triton is None:
+        raise RuntimeError("nsa_core.selection.scoring needs triton: pip install triton")
+    if not isinstance(q, torch.Tensor) or not isinstance(kc, torch.Tensor):
+        raise ValueError("fused_select_blocks: q and kc must be torch.Tensors")
+    if not isinstance(cfg, NSAConfig):
+        raise ValueError(f"fused_select_blocks: cfg must be an NSAConfig, got {type(cfg).__name__}")
+    if q.dim() != 4 or kc.dim() != 4:
+        raise ValueError(f"fused_select_blocks: q [B, T, HQ, dk] and kc [B, Tc, G, dk] expected; "
+                         f"got q{tuple(q.shape)} kc{tuple(kc.shape)}")
+    B, Tq, HQ, dk = q.shape
+    if kc.shape[0] != B or kc.shape[3] != dk:
+        raise ValueError(f"fused_select_blocks: q{tuple(q.shape)} and kc{tuple(kc.shape)} disagree on B or dk")
+    G = kc.shape[2]
+    if G == 0 or HQ % G:
+        raise ValueError(f"fused_select_blocks: query heads HQ={HQ} must be a multiple of KV groups G={G}")
+    if not 1 <= HQ // G <= MAX_H:
+        raise ValueError(f"fused_select_blocks: heads per group h = HQ/G = {HQ // G} is outside 1..{MAX_H}")
+    if dk > 256 or dk == 0:
+        raise ValueError(f"fused_select_blocks: head dim dk={dk} must be in 1..256")
+    if isinstance(S, bool) or not isinstance(S, int) or S < Tq:
+        raise ValueError(f"fused_select_blocks: S={S!r} must be an int >= T={Tq} (queries are the last T of S)")
+    if q.dtype not in _DTYPES or kc.dtype != q.dtype:
+        raise ValueError(f"fused_select_blocks: q {q.dtype} / kc {kc.dtype}: one of float32, float16, bfloat16")
+    if q.device != kc.device:
+        raise ValueError(f"fused_select_blocks: q on {q.device}, kc on {kc.device}; use one device")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"fused_select_blocks: tensors on {q.device} need a CUDA device, or TRITON_INTERPRET=1 "
+                         "set before triton is imported (CPU interpreter)")
+    if q.stride(-1) != 1 or kc.stride(-1) != 1:
+        raise ValueError("fused_select_blocks: q and kc must be contiguous in their last dim")
+    if cfg.num_sel_blocks(S) > MAX_NB:
+        raise ValueError(f"fused_select_blocks: {cfg.num_sel_blocks(S)} selection blocks per row exceed "
+                         f"{MAX_NB} (S={S}, l_sel={cfg.l_sel}); use backend='reference'")
+    if scale is not None and not math.isfinite(float(scale)):
+        raise ValueError(f"fused_select_blocks: scale must be finite, got {scale!r}")
+
+
+@torch.no_grad()
+def topn_from_scores(scores: torch.Tensor, S: int, cfg: NSAConfig, *, config: dict | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-n kernel alone (Eq. 11) on given per-group scores [B, T, G, NB] (>= 0, float32).
+
+    Queries are the last T of S positions. Same result contract as ``reference.topn_blocks``
+    (forced blocks, ties to the lower index); used to test the top-n on its own.
+    """
+    if triton is None:
+        raise RuntimeError("nsa_core.selection.scoring needs triton: pip install triton")
+    if scores.dim() != 4 or scores.shape[3] != cfg.num_sel_blocks(S) or scores.shape[1] > S:
+        raise ValueError(f"topn_from_scores: scores {tuple(scores.shape)} must be [B, T, G, NB={cfg.num_sel_blocks(S)}]")
+    if scores.dtype != torch.float32 or bool((scores < 0).any()):
+        raise ValueError("topn_from_scores: scores must be float32 and >= 0")
+    B, Tq, G, NB = scores.shape
+    c_t = {**CONFIG["topn"], **((config or {}).get("topn") or {})}
+    idx = torch.empty(B, Tq, G, cfg.n_sel, dtype=torch.int32, device=scores.device)
+    cnt = torch.empty(B, Tq, G, dtype=torch.int32, device=scores.device)
+    if Tq:
+        _launch_topn(scores.contiguous(), idx, cnt, B, Tq, G, 0, Tq, S, cfg.num_cmp(S), NB, cfg, c_t, False)
+    return idx, cnt
+
+
+@torch.no_grad()
+def fused_select_blocks(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, scale: float | None = None,
+                        *, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-n selection blocks per (token, group), fused (Eqs. 8-11).
+
+    q [B, T, HQ, dk] (the last T of S positions; S == T for prefill), kc COMPRESSED keys
+    [B, Tc, G, dk] (``functional.compress``; tokens past num_cmp(S) are ignored), one dtype of
+    float32 / float16 / bfloat16, last dim contiguous, h = HQ/G in 1..64, dk <= 256.
+    -> block_idx [B, T, G, n] int32 (chosen ids ascending, then -1), block_count [B, T, G] int32.
+    Same contract as ``functional.select_blocks``; equal to the reference except at near-ties.
+    Raises ValueError for bad shapes / dtypes / devices.
+    """
+    _check(q, kc, S, cfg, scale)
+    return fused_select_blocks_launch(q, kc, S, cfg, scale, config=config)
