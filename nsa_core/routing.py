@@ -10,7 +10,10 @@ The decision uses only facts (device, GPU name / capability, torch version, whet
 ``nsa_core.triton_sel`` and each flash kernel can be imported) and *measured* thresholds: the
 smallest sequence length at which a flash path is >= 1.2x faster than the SDPA path, written by
 the ``fa2-probe`` stage into a JSON file (format in docs/routing.md, ``load_thresholds``).
-Without a measurement for this GPU + torch, the compressed and sliding branches stay on SDPA:
+Without a local measurement for this GPU + torch, the thresholds shipped in the package
+(``data/shipped_thresholds.json``, measured on an H100, docs/benchmarks.md) apply on CUDA GPUs
+they cover, so a fresh GPU machine already takes the fast paths at long S; a local fa2-probe
+run replaces them. Where neither applies, the compressed and sliding branches stay on SDPA:
 flash kernels are 5-100x slower than SDPA on small shapes on some machines, so "installed"
 is not a reason to use one.
 
@@ -44,6 +47,9 @@ SPEEDUP_REQUIRED = 1.2  # a flash path must be this much faster than SDPA to be 
 
 # Default thresholds file: <checkout>/artifacts/routing/thresholds.json (docs/routing.md).
 DEFAULT_THRESHOLDS = Path(__file__).resolve().parent.parent / "artifacts" / "routing" / "thresholds.json"
+# Thresholds shipped in the package (measured by fa2-probe on an H100, docs/benchmarks.md): used
+# when no local thresholds file has an entry for this machine (see _with_shipped).
+SHIPPED_THRESHOLDS = Path(__file__).resolve().parent / "data" / "shipped_thresholds.json"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +344,9 @@ def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
         return Choice("sdpa", f"flash paths {usable} present but not measured here ({thr.get('note')}); "
                               "SDPA until fa2-probe shows flash is faster")
     src = f"fa2-probe run {entry['source_run']}, {entry['measured'][:10]}"
+    if entry.get("shipped"):
+        src = (f"shipped defaults (measured on {entry['gpu']}, torch {entry['torch']}, {src}); "
+               f"{thr.get('shipped_match', '')}; run fa2-probe here to refine")
     measured = {p: entry["branches"].get(branch, {}).get(p) for p in usable}
     measured = {p: r for p, r in measured.items() if r is not None}
     if not measured:
@@ -352,6 +361,58 @@ def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
     rec = wins[best]
     return Choice("flash", f"{best} >= {SPEEDUP_REQUIRED}x faster than sdpa from S={rec['min_len']} on "
                            f"{facts['gpu']} ({src}); sdpa below", path=best, min_len=int(rec["min_len"]))
+
+
+def load_shipped() -> dict:
+    """The thresholds document shipped in the package (``SHIPPED_THRESHOLDS``), validated."""
+    return load_thresholds(SHIPPED_THRESHOLDS)
+
+
+def _cap(text) -> tuple[int, int]:
+    try:
+        major, minor = str(text).split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
+def shipped_entry(facts: dict, doc: dict | None = None) -> tuple[dict | None, str]:
+    """(entry, how it matched) from the shipped thresholds for this machine, or (None, why not).
+
+    Match order: same GPU, capability and torch; same GPU and capability (another torch); any
+    CUDA GPU of capability >= the entry's ``applies_from_capability`` (the flash / cuDNN SDPA
+    kernels the entry measured exist there; the lengths are the H100's, so a local fa2-probe
+    run refines them). Never on a non-CUDA device.
+    """
+    if facts.get("device") != "cuda" or facts.get("gpu") is None:
+        return None, "no GPU: shipped thresholds do not apply"
+    entries = (doc or load_shipped())["entries"]
+    gpu, cap, tv = facts["gpu"], facts["capability"], facts["torch"]
+    for e in entries:
+        if (e["gpu"], e["capability"], e["torch"]) == (gpu, cap, tv):
+            return e, f"measured on this GPU and torch ({gpu}, torch {tv})"
+    for e in entries:
+        if (e["gpu"], e["capability"]) == (gpu, cap):
+            return e, f"measured on this GPU with torch {e['torch']}, applied to torch {tv}"
+    ok = [e for e in entries if e.get("applies_from_capability") and _cap(cap) >= _cap(e["applies_from_capability"])]
+    if ok:
+        e = max(ok, key=lambda e: _cap(e["capability"]))
+        return e, (f"measured on {e['gpu']} (sm {e['capability']}), applied to {gpu} (sm {cap}) as a default "
+                   f"for GPUs from sm {e['applies_from_capability']}")
+    return None, f"no shipped thresholds apply to {gpu} (sm {cap})"
+
+
+def _with_shipped(facts: dict, thr: dict) -> dict:
+    """No local entry for this machine -> the shipped entry (recorded as such in routing.json)."""
+    if thr.get("entry") is not None or facts.get("device") != "cuda":
+        return thr
+    entry, how = shipped_entry(facts)
+    if entry is None:
+        thr["note"] = f"{thr.get('note', '')}; {how}"
+        return thr
+    return {**thr, "entry": entry, "source": str(SHIPPED_THRESHOLDS), "local_source": thr.get("source"),
+            "shipped_match": how,
+            "note": f"shipped defaults: {how} (local: {thr.get('note', '')})"}
 
 
 _CACHE: dict = {}
@@ -379,7 +440,7 @@ def decide(device: str = "cpu", overrides: dict | str | os.PathLike | None = Non
     forced, orec = _load_overrides(overrides)
     facts = machine_facts(device)
     tpath = thresholds if thresholds is not None else orec.get("thresholds")
-    thr = _thresholds_for(facts, tpath, explicit=tpath is not None)
+    thr = _with_shipped(facts, _thresholds_for(facts, tpath, explicit=tpath is not None))
     choices = {
         "cmp": _decide_flash("cmp", facts, thr),
         "slc": _decide_slc(facts),
