@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
-__all__ = ["fused_select_blocks", "fused_select_blocks_launch", "topn_from_scores", "available", "CONFIG"]
+__all__ = ["fused_select_blocks", "fused_select_blocks_launch", "topn_from_scores", "supports", "available", "CONFIG"]
 
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -286,6 +286,24 @@ def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: N
 
 # ---- 4. public ----------------------------------------------------------------------------
 
+def supports(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig) -> str | None:
+    """None when the fused kernel can run this call here (compiled on CUDA), else the reason (for "auto")."""
+    if triton is None:
+        return "triton is not installed"
+    if q.device.type != "cuda":
+        return f"device {q.device.type}: the fused selection kernel runs compiled on CUDA only"
+    if q.dtype not in _DTYPES or kc.dtype != q.dtype:
+        return f"dtypes q {q.dtype} / kc {kc.dtype} (needs one of float32, float16, bfloat16)"
+    G = kc.shape[2]
+    if G == 0 or q.shape[2] % G or not 1 <= q.shape[2] // G <= MAX_H:
+        return f"HQ={q.shape[2]}, G={G}: heads per group outside 1..{MAX_H}"
+    if not 1 <= q.shape[3] <= 256:
+        return f"dk={q.shape[3]} outside 1..256"
+    if cfg.num_sel_blocks(S) > MAX_NB:
+        return f"{cfg.num_sel_blocks(S)} selection blocks per row > {MAX_NB}"
+    return None
+
+
 def _check(q, kc, S, cfg, scale):
     if triton is None:
         raise RuntimeError("nsa_core.selection.scoring needs triton: pip install triton")
@@ -335,7 +353,8 @@ def topn_from_scores(scores: torch.Tensor, S: int, cfg: NSAConfig, *, config: di
     if triton is None:
         raise RuntimeError("nsa_core.selection.scoring needs triton: pip install triton")
     if scores.dim() != 4 or scores.shape[3] != cfg.num_sel_blocks(S) or scores.shape[1] > S:
-        raise ValueError(f"topn_from_scores: scores {tuple(scores.shape)} must be [B, T, G, NB={cfg.num_sel_blocks(S)}]")
+        raise ValueError(f"topn_from_scores: scores {tuple(scores.shape)} must be "
+                         f"[B, T, G, NB={cfg.num_sel_blocks(S)}]")
     if scores.dtype != torch.float32 or bool((scores < 0).any()):
         raise ValueError("topn_from_scores: scores must be float32 and >= 0")
     B, Tq, G, NB = scores.shape
