@@ -17,7 +17,7 @@ Parts (``--what``, comma-separated, run in the order given):
 
 Workload (the issue's): B=1, HQ=64, G=4, head dim 128 (dk = dv), n=16, l'=64, bf16; block
 indices = forced (block 0 + the two local blocks) + random distinct causal blocks, per
-(token, group), through nsa_core._blocks.topn_blocks on random scores. Times are medians of
+(token, group), through nsa_core.selection.reference.topn_blocks on random scores. Times are medians of
 ``triton.testing.do_bench`` (p20/p80 kept in the CSV); every kernel is warmed up (fla's
 autotuning included) before any timing.
 """
@@ -59,7 +59,8 @@ def parse_T(text: str) -> list[int]:
 def block_indices(T: int, seed: int, device="cuda", n: int = N_SEL, l_sel: int = L_SEL, groups: int = G,
                   batch: int = B):
     """Forced (0, local two) + random distinct causal blocks per (b, t, g): int32 ids, -1 padded."""
-    from nsa_core import NSAConfig, _blocks
+    from nsa_core import NSAConfig
+    from nsa_core.selection import reference as _blocks
 
     cfg = NSAConfig(l=32, d=16, l_sel=l_sel, n_sel=n, w=512)
     NB = cfg.num_sel_blocks(T)
@@ -154,7 +155,7 @@ def env_info() -> dict:
 # ---- implementations ----------------------------------------------------------------------------
 
 def ours(q, k, v, idx, cnt, **kw):
-    from nsa_core import triton_sel
+    from nsa_core.selection import attention as triton_sel
 
     return triton_sel.selection_attention(q, k, v, idx, cnt, L_SEL, **kw)
 
@@ -199,7 +200,7 @@ def sdpa_fn(backend_name: str):
 
 def part_check(args, out: Path):
     """Our kernel vs the float64 reference on one paper-scale case (dk=192, dv=128)."""
-    from nsa_core import triton_sel
+    from nsa_core.selection import attention as triton_sel
     from nsa_core.testing import compare
     from stages import _parity
 
@@ -227,7 +228,7 @@ def part_check(args, out: Path):
 
 
 def _lse(q, k, v, idx, cnt):
-    from nsa_core import triton_sel
+    from nsa_core.selection import attention as triton_sel
 
     return triton_sel.selection_attention_fwd(q, k, v, idx, cnt, L_SEL, validate_indices=False)[1]
 
@@ -239,7 +240,7 @@ def _fwd_grid(args):
 
 
 def _diag(kernel_name):
-    from nsa_core import triton_sel as ts
+    from nsa_core.selection import attention as ts
 
     ck = ts.LAST_COMPILED.get(kernel_name)
     out = {}
@@ -254,8 +255,8 @@ def _diag(kernel_name):
 
 def part_sweep(args, out: Path):
     """Launch settings per kernel at the largest T; returns rows. With --apply-best the fastest
-    fwd / dq / dkv settings become nsa_core.triton_sel.CONFIG for the later parts."""
-    from nsa_core import triton_sel as ts
+    fwd / dq / dkv settings become nsa_core.selection.attention.CONFIG for the later parts."""
+    from nsa_core.selection import attention as ts
 
     T = max(args.T_list)
     q, k, v, idx, cnt, do = inputs(T, seed=3)
@@ -567,7 +568,7 @@ def main(argv=None) -> int:
                     help="table: also these T with fla's own benchmark indices")
     ap.add_argument("--stage-cases", default=None)
     ap.add_argument("--cli-timeout", type=int, default=420)
-    ap.add_argument("--config", default=None, help="JSON overrides of nsa_core.triton_sel.CONFIG")
+    ap.add_argument("--config", default=None, help="JSON overrides of nsa_core.selection.attention.CONFIG")
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     if not torch.cuda.is_available():
@@ -576,14 +577,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.config:
-        from nsa_core import triton_sel
+        from nsa_core.selection import attention as triton_sel
 
         for key, val in json.loads(args.config).items():
             if key == "DEFAULT_DKV_MODE":
                 triton_sel.DEFAULT_DKV_MODE = val
             else:
                 triton_sel.CONFIG[key].update(val)
-    from nsa_core import triton_sel
+    from nsa_core.selection import attention as triton_sel
 
     log(f"CONFIG {json.dumps(triton_sel.CONFIG)} DEFAULT_DKV_MODE={triton_sel.DEFAULT_DKV_MODE}")
     results = {"argv": sys.argv, "config": triton_sel.CONFIG}

@@ -16,7 +16,7 @@ export PYTHONPATH=$SITE:$(pwd)
 L=$OUT/log.txt
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"; } >$L 2>&1
-timeout 80 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py -k "cuda or triton" >>$L 2>&1
+timeout 80 python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py -k "cuda or triton" >>$L 2>&1
 echo "pytest rc=$?" >>$L
 S0=$(date +%s)
 timeout 270 python3 -m nsa_runner.cli stage decode-bench --out /tmp/art --device cuda --profile full >/tmp/cli.txt 2>&1

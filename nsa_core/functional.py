@@ -17,8 +17,11 @@ from collections.abc import Callable
 
 import torch
 
-from nsa_core import _blocks, _reference
+from nsa_core import _dense
+from nsa_core.compression import reference as _cmp_ref
 from nsa_core.config import NSAConfig
+from nsa_core.selection import reference as _slc_ref
+from nsa_core.window import reference as _win_ref
 
 BRANCHES = ("cmp", "slc", "win")
 BACKENDS = {
@@ -32,7 +35,7 @@ _SELECT_BUDGET = 1 << 25
 
 
 def _engine(backend: str, branch: str) -> str | None:
-    """Map a dense backend name to the engine of nsa_core._reference; None for kernel backends."""
+    """Map a dense backend name to the engine of nsa_core._dense; None for kernel backends."""
     if backend == "reference":
         return "math"
     if backend == "sdpa":
@@ -81,7 +84,7 @@ def compress(x: torch.Tensor, cfg: NSAConfig, phi: Callable[[torch.Tensor], torc
     if phi is None:
         if cfg.phi == "mlp":
             raise ValueError("compress: cfg.phi='mlp' needs the learnable phi module (phi=...)")
-        return _reference.compress_avg(x, cfg)
+        return _cmp_ref.compress_avg(x, cfg)
     Tc = cfg.num_cmp(x.shape[1])
     if Tc == 0:
         return x.new_zeros(x.shape[0], 0, *x.shape[2:])
@@ -109,7 +112,7 @@ def block_scores(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, scal
     if Tc == 0:
         return out
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
-    W = _blocks.overlap_matrix(Tc, NB, cfg, device=q.device, dtype=cdt)  # [Tc, NB]
+    W = _slc_ref.overlap_matrix(Tc, NB, cfg, device=q.device, dtype=cdt)  # [Tc, NB]
     kcf = kc.to(cdt)
     t_all = torch.arange(S - Tq, S, device=q.device)
     C = max(1, _SELECT_BUDGET // max(1, B * HQ * Tc))
@@ -118,7 +121,7 @@ def block_scores(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, scal
         t = t_all[c0:c1]
         qc = q[:, c0:c1].to(cdt).reshape(B, c1 - c0, G, h, dk)
         s = torch.einsum("bcghd,bsgd->bcghs", qc, kcf) * scale
-        vis = _blocks.cmp_visibility_mask(t, Tc, cfg)  # [C, Tc]
+        vis = _cmp_ref.cmp_visibility_mask(t, Tc, cfg)  # [C, Tc]
         has = vis.any(-1)
         s = s.masked_fill(~(vis | ~has[:, None])[None, :, None, None, :], float("-inf"))
         p = torch.softmax(s, dim=-1) * has[None, :, None, None, None].to(cdt)
@@ -141,7 +144,7 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig, *,
     kc = compress(k_cmp, cfg, phi)
     scores = block_scores(q, kc, S, cfg, scale)
     t_pos = torch.arange(S - q.shape[1], S, device=q.device)
-    return _blocks.topn_blocks(scores, t_pos, cfg)
+    return _slc_ref.topn_blocks(scores, t_pos, cfg)
 
 
 # ---- branches ----------------------------------------------------------------------------
@@ -163,10 +166,10 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
 def _compressed_on(q, kc, vc, S, cfg, backend, scale):
     eng = _engine(backend, "cmp")
     if eng is not None:
-        return _reference.compressed_attention(q, kc, vc, S, cfg, scale, eng)
-    from nsa_core import flash
+        return _cmp_ref.compressed_attention(q, kc, vc, S, cfg, scale, eng)
+    from nsa_core.compression import fast
 
-    return flash.compressed_attention(q, kc, vc, S, cfg, scale=scale)
+    return fast.compressed_attention(q, kc, vc, S, cfg, scale=scale)
 
 
 def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor,
@@ -177,8 +180,8 @@ def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
     backend = _resolve(backend, "slc", q.device, k.shape[1])
     eng = _engine(backend, "slc")
     if eng is not None:
-        return _reference.selection_attention(q, k, v, block_idx, block_count, cfg.l_sel, scale, eng)
-    from nsa_core import triton_sel
+        return _slc_ref.selection_attention(q, k, v, block_idx, block_count, cfg.l_sel, scale, eng)
+    from nsa_core.selection import attention as triton_sel
 
     return triton_sel.selection_attention(q, k, v, block_idx, block_count, cfg.l_sel, scale=scale)
 
@@ -190,16 +193,16 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: NS
     backend = _resolve(backend, "win", q.device, k.shape[1])
     eng = _engine(backend, "win")
     if eng is not None:
-        return _reference.sliding_attention(q, k, v, cfg.w, scale, eng)
-    from nsa_core import flash
+        return _win_ref.sliding_attention(q, k, v, cfg.w, scale, eng)
+    from nsa_core.window import fast
 
-    return flash.sliding_attention(q, k, v, cfg.w, scale=scale)
+    return fast.sliding_attention(q, k, v, cfg.w, scale=scale)
 
 
 def full_attention(q, k, v, backend: str = "reference", *, scale: float | None = None) -> torch.Tensor:
     """Full causal attention with GQA (the equivalence anchor and the speed baseline)."""
     _check_group(q, k, "full_attention", v)
-    return _reference.full_attention(q, k, v, scale, _engine(backend, "win") or "sdpa")
+    return _dense.full_attention(q, k, v, scale, _engine(backend, "win") or "sdpa")
 
 
 def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig,
@@ -225,7 +228,7 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
     S = k_cmp.shape[1]
     kc, vc = compress(k_cmp, cfg, phi_k), compress(v_cmp, cfg, phi_v)
     scores = block_scores(q, kc, S, cfg, scale)
-    block_idx, block_count = _blocks.topn_blocks(scores, torch.arange(S - T, S, device=q.device), cfg)
+    block_idx, block_count = _slc_ref.topn_blocks(scores, torch.arange(S - T, S, device=q.device), cfg)
     o_cmp = _compressed_on(q, kc, vc, S, cfg, _resolve(backend, "cmp", q.device, S), scale)
     o_slc = selection_attention(q, k_sel, v_sel, block_idx, block_count, cfg, _resolve(backend, "slc", q.device, S),
                                 scale=scale)

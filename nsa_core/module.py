@@ -67,7 +67,7 @@ class NSAAttention(nn.Module):
     NSAAttention(dim, n_heads, n_kv_groups, d_k, d_v, cfg)
     forward(x [B, T, dim], cache=None) -> (y [B, T, dim], cache)
       cache=None: prefill of positions 0..T-1; returns a cache for decode.
-      cache given: decode of the next tokens (see nsa_core.cache).
+      cache given: decode of the next tokens (see nsa_core.decode.cache).
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, d_k: int, d_v: int,
@@ -146,13 +146,13 @@ class NSAAttention(nn.Module):
                             self.backend, phi_k=self.phi_k, phi_v=self.phi_v)
         return self.out(o), self._make_cache(p, max_len=max_len)
 
-    # ---- decode (DESIGN §4; nsa_core.cache, nsa_core._decode, nsa_core._decode_fast) --------------
+    # ---- decode (DESIGN §4; nsa_core.decode: cache, reference, static) --------------
     decode_headroom = 1024  # default extra capacity after a prefill of T tokens
 
     @torch.no_grad()
     def _make_cache(self, p: BranchInputs, max_len: int | None = None):
         """Fill an NSACache from a prefill's projections (the compressed tokens prefill used)."""
-        from nsa_core.cache import NSACache
+        from nsa_core.decode.cache import NSACache
 
         B, T = p.q.shape[:2]
         if max_len is not None and (not isinstance(max_len, int) or max_len < T):
@@ -167,14 +167,14 @@ class NSAAttention(nn.Module):
 
     def new_cache(self, B: int, max_len: int, *, dtype=None, device=None):
         """An empty NSACache for this layer (decode from position 0, or a direct fill)."""
-        from nsa_core.cache import NSACache
+        from nsa_core.decode.cache import NSACache
 
         w = self.q_proj.weight
         return NSACache.empty(self.cfg, B, self.G, self.dk, self.dv, max_len, dtype=dtype or w.dtype,
                               device=device or w.device)
 
     def _check_cache(self, x: torch.Tensor, cache) -> None:
-        from nsa_core.cache import NSACache
+        from nsa_core.decode.cache import NSACache
 
         if not isinstance(cache, NSACache):
             raise ValueError(f"NSAAttention: cache must be an NSACache (from a prefill), got {type(cache).__name__}")
@@ -193,11 +193,11 @@ class NSAAttention(nn.Module):
         """Decode x [B, k, dim] (k >= 1 new tokens at positions cache.length..) one token at a time.
 
         Each token is appended to every branch cache, then attends exactly as prefill would at
-        its position (nsa_core._decode.attend). Runs without autograd. cache.reads holds the
+        its position (nsa_core.decode.reference.attend). Runs without autograd. cache.reads holds the
         last token's read counters, cache.reads_per_step one dict per token.
         """
-        from nsa_core import _decode
-        from nsa_core.cache import read_counts
+        from nsa_core.decode import reference as _decode
+        from nsa_core.decode.cache import read_counts
 
         self._check_cache(x, cache)
         B, T, _ = x.shape
@@ -222,7 +222,7 @@ class NSAAttention(nn.Module):
 
     def decoder(self, cache, **kw):
         """A static-shape (CUDA-graph capturable) decode stepper over ``cache``: see
-        nsa_core._decode_fast.StaticDecoder."""
-        from nsa_core._decode_fast import StaticDecoder
+        nsa_core.decode.static.StaticDecoder."""
+        from nsa_core.decode.static import StaticDecoder
 
         return StaticDecoder(self, cache, **kw)

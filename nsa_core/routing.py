@@ -7,7 +7,7 @@
     r.to_json()               -> the dict the runner writes as routing.json
 
 The decision uses only facts (device, GPU name / capability, torch version, whether Triton,
-``nsa_core.triton_sel`` and each flash kernel can be imported) and *measured* thresholds: the
+``nsa_core.selection.attention`` and each flash kernel can be imported) and *measured* thresholds: the
 smallest sequence length at which a flash path is >= 1.2x faster than the SDPA path, written by
 the ``fa2-probe`` stage into a JSON file (format in docs/routing.md, ``load_thresholds``).
 Without a local measurement for this GPU + torch, the thresholds shipped in the package
@@ -177,19 +177,19 @@ def machine_facts(device: str = "cpu") -> dict:
             facts["triton"]["version"] = version("triton")
         except PackageNotFoundError:
             facts["triton"]["version"] = "?"
-    ok, why = _module_state("nsa_core.triton_sel", do_import=cuda)
+    ok, why = _module_state("nsa_core.selection.attention", do_import=cuda)
     facts["triton_sel"] = {"present": ok, "reason": why}
     facts["flash_paths"] = _flash_paths(dev.type)
     return facts
 
 
 def _flash_paths(device_type: str) -> dict:
-    """{path: {"present": bool, "reason": str}} from nsa_core.flash (cheap checks, no kernel calls)."""
+    """{path: {"present": bool, "reason": str}} from nsa_core.flash.adapters (cheap checks, no kernel calls)."""
     try:
-        from nsa_core import flash
+        from nsa_core.flash import adapters
     except Exception as e:  # noqa: BLE001
         return {"(nsa_core.flash)": {"present": False, "reason": f"nsa_core.flash fails to import: {e}"}}
-    return flash.available_paths(device_type)
+    return adapters.available_paths(device_type)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +421,7 @@ _CACHE: dict = {}
 def cached_decide(device: str = "cpu") -> Routing:
     """decide(device) with the default thresholds, memoised per device for this process.
 
-    Used by ``nsa_core.flash`` to pick the measured-best path when none is pinned.
+    Used by ``nsa_core.flash.pick`` to pick the measured-best path when none is pinned.
     """
     if device not in _CACHE:
         _CACHE[device] = decide(device)

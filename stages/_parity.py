@@ -1,11 +1,11 @@
 """Shared parity machinery of the ``triton-fwd`` / ``triton-bwd`` stages (private).
 
 The case matrix, fresh random inputs with realistic block indices (``F.select_blocks``), the
-float64 reference (``nsa_core._reference.selection_attention``; gradients by autograd through
+float64 reference (``nsa_core.selection.reference.selection_attention``; gradients by autograd through
 it, chunked over queries so paper-scale cases fit on a GPU) and the CSV/txt writers.
 
 Test hook: the stages call :func:`kernel`, which returns ``KERNEL`` when a test has set it (a
-function with the signature of ``nsa_core.triton_sel.selection_attention``), else the real
+function with the signature of ``nsa_core.selection.attention.selection_attention``), else the real
 Triton kernel. A deliberately wrong kernel injected there must turn both stages FAIL.
 """
 
@@ -96,7 +96,7 @@ def triton_available() -> bool:
 def kernel():
     if KERNEL is not None:
         return KERNEL
-    from nsa_core import triton_sel
+    from nsa_core.selection import attention as triton_sel
 
     return triton_sel.selection_attention
 
@@ -177,7 +177,7 @@ def reference(q, k, v, block_idx, block_count, block_size, do=None):
     """
     import torch
 
-    from nsa_core import _reference
+    from nsa_core.selection import reference as _reference
 
     B, T, HQ, _ = q.shape
     q64, k64, v64 = (x.detach().to(torch.float64) for x in (q, k, v))

@@ -4,7 +4,7 @@ read counters vs the formula (DESIGN §4, §5).
 For each cached length S and batch B: an NSA layer (``NSAAttention``) gets a context of S-1
 tokens (``--fill``: a real prefill through the module, or a direct fill of every cache with
 random data for long S — the output says which), then the step that decodes token S-1 (cached
-length S during the step) is measured with the static decoder (``nsa_core._decode_fast``):
+length S during the step) is measured with the static decoder (``nsa_core.decode.static``):
 
   step    the whole layer step: projections + RoPE + gate MLP, cache append (+ compression),
           the three branches, gated combine, output projection
@@ -31,7 +31,7 @@ replays after ``--warmup``. On CPU: perf_counter medians (the quick profile is s
 small dims; its counters are real, its timings are CPU timings).
 
 Checks (FAIL): read counters of the measured step (from the blocks it actually selected)
-equal the formula (``nsa_core.cache.formula_reads``) for every (b, group), also for the float64
+equal the formula (``nsa_core.decode.cache.formula_reads``) for every (b, group), also for the float64
 reference's own selection; the step output matches the float64 eager reference fed the step's
 selection (DESIGN §7 tolerance of the dtype); the SDPA baseline matches float64 math; every
 output is finite. Timings are reported, never asserted.
@@ -143,7 +143,7 @@ class _Timer:
         runs = {}
         for name, fn in fns.items():
             if use_graph:
-                from nsa_core._decode_fast import capture_graph
+                from nsa_core.decode.static import capture_graph
 
                 try:
                     runs[name] = capture_graph(fn).replay
@@ -206,8 +206,9 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     """One (S, B) point -> (CSV row, problems). See the module docstring for what is timed."""
     import torch
 
-    from nsa_core import NSAAttention, NSAConfig, _decode
-    from nsa_core import cache as cache_mod
+    from nsa_core import NSAAttention, NSAConfig
+    from nsa_core.decode import cache as cache_mod
+    from nsa_core.decode import reference as _decode
     from nsa_core.testing import compare
 
     problems: list[str] = []
@@ -315,7 +316,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
                 problems.append(f"{tag}: SDPA {name} vs float64 math: {c}")
             fns[f"full:{name}"] = full
         if device == "cuda" and _triton_ok():  # flash-decoding (split over the keys) with the decode kernels
-            from nsa_core._decode_triton import FullDecode
+            from nsa_core.decode.kernels import FullDecode
 
             fd = FullDecode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale)
 

@@ -1,7 +1,7 @@
 """Stage ``fa2-probe``: which flash kernels exist and work here, do the flash paths of the
 compressed and sliding branches match the reference, and from which length do they pay (DESIGN §5).
 
-1. Probe (``nsa_core._flash_probe``): flash_attn (FA-2), flash_attn_interface (FA-3),
+1. Probe (``nsa_runner.measure.flash_probe``): flash_attn (FA-2), flash_attn_interface (FA-3),
    flash_attn.cute (FA-4), torch ``varlen_attn``, SDPA flash / cuDNN / memory-efficient —
    present? version? a real tiny call works? and the reason + install command when not.
 2. Parity (fa2_varlen.csv): every available path, both branches, fp16 + bf16, forward and
@@ -61,7 +61,8 @@ class Fa2Probe(Stage):
     def run(self, ctx) -> StageResult:
         import torch
 
-        from nsa_core import _flash_probe, flash
+        from nsa_core.flash import adapters as flash
+        from nsa_runner.measure import flash_probe as _flash_probe
 
         d = Path(ctx.dir)
         opts = dict(ctx.options or {})
@@ -98,8 +99,8 @@ class Fa2Probe(Stage):
         import pandas as pd
         import torch
 
-        from nsa_core import _flash_bench
         from nsa_core.config import NSAConfig
+        from nsa_runner.measure import flash_bench as _flash_bench
 
         cfg = NSAConfig()
         cases = _flash_bench.parity_cases("full" if ctx.profile == "full" else "quick")
@@ -137,7 +138,8 @@ class Fa2Probe(Stage):
         import pandas as pd
         import torch
 
-        from nsa_core import _flash_bench, routing
+        from nsa_core import routing
+        from nsa_runner.measure import flash_bench as _flash_bench
 
         rows, timer = _flash_bench.bench(device, good, list(S_list), cfg)
         thr = _flash_bench.thresholds(rows)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nsa_core import NSAAttention, NSAConfig
-from nsa_core.cache import formula_reads, paper_bound, read_counts
+from nsa_core.decode.cache import formula_reads, paper_bound, read_counts
 
 SMALL = NSAConfig(l=8, d=4, l_sel=16, n_sel=4, w=16)
 PAPER = NSAConfig()  # l=32, d=16, l'=64, n=16, w=512

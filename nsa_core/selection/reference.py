@@ -1,4 +1,5 @@
-"""Block geometry of NSA (DESIGN §2): visibility, the overlap mapping of Eq. 9, top-n of Eq. 11.
+"""Selection branch reference (docs/semantics.md): the overlap map of Eq. 9, top-n of Eq. 11, the
+selected-token mask and the selection attention of Eq. 12 (dense, float64-capable: the oracle).
 
 Everything here is vectorised torch on index tensors; no per-token Python loops.
 Query positions are explicit (``t_pos``) so the same code serves prefill (t = 0..T-1) and
@@ -9,19 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from nsa_core._dense import _check_qkv, _positions, masked_attention
 from nsa_core.config import NSAConfig
-
-
-def num_cmp_visible(t: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
-    """Compressed tokens visible to query position(s) ``t``: 0 if t+1 < l else (t+1-l)//d + 1."""
-    t = torch.as_tensor(t)
-    return torch.where(t + 1 < cfg.l, torch.zeros_like(t), (t + 1 - cfg.l) // cfg.d + 1)
-
-
-def cmp_visibility_mask(t_pos: torch.Tensor, n_cmp: int, cfg: NSAConfig) -> torch.Tensor:
-    """Bool [Tq, n_cmp]: compressed token i is visible to query t iff i*d + l - 1 <= t."""
-    i = torch.arange(n_cmp, device=t_pos.device)
-    return (i[None, :] * cfg.d + cfg.l - 1) <= t_pos[:, None]
 
 
 def overlap_matrix(n_cmp: int, n_blocks: int, cfg: NSAConfig, *, device=None,
@@ -93,12 +83,24 @@ def selected_token_mask(block_idx: torch.Tensor, block_count: torch.Tensor, t_po
     return tok.permute(0, 2, 1, 3)
 
 
-def window_mask(t_pos: torch.Tensor, S: int, w: int) -> torch.Tensor:
-    """Bool [Tq, S]: key s visible to query t iff max(0, t-w+1) <= s <= t."""
-    s = torch.arange(S, device=t_pos.device)
-    return (s[None, :] <= t_pos[:, None]) & (s[None, :] > t_pos[:, None] - w)
+def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor,
+                        block_count: torch.Tensor, block_size: int, scale: float | None = None,
+                        engine: str = "math") -> torch.Tensor:
+    """Attention over the raw tokens of the selected blocks, causally masked (Eq. 12).
 
+    q [B, Tq, HQ, dk]; k [B, S, G, dk]; v [B, S, G, dv]; block_idx [B, Tq, G, n] int
+    (ascending ids, -1 padded); block_count [B, Tq, G]. -> o [B, Tq, HQ, dv].
+    """
+    B, Tq, HQ, G, S = _check_qkv(q, k, v)
+    if block_idx.shape[:3] != (B, Tq, G) or block_count.shape != (B, Tq, G):
+        raise ValueError(
+            f"block_idx {tuple(block_idx.shape)} / block_count {tuple(block_count.shape)} must be "
+            f"[B, T, G, n] / [B, T, G] = [{B}, {Tq}, {G}, n] / [{B}, {Tq}, {G}]")
+    def key_range(t0, t1):  # causal: no key after the chunk's last query
+        return 0, t1
 
-def causal_mask(t_pos: torch.Tensor, S: int) -> torch.Tensor:
-    s = torch.arange(S, device=t_pos.device)
-    return s[None, :] <= t_pos[:, None]
+    def mask_fn(t, c0, c1):
+        s1 = int(t[-1]) + 1
+        return selected_token_mask(block_idx[:, c0:c1], block_count[:, c0:c1], t, s1, block_size)
+
+    return masked_attention(q, k, v, _positions(Tq, S, q.device), mask_fn, scale, engine, key_range=key_range)

@@ -1,13 +1,11 @@
-"""Reference backend per branch (DESIGN §2): explicit masks + dense math. The oracle.
+"""Dense masked attention, the engine of every reference branch (docs/semantics.md), and the q/k/v checks.
 
-Every function here works in float64 (pass float64 tensors) and is differentiable. Queries
-are the last ``Tq`` positions of ``S`` keys: query i sits at position ``S - Tq + i``
-(prefill: Tq == S; decode: Tq == 1). Work is chunked over queries so paper-scale cases fit
-in memory, but there is no per-token Python loop.
-
-The same branch functions run on the ``sdpa`` backend by passing ``engine="sdpa"``: the
-masks are the same (nsa_core._blocks), only the attention arithmetic changes (torch SDPA
-instead of einsum + softmax).
+``masked_attention`` computes softmax(q k^T * scale + mask) v with GQA over an explicit mask,
+in float64 when given float64 (the oracle) or through torch SDPA (``engine="sdpa"``): each
+branch's reference (compression/, selection/, window/ ``reference.py``) only supplies its mask.
+Queries are the last ``Tq`` positions of ``S`` keys: query i sits at position ``S - Tq + i``
+(prefill: Tq == S; decode: Tq == 1). Work is chunked over queries so paper-scale cases fit in
+memory, but there is no per-token Python loop. ``_check_qkv`` is the one q/k/v shape checker.
 """
 
 from __future__ import annotations
@@ -16,9 +14,6 @@ import math
 from collections.abc import Callable
 
 import torch
-
-from nsa_core import _blocks
-from nsa_core.config import NSAConfig
 
 # elements of one [B, HQ, chunk, S] score tensor; bounds the memory of the dense paths
 _SCORE_BUDGET = 1 << 26
@@ -125,76 +120,13 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t_pos: t
     return o
 
 
-# ---- compression -------------------------------------------------------------------------
-
-def compress_avg(x: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
-    """avg phi: x [B, T, G, D] -> [B, Tc, G, D], token i = mean of x[:, i*d : i*d + l]."""
-    B, T, G, D = x.shape
-    Tc = cfg.num_cmp(T)
-    if Tc == 0:
-        return x.new_zeros(B, 0, G, D)
-    return x.unfold(1, cfg.l, cfg.d)[:, :Tc].mean(dim=-1)
-
-
-# ---- branches ----------------------------------------------------------------------------
-
-def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S: int, cfg: NSAConfig,
-                         scale: float | None = None, engine: str = "math", return_probs: bool = False):
-    """Queries (the last Tq of S positions) over COMPRESSED keys kc/vc [B, Tc, G, D].
-
-    Compressed token i is visible to query t iff i*d + l - 1 <= t; a query that sees none
-    gets o = 0 and an empty score row (no NaN).
-    """
-    Tq = q.shape[1]
-    Tc = kc.shape[1]
-    if Tc == 0:
-        engine = "math"  # no key at all: o = 0 exactly, still connected to autograd (grad 0)
-    t_pos = _positions(Tq, S, q.device)
-    return masked_attention(q, kc, vc, t_pos, lambda t, c0, c1: _blocks.cmp_visibility_mask(t, Tc, cfg),
-                            scale, engine, return_probs=return_probs)
-
-
-def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor,
-                        block_count: torch.Tensor, block_size: int, scale: float | None = None,
-                        engine: str = "math") -> torch.Tensor:
-    """Attention over the raw tokens of the selected blocks, causally masked (Eq. 12).
-
-    q [B, Tq, HQ, dk]; k [B, S, G, dk]; v [B, S, G, dv]; block_idx [B, Tq, G, n] int
-    (ascending ids, -1 padded); block_count [B, Tq, G]. -> o [B, Tq, HQ, dv].
-    """
-    B, Tq, HQ, G, S = _check_qkv(q, k, v)
-    if block_idx.shape[:3] != (B, Tq, G) or block_count.shape != (B, Tq, G):
-        raise ValueError(
-            f"block_idx {tuple(block_idx.shape)} / block_count {tuple(block_count.shape)} must be "
-            f"[B, T, G, n] / [B, T, G] = [{B}, {Tq}, {G}, n] / [{B}, {Tq}, {G}]")
-    def key_range(t0, t1):  # causal: no key after the chunk's last query
-        return 0, t1
-
-    def mask_fn(t, c0, c1):
-        s1 = int(t[-1]) + 1
-        return _blocks.selected_token_mask(block_idx[:, c0:c1], block_count[:, c0:c1], t, s1, block_size)
-
-    return masked_attention(q, k, v, _positions(Tq, S, q.device), mask_fn, scale, engine, key_range=key_range)
-
-
-def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
-                      scale: float | None = None, engine: str = "math") -> torch.Tensor:
-    """Attention over keys max(0, t-w+1)..t."""
-    def key_range(t0, t1):
-        return max(0, t0 - w + 1), t1
-
-    def mask_fn(t, c0, c1):
-        s0, s1 = key_range(int(t[0]), int(t[-1]) + 1)
-        s = torch.arange(s0, s1, device=t.device)
-        return (s[None, :] <= t[:, None]) & (s[None, :] > t[:, None] - w)
-
-    _check_qkv(q, k, v)
-    t_pos = _positions(q.shape[1], k.shape[1], q.device)
-    return masked_attention(q, k, v, t_pos, mask_fn, scale, engine, key_range=key_range, span=w)
-
-
 def full_attention(q, k, v, scale=None, engine: str = "math"):
     """Full causal attention (the equivalence anchor)."""
     _check_qkv(q, k, v)
     t_pos = _positions(q.shape[1], k.shape[1], q.device)
-    return masked_attention(q, k, v, t_pos, lambda t, c0, c1: _blocks.causal_mask(t, k.shape[1]), scale, engine)
+    return masked_attention(q, k, v, t_pos, lambda t, c0, c1: causal_mask(t, k.shape[1]), scale, engine)
+
+
+def causal_mask(t_pos: torch.Tensor, S: int) -> torch.Tensor:
+    s = torch.arange(S, device=t_pos.device)
+    return s[None, :] <= t_pos[:, None]

@@ -6,7 +6,7 @@ device tensor (``dec.pos``), visibility is a mask over the whole capacity instea
 a Python int, and nothing reads a value back to the host, so a whole step (or any one part of
 it) can be captured in a ``torch.cuda.CUDAGraph`` and replayed at any position.
 
-The math is the prefill math for one query at position t (nsa_core._decode.attend is the
+The math is the prefill math for one query at position t (nsa_core.decode.reference.attend is the
 eager form; tests compare the two in float64):
 
 - append: token t goes to K_sel/V_sel row t, the window ring slot t % w and the raw
@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from nsa_core.cache import NSACache, read_counts
+from nsa_core.decode.cache import NSACache, read_counts
 
 IMPLS = ("torch", "triton")
 
@@ -103,7 +103,7 @@ class StaticDecoder:
         self._graph = None
         self._tri = None
         if impl == "triton":
-            from nsa_core import _decode_triton
+            from nsa_core.decode import kernels as _decode_triton
 
             self._tri = _decode_triton.Workspace(self, chunk=chunk, warps=warps)
 

@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from nsa_core import NSAConfig, _blocks
+from nsa_core import NSAConfig
 from nsa_core import functional as F
+from nsa_core.selection import reference as _blocks
 from nsa_core.testing import case_id
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode

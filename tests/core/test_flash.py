@@ -9,10 +9,17 @@ import math
 import pytest
 import torch
 
-from nsa_core import NSAConfig, _flash_bench, _flash_probe, _reference, flash
-from nsa_core import _flash_kernels as K
+from nsa_core import NSAConfig
 from nsa_core import functional as F
+from nsa_core.compression import fast as cmp_fast
+from nsa_core.compression import reference as cmp_ref
+from nsa_core.flash import adapters as K
+from nsa_core.flash import pick
 from nsa_core.testing import case_id, compare
+from nsa_core.window import fast as win_fast
+from nsa_core.window import reference as win_ref
+from nsa_runner.measure import flash_bench as _flash_bench
+from nsa_runner.measure import flash_probe as _flash_probe
 
 F64 = torch.float64
 
@@ -62,9 +69,10 @@ def test_compressed_packing_matches_reference(c):
     B, S, Tq, HQ, G, D, l, d, w = c
     cfg = NSAConfig(l=l, d=d, l_sel=max(64, l), w=w)
     q, k, v, do = _inputs(c, 1)
-    kc, vc = _reference.compress_avg(k, cfg), _reference.compress_avg(v, cfg)
-    ref, rg = _fwd_bwd(lambda a, b, e: _reference.compressed_attention(a, b, e, S, cfg), [q, kc, vc], do)
-    out, og = _fwd_bwd(lambda a, b, e: flash.compressed_attention(a, b, e, S, cfg, path="sdpa-math"), [q, kc, vc], do)
+    kc, vc = cmp_ref.compress_avg(k, cfg), cmp_ref.compress_avg(v, cfg)
+    ref, rg = _fwd_bwd(lambda a, b, e: cmp_ref.compressed_attention(a, b, e, S, cfg), [q, kc, vc], do)
+    out, og = _fwd_bwd(lambda a, b, e: cmp_fast.compressed_attention(a, b, e, S, cfg, path="sdpa-math"),
+                       [q, kc, vc], do)
     assert out.shape == (B, Tq, HQ, D)
     assert torch.isfinite(out).all()
     _assert_all_ok([out, *og], [ref, *rg])
@@ -73,7 +81,7 @@ def test_compressed_packing_matches_reference(c):
     else:  # nothing visible: exactly 0, still on autograd (as the reference), gradients 0
         assert torch.equal(out, torch.zeros_like(out))
         qq = q.detach().requires_grad_(True)
-        o = flash.compressed_attention(qq, kc, vc, S, cfg, path="sdpa-math")
+        o = cmp_fast.compressed_attention(qq, kc, vc, S, cfg, path="sdpa-math")
         assert o.requires_grad
         o.sum().backward()
         assert torch.equal(qq.grad, torch.zeros_like(qq))
@@ -84,7 +92,7 @@ def test_compressed_packing_matches_reference(c):
 def test_window_tiles_match_reference(c, tile):
     B, S, Tq, HQ, G, D, l, d, w = c
     q, k, v, do = _inputs(c, 2)
-    ref, rg = _fwd_bwd(lambda a, b, e: _reference.sliding_attention(a, b, e, w), [q, k, v], do)
+    ref, rg = _fwd_bwd(lambda a, b, e: win_ref.sliding_attention(a, b, e, w), [q, k, v], do)
     out, og = _fwd_bwd(lambda a, b, e: K.window(a, b, e, w, 1 / math.sqrt(D), "sdpa-math", tile), [q, k, v], do)
     _assert_all_ok([out, *og], [ref, *rg])
 
@@ -92,8 +100,8 @@ def test_window_tiles_match_reference(c, tile):
 def test_public_sliding_entry_point_on_the_math_twin():
     c = CASES[1]
     q, k, v, _ = _inputs(c, 3)
-    out = flash.sliding_attention(q, k, v, c[-1], path="sdpa-math", scale=0.3)
-    ref = _reference.sliding_attention(q, k, v, c[-1], scale=0.3)
+    out = win_fast.sliding_attention(q, k, v, c[-1], path="sdpa-math", scale=0.3)
+    ref = win_ref.sliding_attention(q, k, v, c[-1], scale=0.3)
     assert compare(out, ref, F64).ok
 
 
@@ -102,59 +110,59 @@ def test_a_wrong_geometry_is_caught():
     c = CASES[1]
     q, k, v, _ = _inputs(c, 4)
     cfg, wrong = NSAConfig(l=32, d=16), NSAConfig(l=16, d=16)
-    kc, vc = _reference.compress_avg(k, cfg), _reference.compress_avg(v, cfg)
-    ref = _reference.compressed_attention(q, kc, vc, 100, cfg)
-    assert not compare(flash.compressed_attention(q, kc, vc, 100, wrong, path="sdpa-math"), ref, F64).ok
-    ref = _reference.sliding_attention(q, k, v, 40)
-    assert not compare(flash.sliding_attention(q, k, v, 39, path="sdpa-math"), ref, F64).ok
+    kc, vc = cmp_ref.compress_avg(k, cfg), cmp_ref.compress_avg(v, cfg)
+    ref = cmp_ref.compressed_attention(q, kc, vc, 100, cfg)
+    assert not compare(cmp_fast.compressed_attention(q, kc, vc, 100, wrong, path="sdpa-math"), ref, F64).ok
+    ref = win_ref.sliding_attention(q, k, v, 40)
+    assert not compare(win_fast.sliding_attention(q, k, v, 39, path="sdpa-math"), ref, F64).ok
 
 
 def test_folding_round_trip_is_the_identity_permutation():
     B, Tc, d, G, h, D = 2, 5, 4, 3, 2, 1
     x = torch.arange(B * Tc * d * G * h, dtype=F64).reshape(B, Tc * d, G * h, D)
-    f = flash._fold(x, Tc, d, G)
+    f = cmp_fast._fold(x, Tc, d, G)
     assert f.shape == (B, Tc, G * d * h, D)
     # head index of the folded tensor: g * (d*h) + r * h + j  <->  query row m*d + r, head g*h + j
     assert f[1, 2, 1 * d * h + 3 * h + 1, 0] == x[1, 2 * d + 3, 1 * h + 1, 0]
-    assert torch.equal(flash._unfold(f, Tc, d, G, G * h), x)
+    assert torch.equal(cmp_fast._unfold(f, Tc, d, G, G * h), x)
 
 
 # ---- no flash kernel here: clear errors -------------------------------------------------------
 
 def test_cpu_has_no_flash_path_and_says_why():
-    st = flash.available_paths("cpu")
-    assert list(st) == list(flash.PATHS)
+    st = K.available_paths("cpu")
+    assert list(st) == list(pick.PATHS)
     assert all(not s["present"] and "CUDA" in s["reason"] for s in st.values())
 
 
 def test_backend_flash_on_cpu_fails_clearly():
     cfg = NSAConfig()
     q, k, v = (torch.randn(1, 64, 2, 16) for _ in range(3))
-    with pytest.raises(flash.FlashUnavailable, match="Use backend='sdpa'") as ei:
+    with pytest.raises(pick.FlashUnavailable, match="Use backend='sdpa'") as ei:
         F.sliding_attention(q, k, v, cfg, backend="flash")
     assert "varlen" in str(ei.value) and "CUDA" in str(ei.value)
-    with pytest.raises(flash.FlashUnavailable, match="cmp"):
+    with pytest.raises(pick.FlashUnavailable, match="cmp"):
         F.compressed_attention(q, k, v, cfg, backend="flash")
 
 
 def test_pinned_path_that_cannot_run_says_why():
     q, k, v = (torch.randn(1, 64, 2, 16) for _ in range(3))
-    with pytest.raises(flash.PathUnavailable, match="CUDA"):
-        flash.sliding_attention(q, k, v, 16, path="varlen")
-    with pytest.raises(flash.PathUnavailable, match="cannot express the win branch"):
-        flash.sliding_attention(q, k, v, 16, path="sdpa-flash")
+    with pytest.raises(K.PathUnavailable, match="CUDA"):
+        win_fast.sliding_attention(q, k, v, 16, path="varlen")
+    with pytest.raises(K.PathUnavailable, match="cannot express the win branch"):
+        win_fast.sliding_attention(q, k, v, 16, path="sdpa-flash")
     with pytest.raises(ValueError, match="unknown flash path"):
-        flash.sliding_attention(q, k, v, 16, path="fa9")
+        win_fast.sliding_attention(q, k, v, 16, path="fa9")
 
 
 @pytest.mark.parametrize("call, msg", [
-    (lambda q, k, v: flash.sliding_attention(q, k, v, 0, path="sdpa-math"), "positive int"),
-    (lambda q, k, v: flash.sliding_attention(q, k[:, :10], v[:, :10], 4, path="sdpa-math"), "more queries"),
-    (lambda q, k, v: flash.sliding_attention(q, k, v[:, :, :1], 4, path="sdpa-math"), "disagree"),
-    (lambda q, k, v: flash.sliding_attention(q[..., :8], k, v, 4, path="sdpa-math"), "head dim"),
-    (lambda q, k, v: flash.sliding_attention(q[:, :, :3], k, v, 4, path="sdpa-math"), "multiple of KV groups"),
-    (lambda q, k, v: flash.compressed_attention(q, k, v, 10, NSAConfig(), path="sdpa-math"), "must be an int >="),
-    (lambda q, k, v: flash.sliding_attention(q.half(), k, v, 4, path="sdpa-math"), "dtype mismatch"),
+    (lambda q, k, v: win_fast.sliding_attention(q, k, v, 0, path="sdpa-math"), "positive int"),
+    (lambda q, k, v: win_fast.sliding_attention(q, k[:, :10], v[:, :10], 4, path="sdpa-math"), "more queries"),
+    (lambda q, k, v: win_fast.sliding_attention(q, k, v[:, :, :1], 4, path="sdpa-math"), "disagree"),
+    (lambda q, k, v: win_fast.sliding_attention(q[..., :8], k, v, 4, path="sdpa-math"), "head dim"),
+    (lambda q, k, v: win_fast.sliding_attention(q[:, :, :3], k, v, 4, path="sdpa-math"), "multiple of KV groups"),
+    (lambda q, k, v: cmp_fast.compressed_attention(q, k, v, 10, NSAConfig(), path="sdpa-math"), "must be an int >="),
+    (lambda q, k, v: win_fast.sliding_attention(q.half(), k, v, 4, path="sdpa-math"), "dtype mismatch"),
 ])
 def test_bad_input_is_a_value_error(call, msg):
     q, k, v = torch.randn(1, 32, 4, 16), torch.randn(1, 32, 2, 16), torch.randn(1, 32, 2, 16)
@@ -211,8 +219,8 @@ def test_fewer_compressed_tokens_than_exist_at_S():
     cfg = NSAConfig(l=32, d=16)
     c = (2, 130, 130, 4, 2, 8, 32, 16, 64)
     q, k, v, do = _inputs(c, 5)
-    kc, vc = _reference.compress_avg(k, cfg)[:, :3], _reference.compress_avg(v, cfg)[:, :3]  # 7 exist at S=130
-    ref, rg = _fwd_bwd(lambda a, b, e: _reference.compressed_attention(a, b, e, 130, cfg), [q, kc, vc], do)
-    out, og = _fwd_bwd(lambda a, b, e: flash.compressed_attention(a, b, e, 130, cfg, path="sdpa-math"),
+    kc, vc = cmp_ref.compress_avg(k, cfg)[:, :3], cmp_ref.compress_avg(v, cfg)[:, :3]  # 7 exist at S=130
+    ref, rg = _fwd_bwd(lambda a, b, e: cmp_ref.compressed_attention(a, b, e, 130, cfg), [q, kc, vc], do)
+    out, og = _fwd_bwd(lambda a, b, e: cmp_fast.compressed_attention(a, b, e, 130, cfg, path="sdpa-math"),
                        [q, kc, vc], do)
     _assert_all_ok([out, *og], [ref, *rg])

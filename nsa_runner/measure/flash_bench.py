@@ -15,10 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from nsa_core import _reference, flash
 from nsa_core import functional as F
+from nsa_core.compression import fast as cmp_fast
+from nsa_core.compression import reference as cmp_ref
 from nsa_core.config import NSAConfig
+from nsa_core.flash.adapters import PathUnavailable
 from nsa_core.testing import DTYPE_NAMES, case_id, compare
+from nsa_core.window import fast as win_fast
+from nsa_core.window import reference as win_ref
 
 SPEEDUP = 1.2
 
@@ -76,11 +80,11 @@ def _grads(fn, leaves, do):
 def _branch_fns(branch: str, cfg: NSAConfig, S: int, path: str | None):
     if branch == "cmp":
         if path is None:
-            return lambda q, kc, vc: _reference.compressed_attention(q, kc, vc, S, cfg)
-        return lambda q, kc, vc: flash.compressed_attention(q, kc, vc, S, cfg, path=path)
+            return lambda q, kc, vc: cmp_ref.compressed_attention(q, kc, vc, S, cfg)
+        return lambda q, kc, vc: cmp_fast.compressed_attention(q, kc, vc, S, cfg, path=path)
     if path is None:
-        return lambda q, k, v: _reference.sliding_attention(q, k, v, cfg.w)
-    return lambda q, k, v: flash.sliding_attention(q, k, v, cfg.w, path=path)
+        return lambda q, k, v: win_ref.sliding_attention(q, k, v, cfg.w)
+    return lambda q, k, v: win_fast.sliding_attention(q, k, v, cfg.w, path=path)
 
 
 def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
@@ -90,7 +94,7 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
     for n, c in enumerate(cases):
         q, k, v, do = _inputs(c, device, seed + n)
         S = c.T
-        kc, vc = _reference.compress_avg(k, cfg), _reference.compress_avg(v, cfg)
+        kc, vc = cmp_ref.compress_avg(k, cfg), cmp_ref.compress_avg(v, cfg)
         for branch in ("cmp", "win"):
             leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
             ref_o, ref_g = _grads(_branch_fns(branch, cfg, S, None), leaves, do)
@@ -100,7 +104,7 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
                            "B": c.B, "T": c.T, "Tq": c.Tq or c.T, "HQ": c.HQ, "G": c.G, "D": c.D, "why": c.why}
                     try:
                         o, gs = _grads(_branch_fns(branch, cfg, S, path), [x.to(dtype) for x in leaves], do)
-                    except flash.PathUnavailable as e:
+                    except PathUnavailable as e:
                         rows.append({**row, "status": "N/A", "note": str(e)[:200]})
                         continue
                     except Exception as e:  # noqa: BLE001 - a crash of a path is a FAIL row, not a crash
@@ -166,10 +170,10 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
             leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
             if branch == "cmp":
                 def sdpa(q_, k_, v_, S=S):
-                    return _reference.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")
+                    return cmp_ref.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")
             else:
                 def sdpa(q_, k_, v_):
-                    return _reference.sliding_attention(q_, k_, v_, cfg.w, engine="sdpa")
+                    return win_ref.sliding_attention(q_, k_, v_, cfg.w, engine="sdpa")
             cands = [("sdpa", sdpa)] + [(p, _branch_fns(branch, cfg, S, p)) for p in branch_paths.get(branch, [])]
             base = None
             for name, fn in cands:

@@ -18,9 +18,10 @@ from importlib.metadata import version as _dist_version
 
 import torch
 
-from nsa_core import _flash_kernels as _k
-from nsa_core import _reference
+from nsa_core import _dense
+from nsa_core.flash import adapters as _k
 from nsa_core.testing import compare
+from nsa_core.window import reference as win_ref
 
 INSTALL = {
     "flash_attn (FA-2)": "pip install flash-attn --no-build-isolation  (needs a wheel built for torch "
@@ -46,7 +47,7 @@ def _tiny(device: str, dtype=torch.float16, D: int = 64):
     q = torch.randn(B, T, HQ, D, generator=g, dtype=torch.float64)
     k = torch.randn(B, T, G, D, generator=g, dtype=torch.float64)
     v = torch.randn(B, T, G, D, generator=g, dtype=torch.float64)
-    ref = _reference.sliding_attention(q, k, v, w)
+    ref = win_ref.sliding_attention(q, k, v, w)
     return [x.to(device=device, dtype=dtype) for x in (q, k, v)], ref, w
 
 
@@ -181,7 +182,7 @@ def probe(device: str = "cuda") -> list[dict]:
                 if path == "sdpa-flash":
                     fn = lambda q, k, v, w, s: _k.causal(q, k, v, s, "sdpa-flash")  # noqa: E731
                     (q, k, v), _, _ = _tiny(device)
-                    ref = _reference.full_attention(*(x.double().cpu() for x in (q, k, v)))
+                    ref = _dense.full_attention(*(x.double().cpu() for x in (q, k, v)))
                     try:
                         out = fn(q, k, v, 0, q.shape[-1] ** -0.5)
                         c = compare(out.float().cpu(), ref, torch.float16)

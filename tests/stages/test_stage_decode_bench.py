@@ -37,7 +37,7 @@ def test_quick_profile_passes_and_writes_everything(quick_run):
     assert list(df.columns) == COLUMNS
     assert len(df) == 4 and sorted(set(df.S)) == [256, 1024] and sorted(set(df.B)) == [1, 2]
     from nsa_core import NSAConfig
-    from nsa_core.cache import formula_reads, paper_bound
+    from nsa_core.decode.cache import formula_reads, paper_bound
 
     cfg = NSAConfig(**decode_bench.parse_nsa(decode_bench.DEFAULTS["cpu"]["nsa"]))
     for _, r in df.iterrows():
@@ -59,7 +59,7 @@ def test_quick_profile_passes_and_writes_everything(quick_run):
 
 def test_corrupted_counters_fail(tmp_path, monkeypatch):
     """An off-by-one in the counters the stage reads must turn it FAIL, naming the counter."""
-    from nsa_core import cache as cache_mod
+    from nsa_core.decode import cache as cache_mod
 
     real = cache_mod.read_counts
 
@@ -77,7 +77,7 @@ def test_corrupted_counters_fail(tmp_path, monkeypatch):
 
 def test_non_finite_output_fails(tmp_path, monkeypatch):
     """A step that produces NaN must FAIL (parity and the finiteness check both catch it)."""
-    from nsa_core import _decode_fast
+    from nsa_core.decode import static as _decode_fast
 
     real = _decode_fast.StaticDecoder.combine
 

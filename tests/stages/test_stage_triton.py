@@ -35,7 +35,7 @@ def interpreted():
     pytest.importorskip("triton", reason="needs triton: pip install triton")
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
-        from nsa_core import triton_sel
+        from nsa_core.selection import attention as triton_sel
 
         if type(triton_sel._k._fwd_kernel).__name__ != "InterpretedFunction":
             importlib.reload(triton_sel._k)
@@ -62,7 +62,7 @@ def test_stage_passes_with_the_real_kernel(stage, which, tmp_path, interpreted):
 
 def _scaled_reference(q, k, v, idx, cnt, bs, scale=None, deterministic=False, **kw):
     """Wrong on purpose: the right attention, 1% too large (a plausible scaling bug)."""
-    from nsa_core import _reference
+    from nsa_core.selection import reference as _reference
 
     o = _reference.selection_attention(q.float(), k.float(), v.float(), idx, cnt, bs, scale)
     return (o * 1.01).to(q.dtype)
@@ -70,7 +70,7 @@ def _scaled_reference(q, k, v, idx, cnt, bs, scale=None, deterministic=False, **
 
 def _drops_last_block(q, k, v, idx, cnt, bs, scale=None, deterministic=False, **kw):
     """Wrong on purpose: ignores the last selected block of every query (an off-by-one bug)."""
-    from nsa_core import _reference
+    from nsa_core.selection import reference as _reference
 
     cnt = (cnt - 1).clamp(min=0).to(torch.int32)
     idx = torch.where(torch.arange(idx.shape[-1], device=idx.device) < cnt[..., None], idx, -1).to(torch.int32)

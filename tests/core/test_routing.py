@@ -42,7 +42,7 @@ def _cuda_facts(paths=("varlen", "sdpa-cudnn", "sdpa-efficient"), torch_version=
     fp["fa2"] = {"present": False, "reason": "flash_attn not installed", "branches": ("cmp", "win")}
     return {"device": "cuda", "torch": torch_version, "gpu": GPU, "capability": "9.0",
             "triton": {"present": True, "reason": "triton imports", "version": "3.6.0"},
-            "triton_sel": {"present": True, "reason": "nsa_core.triton_sel imports"}, "flash_paths": fp}
+            "triton_sel": {"present": True, "reason": "nsa_core.selection.attention imports"}, "flash_paths": fp}
 
 
 # ---- the CPU decision -----------------------------------------------------------------------
@@ -244,6 +244,6 @@ def test_selection_branch_needs_triton_and_the_kernel():
     c = routing._decide_slc(f)
     assert c.backend == "sdpa" and "pip install triton" in c.reason
     f = _cuda_facts()
-    f["triton_sel"] = {"present": False, "reason": "nsa_core.triton_sel is not installed"}
+    f["triton_sel"] = {"present": False, "reason": "nsa_core.selection.attention is not installed"}
     c = routing._decide_slc(f)
-    assert c.backend == "sdpa" and "triton_sel" in c.reason
+    assert c.backend == "sdpa" and "selection.attention" in c.reason

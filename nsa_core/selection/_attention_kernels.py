@@ -1,4 +1,4 @@
-"""Triton kernels of the selection branch (layer 1 of nsa_core.triton_sel; no host logic here).
+"""Triton kernels of the selection branch (layer 1 of nsa_core.selection.attention; no host logic here).
 
 Layout: q [B, Tq, HQ, dk], k [B, S, G, dk], v [B, S, G, dv] (last dim contiguous, other strides
 passed in), query row ``t`` sits at key position ``Q_OFF + t`` (Q_OFF = S - Tq). The h heads of

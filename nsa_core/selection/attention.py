@@ -1,6 +1,6 @@
 """Triton selection attention (NSA Eq. 12, paper §3.4 / Fig. 3): ``backend="triton"``.
 
-Four layers (STYLE.md): the ``@triton.jit`` kernels live in ``nsa_core._triton_sel_kernels``;
+Four layers (STYLE.md): the ``@triton.jit`` kernels live in ``nsa_core.selection._attention_kernels``;
 this file holds the host launchers (tiles, grid, outputs), one ``torch.autograd.Function`` and
 the public functions with their input checks.
 
@@ -29,12 +29,12 @@ import math
 
 import torch
 
-from nsa_core._reference import _check_qkv
+from nsa_core._dense import _check_qkv
 
 try:  # optional dependency: the module imports without triton, the functions then raise
     import triton
 
-    from nsa_core import _triton_sel_kernels as _k
+    from nsa_core.selection import _attention_kernels as _k
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     _k = None
@@ -79,7 +79,7 @@ def _interpreting() -> bool:
 
 def _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices: bool = True):
     if triton is None:
-        raise RuntimeError("nsa_core.triton_sel needs triton: pip install triton")
+        raise RuntimeError("nsa_core.selection.attention needs triton: pip install triton")
     for name, x in (("q", q), ("k", k), ("v", v), ("block_idx", block_idx), ("block_count", block_count)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"selection_attention: {name} must be a torch.Tensor, got {type(x).__name__}")

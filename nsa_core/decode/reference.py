@@ -1,9 +1,9 @@
 """Eager decode step (DESIGN §4): the SAME branch math as prefill, for one query at position t.
 
 A query at position ``t`` against ``s = t + 1`` cached tokens is the prefill math with
-``Tq = 1`` (queries are the last Tq of S positions in nsa_core._reference): the compressed
+``Tq = 1`` (queries are the last Tq of S positions in nsa_core._dense): the compressed
 branch sees the ``cfg.num_cmp(s)`` compressed tokens that exist, selection scores come from
-``functional.block_scores`` and top-n from ``_blocks.topn_blocks`` at ``t_pos = [t]``, the
+``functional.block_scores`` and top-n from ``selection.reference.topn_blocks`` at ``t_pos = [t]``, the
 selected branch attends the raw cache through the same block mask, and the window branch the
 ring's tokens ``max(0, t-w+1)..t`` in order. Backends are resolved exactly as prefill does.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from nsa_core import _blocks
 from nsa_core import functional as F
-from nsa_core.cache import NSACache
 from nsa_core.config import NSAConfig
+from nsa_core.decode.cache import NSACache
+from nsa_core.selection.reference import topn_blocks
 
 _DENSE = ("reference", "sdpa")
 
@@ -39,7 +39,7 @@ def attend(q: torch.Tensor, gates: torch.Tensor, cache: NSACache, t: int, cfg: N
     kc, vc = cache.cmp_kv(cfg.num_cmp(s))
     if block_idx is None:
         scores = F.block_scores(q, kc, s, cfg, scale)
-        block_idx, block_count = _blocks.topn_blocks(scores, torch.tensor([t], device=dev), cfg)
+        block_idx, block_count = topn_blocks(scores, torch.tensor([t], device=dev), cfg)
     elif block_count is None:
         raise ValueError("decode attend: block_idx given without block_count")
     o_cmp = F._compressed_on(q, kc, vc, s, cfg, F._resolve(backend, "cmp", dev), scale)

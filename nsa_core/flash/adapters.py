@@ -107,6 +107,11 @@ def status(path: str, device_type: str) -> dict:
     return out
 
 
+def available_paths(device_type: str = "cuda") -> dict:
+    """{path: {"present", "reason", "branches"}} in preference order (cheap: no kernel call)."""
+    return {p: status(p, device_type) for p in PATHS}
+
+
 def _varlen_fn():
     try:
         from torch.nn.attention.varlen import varlen_attn

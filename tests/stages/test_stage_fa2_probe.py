@@ -48,7 +48,7 @@ def test_stage_is_registered_at_order_50():
     assert (st.name, st.order, st.requires) == ("fa2-probe", 50, ())
     assert {o.flag for o in st.options} >= {"--S-list", "--thresholds"}
     if tomllib is not None:
-        py = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+        py = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
         assert py["project"]["entry-points"]["nsa_runner.stages"]["fa2-probe"] == "stages.fa2_probe:Fa2Probe"
 
 
@@ -61,7 +61,7 @@ def _measure(tmp_path, paths):
 
 
 def test_parity_part_passes_with_the_math_twin_and_writes_the_csv(tmp_path, monkeypatch):
-    from nsa_core import _flash_bench
+    from nsa_runner.measure import flash_bench as _flash_bench
 
     small = [_flash_bench.Case(1, 20, 4, 1, 16, why="T < l"), _flash_bench.Case(2, 70, 4, 2, 16, why="h=2, B=2"),
              _flash_bench.Case(1, 90, 4, 4, 16, Tq=5, why="Tq < T")]
@@ -77,8 +77,8 @@ def test_parity_part_passes_with_the_math_twin_and_writes_the_csv(tmp_path, monk
 
 
 def test_parity_part_fails_on_a_broken_packing(tmp_path, monkeypatch):
-    from nsa_core import _flash_bench
-    from nsa_core import _flash_kernels as K
+    from nsa_core.flash import adapters as K
+    from nsa_runner.measure import flash_bench as _flash_bench
 
     monkeypatch.setattr(_flash_bench, "parity_cases", lambda profile: [_flash_bench.Case(1, 96, 4, 2, 16)])
     monkeypatch.setattr(K, "causal", lambda q, k, v, scale, path: K.full(q, k, v, scale, path))  # no mask: wrong

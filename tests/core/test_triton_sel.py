@@ -1,4 +1,4 @@
-"""Triton selection attention (nsa_core.triton_sel) vs the float64 reference.
+"""Triton selection attention (nsa_core.selection.attention) vs the float64 reference.
 
 On CPU the real kernels run in the Triton interpreter (TRITON_INTERPRET=1, set here before
 triton is imported; fp32/fp16 only, tiny shapes). On a GPU the same tests run compiled, plus
@@ -20,8 +20,10 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 triton = pytest.importorskip("triton", reason="needs triton: pip install triton")
 
-from nsa_core import NSAConfig, _reference, triton_sel  # noqa: E402
+from nsa_core import NSAConfig  # noqa: E402
 from nsa_core import functional as F  # noqa: E402
+from nsa_core.selection import attention as triton_sel  # noqa: E402
+from nsa_core.selection import reference as _reference  # noqa: E402
 from nsa_core.testing import DTYPES_BY_NAME, case_id, compare  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():  # the Triton decoder runs in the interpreter 
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from nsa_core import NSAAttention, NSAConfig  # noqa: E402
-from nsa_core.cache import NSACache  # noqa: E402
+from nsa_core.decode.cache import NSACache  # noqa: E402
 from nsa_core.testing import compare  # noqa: E402
 
 CFG = dict(l=8, d=4, l_sel=16, n_sel=4, w=16)
@@ -126,7 +126,7 @@ def test_warmup_at_next_position_leaves_cache_intact(setup):
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_static_branches_alone_match_eager(impl):
     """Each branch alone equals the eager reference branch (times its gate): what decode-bench times in isolation."""
-    from nsa_core import _decode
+    from nsa_core.decode import reference as _decode
 
     if impl == "triton":
         pytest.importorskip("triton", reason="triton not installed")
@@ -198,7 +198,7 @@ def test_triton_decoder_matches_prefill():
 def test_triton_full_decode_baseline():
     """The flash-decoding full-attention baseline of decode-bench: all s = pos + 1 keys, split-K merged."""
     pytest.importorskip("triton", reason="triton not installed")
-    from nsa_core._decode_triton import FullDecode
+    from nsa_core.decode.kernels import FullDecode
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(4)
@@ -221,7 +221,7 @@ def test_triton_full_decode_baseline():
 def test_cuda_graph_step_matches_reference(impl, dtype):
     """CUDA: a graph-captured step, replayed over positions, vs the float64 eager reference fed
     the step's own selection (bf16 scores may rank near-ties differently)."""
-    from nsa_core import _decode
+    from nsa_core.decode import reference as _decode
 
     if impl == "triton":
         pytest.importorskip("triton")

@@ -15,7 +15,7 @@ The layout is head-major ([B, G, T, D], one contiguous [T, D] slab per (sequence
 decode kernel streams one group's keys contiguously and SDPA takes the buffers as they are.
 ``cap`` (capacity) is preallocated and rounded up to a multiple of ``l_sel``; a decode step never
 allocates. Eager decode past the capacity grows the buffers by doubling (``reserve``), which is
-counted in ``cache.grown``; a graph-captured step (``nsa_core._decode_fast``) cannot grow and
+counted in ``cache.grown``; a graph-captured step (``nsa_core.decode.static``) cannot grow and
 raises instead.
 
 Read counters (tokens read per KV group, per step, at cached length ``s = t + 1``)::

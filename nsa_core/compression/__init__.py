@@ -1,0 +1,1 @@
+"""Compressed branch: avg phi, visibility, reference attention (reference.py), flash fold-queries path (fast.py)."""

@@ -1,0 +1,1 @@
+"""Decode: caches + read counters (cache.py), eager step (reference.py), static step (static.py), kernels.py."""

@@ -1,0 +1,1 @@
+"""Flash kernels: adapters over SDPA / FA-2 / FA-3 / varlen (adapters.py) and which path runs a call (pick.py)."""

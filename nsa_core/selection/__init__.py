@@ -1,0 +1,1 @@
+"""Selection branch: overlap map + top-n + reference (reference.py), scoring.py, Triton attention (attention.py)."""
