@@ -26,7 +26,9 @@ Rules it enforces (DESIGN §7: speed is measured in benches, as ratios within on
 ``regions.begin(label)`` at its own boundaries (for example from wrappers around the parts of a
 larger function, or from autograd hooks during a backward pass). Consecutive regions tile the
 pass from its first stamp to its last, so per pass the regions add up to the instrumented pass
-exactly; the caller compares their sum with the uninstrumented whole timed by ``bench``.
+exactly (and their summaries, central-pass means, add up exactly too: ``summarize_regions``);
+the caller compares their sum with the uninstrumented whole timed by ``bench`` or, better, in
+turns with it by ``bench_round_robin``.
 """
 
 from __future__ import annotations
@@ -176,8 +178,9 @@ class Regions:
     """Consecutive labelled regions of one pass, stamped where the pass says.
 
     ``begin(label)``: close the open region (keeping its label) and open one named ``label``.
-    ``end_as(label)``: close the open region naming it ``label`` and open an unnamed one (it takes
-    the label of whoever closes it with ``end_as``, else its ``begin`` label, else ``OTHER``).
+    ``end_as(label, then=None)``: close the open region naming it ``label`` and open one named
+    ``then`` (unnamed when None: it takes the label of whoever closes it with ``end_as``, else
+    ``OTHER``).
     ``close()``: close the open region (done by ``bench_regions`` after the pass).
     Regions tile the pass from the first stamp to the last without gaps.
     """
@@ -197,11 +200,12 @@ class Regions:
     def begin(self, label: str) -> None:
         self._stamp(label)
 
-    def end_as(self, label: str) -> None:
+    def end_as(self, label: str, then: str | None = None) -> None:
+        """Close the open region naming it ``label``; the next region is named ``then`` (or unnamed)."""
         if not self._stamps:
             raise RuntimeError("Regions.end_as: no region is open (call begin() first)")
         self._labels[-1] = label
-        self._stamp(None)
+        self._stamp(then)
 
     def close(self) -> None:
         if self._stamps and not self._closed:
@@ -223,15 +227,40 @@ class Regions:
         return out
 
 
+def summarize_regions(per_pass: list[dict[str, float]], method: str) -> tuple[dict[str, Timing], Timing]:
+    """Per-pass ``{label: ms}`` -> ({label: Timing}, Timing of the pass totals).
+
+    The parts must add up: a sum of per-label medians does not equal the median of the sums when
+    the machine is noisy (a slow moment lands in a different part each pass). So a part's ``ms``
+    is its MEAN over the *central* passes — those whose total lies between the 20th and 80th
+    percentile of the totals — and the parts' ``ms`` add up exactly to the mean total of those
+    passes; ``p20`` / ``p80`` of a part are its own percentiles over the central passes and ``n``
+    is their count. The pass Timing is the plain median / p20 / p80 of all totals.
+    """
+    if not per_pass:
+        raise ValueError("summarize_regions: no passes")
+    totals = [sum(d.values()) for d in per_pass]
+    lo, hi = quantile(totals, 0.2), quantile(totals, 0.8)
+    central = [d for d, t in zip(per_pass, totals, strict=True) if lo <= t <= hi] or per_pass
+    labels: list[str] = []
+    for d in per_pass:
+        labels += [k for k in d if k not in labels]
+    parts = {}
+    for k in labels:
+        xs = [d.get(k, 0.0) for d in central]
+        parts[k] = Timing(sum(xs) / len(xs), quantile(xs, 0.2), quantile(xs, 0.8), len(xs), method)
+    return parts, summarize(totals, method)
+
+
 def bench_regions(fn: Callable[[Regions], object], *, device="cuda", warmup: int | None = None,
                   iters: int | None = None, warmup_ms: float = 25.0, rep_ms: float = 100.0, min_iters: int = 3,
                   max_iters: int = 200, flush_l2: bool = True) -> tuple[dict[str, Timing], Timing]:
     """Time an instrumented pass ``fn(regions)`` -> ({label: Timing}, Timing of the whole pass).
 
     Each timed call gets a fresh ``Regions`` opened (``begin(OTHER)``) just before ``fn`` and
-    closed just after, so the regions of one call add up to that call exactly; the returned
-    per-label medians add up to the pass median up to the spread. Warm-up and iteration counts
-    as in :func:`bench`. A label missing from some calls counts 0 ms in those.
+    closed just after, so the regions of one call add up to that call exactly; the per-label
+    figures are summarised by :func:`summarize_regions` (central-pass means that add up exactly).
+    Warm-up and iteration counts as in :func:`bench`. A label missing from some calls counts 0 ms.
     """
     _check_counts(warmup, iters, min_iters, max_iters)
     clock = _Clock(device)
@@ -260,10 +289,63 @@ def bench_regions(fn: Callable[[Regions], object], *, device="cuda", warmup: int
         passes.append(one())
     _sync(device)
     method = "cuda-events" if clock.cuda else "perf_counter"
-    per = [p.by_label() for p in passes]
-    labels: list[str] = []
-    for d in per:
-        labels += [k for k in d if k not in labels]
-    parts = {k: summarize([d.get(k, 0.0) for d in per], method) for k in labels}
-    total = summarize([sum(d.values()) for d in per], method)
-    return parts, total
+    return summarize_regions([p.by_label() for p in passes], method)
+
+
+def bench_round_robin(fns: dict[str, Callable[[], object]] | None = None,
+                      regions: dict[str, Callable[[Regions], object]] | None = None, *, device="cuda",
+                      warmup: int | None = None, iters: int | None = None, warmup_ms: float = 25.0,
+                      rep_ms: float = 100.0, min_iters: int = 3, max_iters: int = 200, flush_l2: bool = True
+                      ) -> tuple[dict[str, Timing], dict[str, tuple[dict[str, Timing], Timing]]]:
+    """Several functions timed in turns (one call of each per round), so that a slow moment of the
+    machine hits all of them alike — use it for numbers that are compared with each other.
+
+    ``fns``: plain functions as in :func:`bench`; ``regions``: instrumented passes as in
+    :func:`bench_regions`. -> ({name: Timing}, {name: ({label: Timing}, Timing of the pass)}).
+    The iteration count follows the slowest function (``rep_ms`` of it, at least ``min_iters``).
+    """
+    fns, regions = dict(fns or {}), dict(regions or {})
+    if not fns and not regions:
+        raise ValueError("bench_round_robin: nothing to time")
+    if set(fns) & set(regions):
+        raise ValueError(f"bench_round_robin: names used twice: {sorted(set(fns) & set(regions))}")
+    _check_counts(warmup, iters, min_iters, max_iters)
+    clock = _Clock(device)
+    flush = _flush_buffer(device) if (clock.cuda and flush_l2) else None
+
+    def one_region(fn) -> Regions:
+        r = Regions(device)
+        r.begin(OTHER)
+        fn(r)
+        r.close()
+        return r
+
+    def plain(fn):
+        s = clock.stamp()
+        fn()
+        return s, clock.stamp()
+
+    calls = {**{k: (lambda f=f: plain(f)) for k, f in fns.items()},
+             **{k: (lambda f=f: one_region(f)) for k, f in regions.items()}}
+    for c in calls.values():  # first calls: compilation / autotuning
+        c()
+    _sync(device)
+    probe = {k: c() for k, c in calls.items()}
+    _sync(device)
+    per = max([clock.ms(*probe[k]) for k in fns] + [sum(ms for _, ms in probe[k].durations()) for k in regions])
+    n_warm, n_iter = _counts(per, warmup, iters, warmup_ms, rep_ms, min_iters, max_iters)
+    for _ in range(max(0, n_warm - 1)):
+        for c in calls.values():
+            c()
+    _sync(device)
+    got: dict[str, list] = {k: [] for k in calls}
+    for _ in range(n_iter):
+        for k, c in calls.items():
+            if flush is not None:
+                flush.zero_()
+            got[k].append(c())
+    _sync(device)
+    method = "cuda-events" if clock.cuda else "perf_counter"
+    plain_out = {k: summarize([clock.ms(s, e) for s, e in got[k]], method) for k in fns}
+    reg_out = {k: summarize_regions([p.by_label() for p in got[k]], method) for k in regions}
+    return plain_out, reg_out
