@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from nsa_runner.executor import Observer, StageRecord, counts
+from nsa_runner.executor import Observer, StageRecord
 from nsa_runner.registry import StageEntry
+from nsa_runner.results import counts
+from nsa_runner.results import counts_line as _line
 from nsa_runner.stage import Status
 
 STATUS_STYLE = {
@@ -55,36 +58,78 @@ def status_text(status: Status) -> str:
 
 
 class ProgressObserver(Observer):
-    """Live progress on stderr: one line per stage with elapsed time and its last log line."""
+    """Live progress on stderr.
 
-    def __init__(self, console: Console):
-        self.progress = Progress(
-            SpinnerColumn(finished_text="•"),
-            TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=14)),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
-            console=console,
-            transient=False,
-        )
+    On a terminal: an overall bar (stage k of N, elapsed) above one line per stage with its
+    elapsed time and, while it runs, its last log line (the stage's own progress). Without a
+    terminal (CI, ``| tee``, a file): one plain line when a stage starts and one when it
+    finishes, each written and flushed as it happens — never held back until the end.
+    """
+
+    def __init__(self, console: Console, total: int = 0):
+        self.console = console
+        self.total = total
+        self.live = console.is_terminal
+        self.index: dict[str, int] = {}
+        self.t0 = time.monotonic()
         self.tasks: dict[str, int] = {}
+        if self.live:
+            self.progress = Progress(
+                SpinnerColumn(finished_text="•"),
+                TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=14)),
+                BarColumn(bar_width=20),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+                console=console,
+                transient=False,
+            )
+            self.overall = self.progress.add_task(self._overall_text(0, ""), total=max(total, 1), status="")
+
+    # --- helpers -------------------------------------------------------------------------
+    def _k(self, entry: StageEntry) -> int:
+        if entry.name not in self.index:
+            self.index[entry.name] = len(self.index) + 1
+        return self.index[entry.name]
+
+    def _overall_text(self, k: int, running: str) -> str:
+        what = f"running [bold]{escape(running)}[/]" if running else "done" if k >= self.total else ""
+        return f"[bold]stage {k} of {self.total}[/] {what}"
+
+    def _plain(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        print(f"{stamp} +{time.monotonic() - self.t0:6.1f}s {text}", file=self.console.file, flush=True)
 
     def __enter__(self) -> ProgressObserver:
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
+    # --- Observer --------------------------------------------------------------------------
     def on_start(self, entry: StageEntry) -> None:
+        k = self._k(entry)
+        if not self.live:
+            self._plain(f"[{k}/{self.total}] {entry.name}: started")
+            return
+        self.progress.update(self.overall, description=self._overall_text(k, entry.name), completed=k - 1)
         self.tasks[entry.name] = self.progress.add_task(f"[bold]{entry.name}[/]", total=None,
                                                         status="[dim]running[/]")
 
     def on_tick(self, entry: StageEntry, elapsed: float, last_line: str) -> None:
         task = self.tasks.get(entry.name)
-        if task is not None:
+        if self.live and task is not None:
             self.progress.update(task, status=f"[dim]{escape(last_line[:80])}[/]")
 
     def on_finish(self, entry: StageEntry, record: StageRecord) -> None:
+        k = self._k(entry)
+        if not self.live:
+            reason = " ".join(record.reason.split())[:160]
+            self._plain(f"[{k}/{self.total}] {entry.name}: {record.status.value} in {record.duration_s:.1f}s"
+                        + (f" — {reason}" if reason else ""))
+            return
         task = self.tasks.get(entry.name)
         if task is None:  # skipped or broken: never started, show it once
             task = self.tasks[entry.name] = self.progress.add_task(f"[bold]{entry.name}[/]", total=None,
@@ -92,6 +137,7 @@ class ProgressObserver(Observer):
         self.progress.update(task, total=1, completed=1,
                              status=f"{status_text(record.status)} {escape(record.reason[:80])}")
         self.progress.stop_task(task)
+        self.progress.update(self.overall, completed=k, description=self._overall_text(k, ""))
 
 
 def results_table(records: list[StageRecord], title: str = "") -> Table:
@@ -113,8 +159,7 @@ def results_table(records: list[StageRecord], title: str = "") -> Table:
 
 
 def counts_line(records: list[StageRecord]) -> str:
-    c = counts(records)
-    return f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+    return _line(counts(records))
 
 
 def report(records: list[StageRecord], *, as_json: bool, payload: dict, strict: bool,

@@ -340,18 +340,6 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     return records
 
 
-def counts(records: Iterable[StageRecord]) -> dict[str, int]:
-    c = {"passed": 0, "failed": 0, "skipped": 0}
-    for r in records:
-        if r.status is Status.PASS:
-            c["passed"] += 1
-        elif r.status is Status.SKIP:
-            c["skipped"] += 1
-        else:
-            c["failed"] += 1
-    return c
-
-
 def exit_code(records: list[StageRecord], strict: bool) -> int:
     """0 nothing failed; 1 something failed (or, with --strict, a skip this machine should run)."""
     if any(r.status.failed for r in records):

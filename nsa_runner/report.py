@@ -23,6 +23,8 @@ import base64
 import html
 import io
 import math
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,8 @@ from nsa_runner._readers import (
 )
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.compare import fmt
+from nsa_runner.results import counts, counts_line
+from nsa_runner.results import summary as results_summary
 
 REPORT_NAME = "report.html"
 SUMMARY_NAME = "summary.md"
@@ -214,8 +218,18 @@ def _pos(v: Any) -> bool:
 # html pieces
 
 
+# ANSI escape sequences and control characters (a log tail's colours, a stray BEL or NUL): never
+# meaningful in a page and not allowed in HTML text, so they are removed before escaping.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v), quote=True)
+    return html.escape(_CONTROL.sub("", "" if v is None else str(v)), quote=True)
+
+
+def _href(path: Any) -> str:
+    """A link to a file of the run folder: always a relative URL (``javascript:x`` is a file name here)."""
+    return _e(urllib.parse.quote(str(path)))
 
 
 def badge(status: str) -> str:
@@ -253,15 +267,8 @@ def _absent(what: str) -> str:
     return f'<p class="absent">{_e(what)}: not in this run.</p>'
 
 
-def counts(stages: list[dict]) -> dict[str, int]:
-    c = {"passed": 0, "failed": 0, "skipped": 0}
-    for s in stages:
-        c[{"PASS": "passed", "SKIP": "skipped"}.get(s["status"], "failed")] += 1
-    return c
-
-
 def _banner(m: dict, c: dict) -> str:
-    line = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+    line = counts_line(c)
     skipped = [s["name"] for s in m["stages"] if s["status"] == "SKIP"]
     if c["failed"]:
         cls, word = "bad", "FAILED"
@@ -285,8 +292,8 @@ def _stages_html(run: Run) -> str:
         reason = s.get("reason", "")
         if s["status"] == "SKIP" and s.get("hint"):
             reason += f" (fix: {s['hint']})"
-        files = " ".join(f'<a href="{_e(f)}">{_e(f)}</a>' for f in s.get("files") or [])
-        log = f' <a href="{_e(s["log"])}">log</a>' if s.get("log") else ""
+        files = " ".join(f'<a href="{_href(f)}">{_e(f)}</a>' for f in s.get("files") or [])
+        log = f' <a href="{_href(s["log"])}">log</a>' if s.get("log") else ""
         rows.append(f'<tr class="row-{_e(s["status"])}"><td class="num">{_e(s.get("order", ""))}</td>'
                     f'<td><b>{_e(s["name"])}</b></td><td>{badge(s["status"])}</td>'
                     f'<td class="num">{float(s.get("duration_s") or 0):.1f}s</td><td>{_e(reason)}</td>'
@@ -431,11 +438,8 @@ def render(run: Run) -> str:
 
 
 def summary_markdown(run: Run) -> str:
-    """summary.md as the summary stage writes it (its renderer, over the manifest's stages)."""
-    from stages import summary as summary_stage
-
-    stages = [s for s in run.stages if s["name"] != summary_stage.Summary.name]
-    return summary_stage.markdown(run.manifest, stages, summary_stage.counts(stages))
+    """summary.md as the runner writes it at the end of a run (``nsa_runner.results.summary``)."""
+    return results_summary.markdown(run.manifest)
 
 
 def write(folder: Path) -> dict:

@@ -1,91 +1,21 @@
 """Stage ``summary``: summary.md, summary.json and junit.xml over the stages recorded in the
-run's manifest.json before it (the executor writes the manifest after every stage, so this
-stage sees every earlier stage of the run; its own entry is added after it finishes).
+run's manifest.json before it (the executor writes the manifest after every stage).
 
-junit.xml has one testcase per stage: FAIL -> <failure>, ERROR / TIMEOUT -> <error>,
-SKIP -> <skipped> with the reason (never a pass). The stage itself PASSes when it wrote the
-three reports; it SKIPs when no stage ran before it, and FAILs when the manifest is unusable.
+The renderers are the runner's (``nsa_runner.results``): when the run ends — also after Ctrl-C
+or when this stage is skipped — the CLI rewrites the three files over every stage of the run,
+this one included, so they always agree with the CLI's closing counts line. This stage is the
+in-run step that proves the reports can be written (and leaves them behind if the runner is
+killed before it ends). It PASSes when it wrote them, SKIPs when no stage ran before it, and
+FAILs when the manifest is unusable.
 """
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-
-from nsa_runner.artifacts import ManifestError, load_manifest, now_iso, write_json, write_text
+from nsa_runner.artifacts import ManifestError, load_manifest, write_json, write_text
+from nsa_runner.results import JUNIT_XML, SUMMARY_JSON, SUMMARY_MD, counts
+from nsa_runner.results.junit import junit_xml
+from nsa_runner.results.summary import markdown, summary_json
 from nsa_runner.stage import Stage, StageResult, Status
-
-SUMMARY_SCHEMA_VERSION = 1
-_ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "💥", "TIMEOUT": "⏱", "SKIP": "⏭"}
-
-
-def counts(stages: list[dict]) -> dict[str, int]:
-    c = {"passed": 0, "failed": 0, "skipped": 0}
-    for s in stages:
-        key = {"PASS": "passed", "SKIP": "skipped"}.get(s["status"], "failed")
-        c[key] += 1
-    return c
-
-
-def _md_cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
-def markdown(m: dict, stages: list[dict], c: dict) -> str:
-    host = m.get("host", {})
-    lines = [
-        f"# nsa-run summary — {m['run_id']}",
-        "",
-        f"- started {m.get('started')}, on {host.get('hostname', '?')} ({host.get('platform', '?')})",
-        f"- device `{m.get('device', '?')}`, profile `{m.get('profile', '?')}`",
-        f"- command: `{' '.join(m.get('argv', []))}`",
-        "",
-        "| # | stage | status | time | reason | files |",
-        "|---|-------|--------|------|--------|-------|",
-    ]
-    for s in stages:
-        reason = s.get("reason", "")
-        if s["status"] == "SKIP" and s.get("hint"):
-            reason += f" (fix: {s['hint']})"
-        files = ", ".join(f"[{f}]({f})" for f in s.get("files", []))
-        log = f"[log]({s['log']})" if s.get("log") else ""
-        lines.append(f"| {s.get('order', '')} | {s['name']} | {_ICON.get(s['status'], '')} {s['status']} | "
-                     f"{s.get('duration_s', 0):.1f}s | {_md_cell(reason)} | {', '.join(filter(None, [files, log]))} |")
-    lines += ["", f"**{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped**", ""]
-    broken = [s for s in stages if s["status"] in ("FAIL", "ERROR", "TIMEOUT")]
-    for s in broken:
-        detail = s.get("traceback") or s.get("log_tail") or ""
-        if detail:
-            lines += [f"## {s['name']}: {s['status']}", "", "```", detail.rstrip()[-4000:], "```", ""]
-    return "\n".join(lines)
-
-
-def _junit(m: dict, stages: list[dict], c: dict) -> str:
-    total = sum(float(s.get("duration_s", 0)) for s in stages)
-    errors = sum(s["status"] in ("ERROR", "TIMEOUT") for s in stages)
-    failures = sum(s["status"] == "FAIL" for s in stages)
-    suites = ET.Element("testsuites", name="nsa-run", tests=str(len(stages)), failures=str(failures),
-                        errors=str(errors), skipped=str(c["skipped"]), time=f"{total:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name=f"nsa-run {m['run_id']}", tests=str(len(stages)),
-                          failures=str(failures), errors=str(errors), skipped=str(c["skipped"]),
-                          time=f"{total:.3f}", timestamp=str(m.get("started", "")),
-                          hostname=str(m.get("host", {}).get("hostname", "")))
-    for s in stages:
-        case = ET.SubElement(suite, "testcase", classname="nsa-run", name=s["name"],
-                             time=f"{float(s.get('duration_s', 0)):.3f}")
-        reason = s.get("reason", "")
-        if s["status"] == "FAIL":
-            el = ET.SubElement(case, "failure", message=reason, type="FAIL")
-            el.text = s.get("log_tail") or reason
-        elif s["status"] in ("ERROR", "TIMEOUT"):
-            el = ET.SubElement(case, "error", message=reason, type=s["status"])
-            el.text = s.get("traceback") or s.get("log_tail") or reason
-        elif s["status"] == "SKIP":
-            ET.SubElement(case, "skipped", message=reason + (f" (fix: {s['hint']})" if s.get("hint") else ""))
-        if s.get("files"):
-            out = ET.SubElement(case, "system-out")
-            out.text = "files: " + ", ".join(s["files"])
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
 class Summary(Stage):
@@ -101,19 +31,14 @@ class Summary(Stage):
         except ManifestError as e:
             return StageResult(Status.FAIL, f"cannot summarise: {e}")
         stages = [s for s in m["stages"] if s["name"] != self.name]
-        c = counts(stages)
-        summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "run_id": m["run_id"], "written": now_iso(),
-                   "started": m.get("started"), "device": m.get("device"), "profile": m.get("profile"),
-                   "host": m.get("host"), "counts": c,
-                   "stages": [{k: s.get(k) for k in ("name", "order", "status", "duration_s", "reason", "hint",
-                                                     "files", "log", "metrics")} for s in stages]}
-        write_json(ctx.dir / "summary.json", summary)
-        write_text(ctx.dir / "summary.md", markdown(m, stages, c))
-        write_text(ctx.dir / "junit.xml", _junit(m, stages, c))
-        files = ["summary.md", "summary.json", "junit.xml"]
-        line = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
-        print(f"summary of {len(stages)} stage(s): {line}")
+        m = {**m, "stages": stages}
+        write_json(ctx.dir / SUMMARY_JSON, summary_json(m))
+        write_text(ctx.dir / SUMMARY_MD, markdown(m))
+        write_text(ctx.dir / JUNIT_XML, junit_xml(m, ctx.dir))
+        files = [SUMMARY_MD, SUMMARY_JSON, JUNIT_XML]
+        print(f"summary of {len(stages)} earlier stage(s) written; the run's end rewrites it over every stage")
         if not stages:
             return StageResult(Status.SKIP, "no stage ran before summary: nothing to summarise (reports are empty)",
                                files=files, hint="run it after other stages, e.g. nsa-run oneshot")
-        return StageResult(Status.PASS, f"reports over {len(stages)} stage(s): {line}", files=files, metrics=c)
+        return StageResult(Status.PASS, f"{', '.join(files)} written over the {len(stages)} earlier stage(s)",
+                           files=files, metrics=counts(stages))

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from nsa_runner._ui import ProgressObserver, err_console, fail, report
 from nsa_runner.artifacts import ManifestError, check_writable, load_manifest, run_folders, run_id
-from nsa_runner.executor import RunInterrupted, Settings, counts, execute, exit_code
+from nsa_runner.executor import RunInterrupted, Settings, execute, exit_code
 from nsa_runner.manifest import RunManifest
 from nsa_runner.registry import Machine, StageEntry, cuda_available, triton_installed
+from nsa_runner.results import counts
+from nsa_runner.results.reports import write_run_reports
 
 DEFAULT_OUT = Path("artifacts/runner")
 DEVICES = ("cuda", "cpu")
@@ -127,15 +130,18 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        with ProgressObserver(err) as obs:
+        with ProgressObserver(err, total=len(plan)) as obs:
             records = execute(plan, manifest, settings, machine, obs)
     except RunInterrupted as intr:
         interrupted, records = True, intr.records
     finally:
         signal.signal(signal.SIGTERM, previous)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
+    finish_run(manifest, err)
     if after is not None and not interrupted:
         code = after(code)
+    manifest.data["exit_code"] = code  # make reports 2 for any failure: the CLI's own code stays here
+    manifest.write()
     payload = {
         "schema_version": 1,
         "run_id": manifest.data["run_id"],
@@ -155,6 +161,25 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
            title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")
     sys.stdout.flush()
     raise typer.Exit(code)
+
+
+def finish_run(manifest: RunManifest, err) -> None:
+    """summary.md, summary.json and junit.xml over the whole run, on every exit path.
+
+    A second Ctrl-C while they are written is ignored: the reports of a cancelled CI job are
+    what the CI system shows. A failure to write them is reported, never hidden, and does not
+    change the run's exit code (the manifest holds every result)."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (embedded use): nothing to guard
+        previous = None
+    try:
+        write_run_reports(manifest.dir, manifest.data)
+    except (OSError, ValueError) as e:
+        err.print(f"[bold red]summary.md / junit.xml not written:[/] {escape(str(e))}")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def current_run_id() -> str:

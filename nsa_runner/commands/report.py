@@ -94,5 +94,17 @@ def finish_oneshot(folder: Path, code: int, baseline: dict | None) -> int:
     return code
 
 
+def refresh_report(folder: Path, code: int) -> int:
+    """After ``nsa-run stage X``: rewrite report.html when the run folder has one (so it shows the
+    new result); a run without one (a lone ``stage``) gets none. Returns ``code`` unchanged."""
+    if (folder / report_mod.REPORT_NAME).exists():
+        try:
+            info = report_mod.write(folder)
+            err_console().print(f"report: {escape(info['report'])}")
+        except (ArtifactError, OSError) as e:
+            err_console().print(f"[yellow]report not refreshed:[/] {escape(str(e))}")
+    return code
+
+
 def register(app: typer.Typer) -> None:
     app.command("report")(report)

@@ -15,6 +15,7 @@ import typer
 from nsa_runner._ui import err_console, fail
 from nsa_runner.artifacts import new_run_folder
 from nsa_runner.commands import _common as c
+from nsa_runner.commands import report as report_cmd
 from nsa_runner.manifest import RunManifest
 from nsa_runner.registry import discover
 
@@ -48,7 +49,8 @@ def stage(
     else:
         manifest = RunManifest.create(new_run_folder(out, rid), rid, sys.argv, device=machine.device,
                                       profile=profile, strict=strict, command="stage")
-    c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json)
+    c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json,
+                     after=lambda code: report_cmd.refresh_report(manifest.dir, code))
 
 
 def register(app: typer.Typer) -> None:

@@ -48,7 +48,7 @@ def test_plugin_is_listed_and_runs_at_its_order(plugins, cli, tmp_path):
     assert m["stages"][1]["source"] == "plugin hello-plugin 0.4.1"
     # the summary stage saw the plugin's result
     summary = json.loads((tmp_path / "testrun" / "summary.json").read_text())
-    assert [s["name"] for s in summary["stages"]] == ["early", "hello"]
+    assert [s["name"] for s in summary["stages"]] == ["early", "hello", "summary"]  # the whole run
 
 
 def test_broken_plugin_is_listed_and_fails_the_run_without_crashing(plugins, cli, tmp_path):

@@ -1,0 +1,131 @@
+"""junit.xml of a run (built with ``junitparser``), valid against the common JUnit schema
+(Jenkins' junit-10.xsd: no ``skipped`` attribute on ``<testsuites>``).
+
+Layout: one ``<testsuite>`` per stage, named after it, with the stage's status, reason and files
+as properties. A stage that declared a case table (a CSV with ``case`` and ``status`` columns,
+e.g. triton_fwd.csv) gets one ``<testcase>`` per named case; any other stage gets one testcase
+named after the stage. A failed stage whose cases all hold (its failure is stage-level) also
+gets that stage testcase, so a failing stage always shows as a failing suite: the suites give
+the same passed / failed / skipped as the CLI's closing line (``results.counts``).
+
+Text from logs is sanitised: ANSI escapes and characters XML 1.0 cannot carry are removed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
+
+from nsa_runner.results import FAILED, STATUSES
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_TEXT_MAX = 8000
+_NAME_EXTRA = ("branch", "path", "dtype", "impl")  # what tells apart rows that share a case id
+
+
+def clean(text: object, limit: int = _TEXT_MAX) -> str:
+    """``text`` without ANSI escapes and XML-illegal control characters, at most ``limit`` chars (the tail)."""
+    s = _NOT_XML.sub("", _ANSI.sub("", "" if text is None else str(text)))
+    return s[-limit:]
+
+
+def case_rows(folder: Path, stage: dict) -> list[tuple[str, str, str]]:
+    """(case name, status, note) of every named case in the CSVs the stage declared.
+
+    A CSV counts as a case table when it has ``case`` and ``status`` columns; a status outside
+    the run's vocabulary (e.g. ``N/A``: not applicable here) becomes SKIP with that word as note.
+    Unreadable CSVs are ignored here (``report`` / ``compare`` validate and name them).
+    """
+    rows: list[tuple[str, str, str]] = []
+    tables = [f for f in stage.get("files") or [] if str(f).endswith(".csv")]
+    for name in tables:
+        try:
+            with open(folder / name, newline="", encoding="utf-8") as fh:
+                data = list(csv.DictReader(fh))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        if not data or "case" not in data[0] or "status" not in data[0]:
+            continue
+        prefix = f"{Path(name).stem}: " if len(tables) > 1 else ""
+        ids = [r["case"] for r in data]
+        for r in data:
+            case = r["case"]
+            if ids.count(case) > 1:
+                extra = [f"{k}={r[k]}" for k in _NAME_EXTRA if r.get(k)]
+                case = f"{case} [{' '.join(extra)}]" if extra else case
+            st, note = r["status"], r.get("note") or r.get("reason") or ""
+            if st not in STATUSES:
+                st, note = "SKIP", f"status {st}" + (f": {note}" if note else "")
+            rows.append((prefix + case, st, note))
+    return rows
+
+
+def _result(status: str, message: str, detail: str):
+    if status == "FAIL":
+        r = Failure(clean(message, 2000), "FAIL")
+    elif status in ("ERROR", "TIMEOUT"):
+        r = Error(clean(message, 2000), status)
+    elif status == "SKIP":
+        return Skipped(clean(message, 2000))
+    else:
+        return None
+    r.text = clean(detail or message)
+    return r
+
+
+def junit_xml(m: dict, folder: Path) -> str:
+    """The junit.xml text for manifest ``m`` of run folder ``folder``."""
+    xml = JUnitXml(clean(f"nsa-run {m['run_id']}"))
+    host = str((m.get("host") or {}).get("hostname", ""))
+    for s in m["stages"]:
+        status, reason = s["status"], s.get("reason", "")
+        if status == "SKIP" and s.get("hint"):
+            reason += f" (fix: {s['hint']})"
+        suite = TestSuite(clean(s["name"]))
+        suite.timestamp = clean(s.get("started") or m.get("started") or "")
+        suite.hostname = clean(host)
+        props = Properties()
+        for k, v in (("status", status), ("reason", reason), ("order", s.get("order")), ("source", s.get("source")),
+                     ("files", ", ".join(s.get("files") or [])), ("log", s.get("log"))):
+            if v not in (None, ""):
+                props.add_property(Property(k, clean(v, 2000)))
+        suite.append(props)
+        classname = f"nsa-run.{s['name']}"
+        cases = case_rows(folder, s)
+        detail = "\n".join(filter(None, [s.get("traceback"), s.get("log_tail") and
+                                          f"--- last lines of {s.get('log') or 'the log'} ---\n{s['log_tail']}"]))
+        for case, st, note in cases:
+            tc = TestCase(clean(case), classname, 0.0)
+            res = _result(st, note or f"{case}: {st}", "")
+            if res is not None:
+                tc.result = [res]
+            suite.add_testcase(tc)
+        if not cases or (status in FAILED and not any(st in FAILED for _, st, _ in cases)):
+            tc = TestCase(clean(s["name"]), classname, float(s.get("duration_s") or 0))
+            res = _result(status, reason or status, detail)
+            if res is not None:
+                tc.result = [res]
+            if s.get("files"):
+                tc.system_out = clean("files: " + ", ".join(s["files"]))
+            suite.add_testcase(tc)
+        suite.update_statistics()
+        suite.time = round(float(s.get("duration_s") or 0), 3)
+        xml.add_testsuite(suite)
+    xml.update_statistics()
+    xml._elem.attrib.pop("skipped", None)  # not in the JUnit schema for <testsuites>
+    buf = io.BytesIO()
+    xml.write(buf, pretty=True)
+    return buf.getvalue().decode("utf-8")
+
+
+def suite_status(suite_el) -> str:
+    """PASS / FAIL / SKIP of one ``<testsuite>`` element as a CI system reads it (used by tests)."""
+    if int(suite_el.get("failures", 0)) or int(suite_el.get("errors", 0)):
+        return "FAIL"
+    tests, skipped = int(suite_el.get("tests", 0)), int(suite_el.get("skipped", 0))
+    return "SKIP" if tests and skipped == tests else "PASS"

@@ -1,0 +1,89 @@
+"""summary.md and summary.json of a run, rendered from its manifest (all stages recorded so far).
+
+The runner writes them at the end of every ``oneshot`` / ``stage`` call (also when interrupted
+or when the ``summary`` stage was skipped), with the same counts as the CLI's closing line.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+from nsa_runner.artifacts import now_iso
+from nsa_runner.results import FAILED, counts, counts_line
+from nsa_runner.results.junit import clean
+
+SUMMARY_SCHEMA_VERSION = 1
+_ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "💥", "TIMEOUT": "⏱", "SKIP": "⏭"}
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
+
+
+def _md_cell(text: object) -> str:
+    """Plain text for one markdown line / table cell: control characters and ANSI escapes removed,
+    whitespace (newlines) collapsed, every markdown / HTML metacharacter backslash-escaped — a
+    stage's text can neither break the table nor become a link, image, code span or HTML."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(clean(text).split()))
+
+
+def _md_link(name: str) -> str:
+    """A link to a file of the run folder: escaped text, a relative, percent-encoded target."""
+    return f"[{_md_cell(name)}](./{urllib.parse.quote(clean(name))})"
+
+
+def _md_code_block(text: str) -> list[str]:
+    """A fenced block that no run of backticks inside ``text`` can close."""
+    body = clean(text).rstrip()
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, body, fence]
+
+
+def markdown(m: dict, stages: list[dict] | None = None) -> str:
+    """summary.md over ``stages`` (default: every stage in the manifest ``m``)."""
+    stages = m["stages"] if stages is None else stages
+    c = counts(stages)
+    host = m.get("host", {})
+    lines = [
+        f"# nsa\\-run summary — {_md_cell(m['run_id'])}",
+        "",
+        f"- started {_md_cell(m.get('started'))}, on {_md_cell(host.get('hostname', '?'))} "
+        f"({_md_cell(host.get('platform', '?'))})",
+        f"- device {_md_cell(m.get('device', '?'))}, profile {_md_cell(m.get('profile', '?'))}",
+        f"- command: {_md_cell(' '.join(m.get('argv', [])))}",
+    ]
+    if m.get("interrupted"):
+        lines.append("- **interrupted** (Ctrl-C / cancel): stages after the last one listed did not run")
+    lines += [
+        "",
+        "| # | stage | status | time | reason | files |",
+        "|---|-------|--------|------|--------|-------|",
+    ]
+    for s in stages:
+        reason = s.get("reason", "")
+        if s["status"] == "SKIP" and s.get("hint"):
+            reason += f" (fix: {s['hint']})"
+        files = [_md_link(f) for f in s.get("files", [])]
+        if s.get("log"):
+            files.append(f"[log](./{urllib.parse.quote(clean(s['log']))})")
+        status = _md_cell(s["status"])
+        lines.append(f"| {_md_cell(s.get('order', ''))} | {_md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
+                     f"{status} | {float(s.get('duration_s') or 0):.1f}s | {_md_cell(reason)} | {', '.join(files)} |")
+    lines += ["", f"**{counts_line(c)}**", ""]
+    for s in stages:
+        detail = s.get("traceback") or s.get("log_tail") or ""
+        if s["status"] in FAILED and detail:
+            lines += [f"## {_md_cell(s['name'])}: {_md_cell(s['status'])}", "",
+                      *_md_code_block(clean(detail).rstrip()[-4000:]), ""]
+    return "\n".join(lines)
+
+
+def summary_json(m: dict, stages: list[dict] | None = None) -> dict:
+    stages = m["stages"] if stages is None else stages
+    return {"schema_version": SUMMARY_SCHEMA_VERSION, "run_id": m["run_id"], "written": now_iso(),
+            "started": m.get("started"), "finished": m.get("finished"), "interrupted": bool(m.get("interrupted")),
+            "device": m.get("device"), "profile": m.get("profile"), "host": m.get("host"),
+            "counts": counts(stages),
+            "stages": [{k: s.get(k) for k in ("name", "order", "status", "duration_s", "reason", "hint",
+                                              "files", "log", "metrics")} for s in stages]}
