@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 
 from nsa_runner.stage import Option, Stage, StageResult, Status
+from . import _seed
 
 KERNEL = None  # test hook (see module docstring)
 
@@ -227,10 +228,15 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     cases = cases_for(ctx.profile, opts.get("cases"))
     if not cases:
         return StageResult(Status.FAIL, f"--cases {opts.get('cases')!r} matches no case of the {ctx.profile} profile")
+    stage = f"triton-{which}"
+    replay = _seed.announce(ctx, stage, seed, cases=opts.get("cases"))
+    # a case's inputs depend on the base seed and its place in the whole profile, not on --cases:
+    # `--seed N --cases ID` replays exactly that case of a full run
+    position = {c.id: i for i, c in enumerate(cases_for(ctx.profile))}
     rows = []
-    for i, case in enumerate(cases):
+    for case in cases:
         base = {"case": case.id, "B": case.B, "T": case.T, "HQ": case.HQ, "G": case.G, "dk": case.dk,
-                "dv": case.dv, "dtype": case.dtype}
+                "dv": case.dv, "dtype": case.dtype, "seed": seed}
         if case.gpu_only and device != "cuda":
             rows.append({**base, "max_abs": float("nan"), "rel_err": float("nan"), "tol": float("nan"),
                          "status": "SKIP", "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
@@ -238,7 +244,7 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
             continue
         t0 = time.perf_counter()
         try:
-            m = measure(case, device, seed + 1000 * i)
+            m = measure(case, device, seed + 1000 * position[case.id])
             status = "PASS" if m.pop("ok") else "FAIL"
             row = {**base, **m, "status": status}
         except Exception as e:  # noqa: BLE001 - the kernel under test failed on this case
@@ -266,10 +272,10 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     head = [f"triton-{which}: Triton selection kernel vs float64 reference (DESIGN §7 tolerances; fp32 uses",
             "IEEE fp32 dots, no tf32, so fp32 tol = 1e-5)",
             f"device={device} profile={ctx.profile} seed={seed} cases run={len(ran)} failed={len(bad)} "
-            f"skipped={len(skipped)}", ""]
+            f"skipped={len(skipped)}", f"replay: {replay}   (one case: add --cases CASE)", ""]
     write_text(ctx.dir / f"{stem}.txt", "\n".join(head) + df.to_string(index=False) + "\n")
     files = [f"{stem}.csv", f"{stem}.txt"]
-    metrics = {"cases": int(len(ran)), "failed": int(len(bad)), "skipped": int(len(skipped)),
+    metrics = {"cases": int(len(ran)), "failed": int(len(bad)), "skipped": int(len(skipped)), "seed": seed,
                "worst_rel_err": float(ran.rel_err.max()) if len(ran) and ran.rel_err.notna().all() else None}
     skip_note = f"; {len(skipped)} paper-scale case(s) not run here (need CUDA)" if len(skipped) else ""
     if not len(ran):
@@ -277,7 +283,10 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
                            hint="run on a CUDA GPU with --profile full")
     if len(bad):
         names = ", ".join(f"{r.case} ({r.status}, rel_err={r.rel_err:.2e} tol={r.tol:.0e})" for r in bad.itertuples())
-        return StageResult(Status.FAIL, f"{len(bad)}/{len(ran)} case(s) failed: {names}{skip_note}", files, metrics)
+        first = _seed.replay_command(ctx, stage, seed, cases=bad.case.iloc[0])
+        print(f"replay the first failing case with: {first}", flush=True)
+        return StageResult(Status.FAIL, f"{len(bad)}/{len(ran)} case(s) failed: {names}{skip_note}", files, metrics,
+                           hint=f"replay: {first}")
     return StageResult(Status.PASS, f"{len(ran)}/{len(ran)} cases within tolerance "
                                     f"(worst rel_err {metrics['worst_rel_err']:.2e}){skip_note}", files, metrics)
 
@@ -289,7 +298,7 @@ class ParityStage(Stage):
     which = ""
     options = (
         Option("--cases", str, None, "only cases whose id contains one of these comma-separated substrings"),
-        Option("--seed", int, 0, "base seed of the random inputs"),
+        _seed.option(0, "the random inputs (case i of the profile uses seed + 1000 i)"),
     )
 
     @staticmethod

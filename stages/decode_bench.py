@@ -46,6 +46,7 @@ import traceback
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+from . import _seed as seeds
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULTS = {
@@ -525,6 +526,7 @@ class DecodeBench(Stage):
 
         rows, problems, errors = [], [], []
         started = now_iso()
+        log(f"seed {o['seed']}; replay with: {seeds.replay_command(ctx, self.name, o['seed'])} (+ this run's options)")
         import torch
 
         threads = torch.get_num_threads()
@@ -568,6 +570,7 @@ class DecodeBench(Stage):
             f"NSA {cfg.to_dict()}",
             f"# impl={o['impl']}  graphs={'on' if o['graphs'] and dev == 'cuda' else 'off'}  iters={o['iters']} "
             f"warmup={o['warmup']}  seed={o['seed']}",
+            f"# replay: {seeds.replay_command(ctx, 'decode-bench', o['seed'])} (+ the options above)",
             *[f"# context fill '{f}': {fill_note[f]}" for f in fills],
             "# times in ms, medians" + (" of CUDA-graph replays (CUDA events, L2 flushed before each)"
                                         if dev == "cuda" else " of perf_counter (CPU, torch.set_num_threads(1))"),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nsa_runner.artifacts import write_csv, write_json, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+from . import _seed as seeds
 
 SCHEMA_VERSION = 1
 QUICK_S = [1024, 4096]
@@ -104,9 +105,13 @@ class Fa2Probe(Stage):
 
         cfg = NSAConfig()
         cases = _flash_bench.parity_cases("full" if ctx.profile == "full" else "quick")
-        rows = _flash_bench.parity(device, paths, [torch.float16, torch.bfloat16], cases, cfg,
-                                   seed=int(opts.get("seed") or 0))
+        seed = int(opts.get("seed") or 0)
+        replay = seeds.announce(ctx, self.name, seed, bench="no")
+        doc["seed"], doc["replay"] = seed, replay
+        txt.append(f"seed {seed}; replay the parity with: {replay}")
+        rows = _flash_bench.parity(device, paths, [torch.float16, torch.bfloat16], cases, cfg, seed=seed)
         par = pd.DataFrame(rows)
+        par["seed"] = seed
         write_csv(d / "fa2_varlen.csv", par)
         files.append("fa2_varlen.csv")
         n_fail = int((par["status"] == "FAIL").sum())

@@ -2,7 +2,9 @@
 run's device, through the backends the router picks here.
 
 Writes routing.json (backend per branch and why, from ``nsa_core.routing.decide``), sanity.out
-(a table for people) and sanity.json (schema_version 1). Checks, on fresh random inputs:
+(a table for people) and sanity.json (schema_version 1). Checks, on fresh random inputs (seed
+``--seed``, else a fresh one per run; recorded in sanity.json / sanity.out with the command that
+replays it, which is also printed):
 
 - per branch (cmp, slc, win) with the routed backend: output shape, finite; forward and the
   input gradients within the DESIGN §7 tolerance of a float64 reference; causality (changing
@@ -17,12 +19,12 @@ Shapes: tiny on the quick profile (CPU / CI), moderate on full (GPU).
 from __future__ import annotations
 
 import math
-import os
 import traceback
 from dataclasses import dataclass
 
 from nsa_runner.artifacts import now_iso, write_json, write_text
 from nsa_runner.stage import Stage, StageResult, Status
+from . import _seed
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,7 @@ def _check_module(c: _Checks, NSAAttention, NSAConfig, s: Shape, cfg, gen, devic
 def _render(doc: dict) -> str:
     s = doc["shape"]
     lines = [f"nsa-run sanity  run {doc['run_id']}  {doc['time']}",
-             f"device {doc['device']}  profile {doc['profile']}  seed {doc['seed']}",
+             f"device {doc['device']}  profile {doc['profile']}  seed {doc['seed']}  (replay: {doc['replay']})",
              f"shape B={s['B']} T={s['T']} HQ={s['HQ']} G={s['G']} dk={s['dk']} dv={s['dv']} dim={s['dim']}  "
              f"cfg {doc['cfg']}", "", "routing:"]
     lines += [f"  {b:<4} {r['backend']:<9} {r['reason']}" for b, r in doc["routing"].items()]
@@ -242,6 +244,7 @@ class Sanity(Stage):
     requires = ()
     description = "every branch and NSAAttention: forward + backward, finite, shapes, causal, GQA-consistent"
     timeout_s = 900.0
+    options = (_seed.option(None),)
 
     def run(self, ctx) -> StageResult:
         import torch
@@ -259,7 +262,8 @@ class Sanity(Stage):
         rj = r.to_json()
         write_json(ctx.dir / "routing.json", rj)
         backends = {b: r.backend(b, S=shape.T) for b in ("cmp", "slc", "win")}
-        seed = int.from_bytes(os.urandom(4), "little")
+        seed = _seed.resolve(ctx)  # --seed, else fresh per run; recorded + replay command printed
+        replay = _seed.announce(ctx, self.name, seed)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         c = _Checks()
         sel_q = _rand(gen, shape.B, shape.T, shape.HQ, shape.dk, device=device, dtype=torch.float32)
@@ -271,8 +275,9 @@ class Sanity(Stage):
         c.guard("select", lambda: _check_selection(c, F, shape, cfg, gen, device))
         c.guard("module", lambda: _check_module(c, NSAAttention, NSAConfig, shape, cfg, gen, device, backends))
         doc = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": device,
-               "profile": ctx.profile, "seed": seed, "shape": {k: v for k, v in vars(shape).items() if k != "cfg"},
-               "cfg": cfg.to_dict(), "backends": backends,
+               "profile": ctx.profile, "seed": seed, "replay": replay,
+               "shape": {k: v for k, v in vars(shape).items() if k != "cfg"}, "cfg": cfg.to_dict(),
+               "backends": backends,
                "routing": {b: {"backend": backends[b], "reason": rj["branches"][b]["reason"]} for b in backends},
                "checks": c.rows}
         if device == "cuda":
@@ -284,9 +289,10 @@ class Sanity(Stage):
         worst = max((r_.get("rel_err", 0.0) / r_["tol"] for r_ in c.rows if r_.get("tol")
                      and math.isfinite(r_.get("rel_err", math.nan))), default=None)
         metrics = {"checks": len(c.rows), "failed": len(failed), "backends": backends,
-                   "worst_err_over_tol": worst}
+                   "worst_err_over_tol": worst, "seed": seed}
         if failed:
+            print(f"replay with: {replay}", flush=True)
             return StageResult(Status.FAIL, f"{len(failed)}/{len(c.rows)} checks failed: " + "; ".join(failed[:3]),
-                               files=files, metrics=metrics)
+                               files=files, metrics=metrics, hint=f"replay: {replay}")
         return StageResult(Status.PASS, f"{len(c.rows)} checks ok on {device} (backends "
                            + ", ".join(f"{b}={be}" for b, be in backends.items()) + ")", files=files, metrics=metrics)

@@ -28,6 +28,7 @@ import traceback
 
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status
+from . import _seed as seeds
 
 SCHEMA_VERSION = 1
 # value codes of the picture
@@ -240,6 +241,7 @@ class SelectionMap(Stage):
         what = (f"sample input: seeded random q, k (seed {seed}), B={B} T={T} HQ={HQ} G={G} dk={dk}, fp32, "
                 f"device {ctx.device}; cfg l={cfg.l} d={cfg.d} l'={cfg.l_sel} n={cfg.n_sel}")
         print(what, flush=True)
+        replay = seeds.announce(ctx, self.name, seed, T=ctx.options.get("T"))
         try:
             block_idx, block_count = F.select_blocks(q, k, cfg)
         except Exception as e:  # noqa: BLE001 - the code under test broke: a failed check
@@ -258,7 +260,7 @@ class SelectionMap(Stage):
         plot(images, cfg, f"NSA block selection per query (Fig. 2 right) — {ctx.run_id}\n{what}",
              ctx.dir / "selection.png")
         bad = [c for c in checks if not c["ok"]]
-        text = [f"nsa-run selection-map  run {ctx.run_id}  {now_iso()}", what, "",
+        text = [f"nsa-run selection-map  run {ctx.run_id}  {now_iso()}", what, f"replay: {replay}", "",
                 f"sel_ranges.jsonl: {len(lines)} lines (batch 0, every {max(1, T // MAX_LINES_T)}-th query, "
                 f"all {G} groups)", "", "checks:"]
         text += [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}" for c in checks]
@@ -269,7 +271,7 @@ class SelectionMap(Stage):
                    "mean_count": round(float(block_count.float().mean()), 3)}
         if bad:
             return StageResult(Status.FAIL, "; ".join(f"{c['check']}: {c['detail']}" for c in bad)[:1000],
-                               files=files, metrics=metrics)
+                               files=files, metrics=metrics, hint=f"replay: {replay}")
         return StageResult(Status.PASS, f"{len(checks)} selection checks hold over {B * T * G} (t, group) rows "
                                         f"(T={T}, n={cfg.n_sel}, l'={cfg.l_sel}; seeded sample, seed {seed})",
                            files=files, metrics=metrics)

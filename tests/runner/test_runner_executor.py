@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -146,28 +145,42 @@ def test_timeout_option_overrides_the_stage_timeout(bad, cli, tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "0 passed, 1 failed, 0 skipped"
 
 
-def test_ctrl_c_stops_the_stage_keeps_finished_results_and_exits_130(bad, tmp_path):
+# Ctrl-C tests run the real CLI in a subprocess. On a loaded 2-core machine its start (imports)
+# and its wind-down (manifest, reports) each take many seconds, so the waits are generous (well
+# inside the 300 s per-test limit); output goes to files, never to a pipe nobody reads while
+# waiting; and the `spawn` fixture (tests/runner/conftest.py) kills the CLI, its stage worker
+# (own session) and the worker's children if anything here fails.
+START_S, WIND_DOWN_S = 150.0, 120.0
+
+
+def _interrupt_when_started(spawn, cmd, env, marker: str, tmp_path):
+    """Run ``cmd``; once a file matching ``marker`` exists and is non-empty, SIGINT the CLI.
+
+    Returns (returncode, stdout, stderr, marker path).
+    """
+    out_f, err_f = tmp_path / "cli.stdout", tmp_path / "cli.stderr"
+    with open(out_f, "w") as so, open(err_f, "w") as se:
+        proc = spawn(cmd, env=env, stdout=so, stderr=se, text=True)
+    deadline = time.monotonic() + START_S
+    found = None
+    while found is None and time.monotonic() < deadline and proc.poll() is None:
+        hits = [p for p in tmp_path.glob(marker) if p.stat().st_size]
+        found = hits[0] if hits else None
+        time.sleep(0.1)
+    assert found is not None, f"the stage never started (rc={proc.poll()}): {err_f.read_text()[-2000:]}"
+    spawn.snapshot()  # CLI, stage worker, its children: killed at teardown if they outlive the test
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=WIND_DOWN_S)
+    return proc.returncode, out_f.read_text(), err_f.read_text(), found
+
+
+def test_ctrl_c_stops_the_stage_keeps_finished_results_and_exits_130(bad, tmp_path, spawn):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "nsa_runner.cli", "oneshot", "--out", str(out), "--only", "hang,good",
-           "--device", "cpu", "--timeout", "60"]
+           "--device", "cpu", "--timeout", "600"]
     # hang (order 1) runs before good (order 6): the interrupt arrives while hang runs, and good never starts
-    proc = subprocess.Popen(cmd, env=bad.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        pidfile = None
-        while time.monotonic() < deadline:
-            found = list(out.glob("*/grandchild.pid"))
-            if found and found[0].read_text():
-                pidfile = found[0]
-                break
-            time.sleep(0.1)
-        assert pidfile is not None, "the hang stage never started"
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
+    rc, stdout, stderr, pidfile = _interrupt_when_started(spawn, cmd, bad.env(), "out/*/grandchild.pid", tmp_path)
+    assert rc == 130, stderr
     run_dir = pidfile.parent
     m = load_manifest(run_dir)  # still valid JSON with the schema
     assert m["interrupted"] is True and m["finished"]
@@ -181,7 +194,7 @@ def test_ctrl_c_stops_the_stage_keeps_finished_results_and_exits_130(bad, tmp_pa
     assert stdout.strip().splitlines()[-1] == "0 passed, 1 failed, 0 skipped"
 
 
-def test_ctrl_c_after_a_finished_stage_keeps_its_artifacts(plugins, tmp_path):
+def test_ctrl_c_after_a_finished_stage_keeps_its_artifacts(plugins, tmp_path, spawn):
     plugins.make("seq-stages", "seq_stages_mod", """
         import time
         from nsa_runner import Stage, StageResult, Status
@@ -197,20 +210,10 @@ def test_ctrl_c_after_a_finished_stage_keeps_its_artifacts(plugins, tmp_path):
                 time.sleep(600)
     """, {"first": "seq_stages_mod:First", "slow": "seq_stages_mod:Slow"})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "nsa_runner.cli", "oneshot", "--out", str(out), "--only",
-                             "first,slow", "--device", "cpu", "--json"], env=plugins.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not list(out.glob("*/slow.started")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert list(out.glob("*/slow.started"))
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
+    cmd = [sys.executable, "-m", "nsa_runner.cli", "oneshot", "--out", str(out), "--only", "first,slow",
+           "--device", "cpu", "--json"]
+    rc, stdout, stderr, _ = _interrupt_when_started(spawn, cmd, plugins.env(), "out/*/slow.started", tmp_path)
+    assert rc == 130, stderr
     payload = json.loads(stdout)
     assert payload["interrupted"] is True and payload["exit_code"] == 130
     run_dir = next(out.iterdir())
