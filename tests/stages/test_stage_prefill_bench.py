@@ -80,7 +80,8 @@ def test_quick_cpu_run_passes_and_writes_the_three_files(cli_run):
 def test_txt_says_how_it_was_measured_and_how_to_replay(cli_run):
     _, run = cli_run
     text = (run / "prefill.txt").read_text()
-    assert "parity gate (float64 reference" in text and "selection identical" in text
+    assert "parity gate (float64 reference" in text and "selection: 0 of 400 rows differ" in text
+    assert "0 differ from the all-float64 reference" in text
     assert "consecutive regions of ONE instrumented nsa_attention pass" in text
     assert "seed 3; replay: nsa-run stage prefill-bench --device cpu --profile quick" in text and "--seed 3" in text
     assert "fla: fla's kernels run on CUDA only" in text and "NO sliding window" in text
@@ -175,6 +176,23 @@ def test_selection_check_accepts_near_ties_only():
     assert "outside 0..t//l'" in check(edit(5, [1]))["problems"][0]
     assert "block_count differs" in check(edit(70, [0, 3, 4]))["problems"][0]
     assert "ascending" in check(edit(70, [0, 3, 2, 4]))["problems"][0]
+
+
+def test_fed_reference_equals_the_reference_on_its_own_selection():
+    """The oracle used after near-ties (float64 Eq. 5 with given block ids) is nsa_attention's reference."""
+    from nsa_core import NSAConfig
+    from nsa_core import functional as F
+
+    o = PrefillBench().resolve(_ctx("."))
+    cfg = NSAConfig(**o["nsa"])
+    ins, _ = pb.make_inputs(150, o, "cpu", torch.float64, 5)
+    ref, (idx, cnt) = F.nsa_attention(*ins, cfg, backend="reference", return_selection=True)
+    assert int(cnt.max()) == cfg.n_sel and int(cnt.max()) < 150 // cfg.l_sel + 1  # a real choice was made
+    fed = pb._reference_fed(ins, idx, cnt, cfg)
+    assert torch.allclose(fed, ref, rtol=0, atol=1e-12)
+    other = idx.clone()
+    other[0, -1, 0, 1] = (int(other[0, -1, 0, 1]) + 1) % (149 // cfg.l_sel)  # another block for the last row
+    assert not torch.allclose(pb._reference_fed(ins, other, cnt, cfg), ref, rtol=0, atol=1e-6)
 
 
 # ---- the parts-add-up check --------------------------------------------------------------------
