@@ -132,7 +132,7 @@ def _short_hash(*chunks: bytes, n: int = 10) -> str:
 def _source_hash(root: Path) -> str:
     """Hash of the project's Python sources (for a stable id outside git)."""
     chunks: list[bytes] = []
-    for pkg in ("nsa_core", "nsa_runner", "stages"):
+    for pkg in ("nsa_core", "nsa_runner", "stages", "nsa_run_stages"):  # stages/ installs as nsa_run_stages
         base = root / pkg
         if not base.is_dir():
             continue

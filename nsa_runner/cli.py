@@ -24,6 +24,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("nsa-run")
+        except PackageNotFoundError:  # a plain checkout that was never installed
+            from nsa_runner import __version__ as v
+        print(f"nsa-run {v}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the nsa-run version and exit."),
+) -> None:
+    """Validate Native Sparse Attention kernels on this machine and keep the evidence."""
+
+
 for _module in COMMANDS:
     importlib.import_module(_module).register(app)
 

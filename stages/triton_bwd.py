@@ -9,7 +9,7 @@ tolerance, or not reproducible, -> FAIL naming it. Writes triton_bwd.csv / trito
 
 from __future__ import annotations
 
-from stages import _parity
+from . import _parity
 
 
 def _grads(q, k, v, idx, cnt, do, l_sel):

@@ -9,7 +9,7 @@ status, ...) and of the readable triton_fwd.txt. Any case over tolerance -> FAIL
 
 from __future__ import annotations
 
-from stages import _parity
+from . import _parity
 
 
 def _measure(case, device, seed):
