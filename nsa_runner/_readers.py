@@ -35,8 +35,8 @@ PARITY_REQUIRED = ("case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", 
 PARITY_NUMERIC = ("B", "T", "HQ", "G", "dk", "dv", "max_abs", "rel_err", "tol")
 DECODE_FILE = "decode.csv"
 DECODE_REQUIRED = ("S", "B")
-# Timing tables: decode-bench, the flash benchmark, and the kernel benchmark(s) of bench/.
-TIMING_FILES = (DECODE_FILE, "fa2_bench.csv")
+# Timing tables: decode-bench, the flash benchmark, prefill-bench, and the kernel benchmark(s) of bench/.
+TIMING_FILES = (DECODE_FILE, "fa2_bench.csv", "prefill.csv")
 KERNEL_BENCH_GLOBS = ("bench_*.csv", "kernel_bench*.csv")
 
 _TIME = re.compile(r"^(ms|ms_\w+|\w+_ms)$")
