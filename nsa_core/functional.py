@@ -7,7 +7,8 @@ query head ``hq`` belongs to group ``hq // h``). Scale ``1/sqrt(dk)``.
 Backends per branch: ``"reference"`` (explicit masks + dense math, float64-capable, the
 oracle), ``"sdpa"`` (torch SDPA with the same masks), ``"triton"`` (selection only),
 ``"flash"`` (compressed / sliding), ``"auto"`` (nsa_core.routing decides). ``nsa_attention``
-also takes a dict ``{"cmp": ..., "slc": ..., "win": ...}``.
+also takes a dict ``{"cmp": ..., "slc": ..., "win": ..., "score": ...}`` ("score": the selection
+scoring + top-n, ``select_blocks(backend=...)``: "auto" | "reference" | "triton").
 """
 
 from __future__ import annotations
@@ -132,16 +133,52 @@ def block_scores(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, scal
 @torch.no_grad()
 def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig, *,
                   phi: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Top-n selection blocks per (token, group) (Eqs. 8-11).
 
     q [B, T, HQ, dk]; k_cmp RAW compression-branch keys [B, T, G, dk] (compressed here).
     -> block_idx [B, T, G, n] int32 (chosen ids ascending, then -1), block_count [B, T, G] int32.
     All heads of a group share the choice (GQA consistency).
+    backend: "reference" (torch block_scores + topn_blocks, float64-capable: the oracle),
+    "triton" (the fused kernel of nsa_core.selection.scoring), "auto" (triton on CUDA where it
+    supports the call, else reference). The two agree except at near-ties (DESIGN §7).
     """
     _check_group(q, k_cmp, "select_blocks")
     S = k_cmp.shape[1]
     kc = compress(k_cmp, cfg, phi)
+    return _select_on(q, kc, S, cfg, scale, backend)
+
+
+SELECT_BACKENDS = ("auto", "reference", "triton")
+
+
+def select_backend(backend, q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig) -> tuple[str, str]:
+    """(concrete scoring/top-n backend, reason) for ``select_blocks`` / ``nsa_attention``.
+
+    ``backend`` may be an nsa_attention backend: a dict uses its "score" key (default "auto"),
+    the string "auto" stays "auto", any other branch backend name means the reference.
+    """
+    if isinstance(backend, dict):
+        backend = backend.get("score", "auto")
+    elif backend in {b for bs in BACKENDS.values() for b in bs} - set(SELECT_BACKENDS):
+        backend = "reference"  # a branch backend name ("sdpa", "flash"): the torch scoring path
+    if backend not in SELECT_BACKENDS:
+        raise ValueError(f"select_blocks: unknown backend {backend!r}; expected one of {SELECT_BACKENDS}")
+    if backend != "auto":
+        return backend, "requested"
+    from nsa_core.selection import scoring
+
+    why = scoring.supports(q, kc, S, cfg)
+    return ("reference", f"fused kernel not used: {why}") if why else ("triton", "CUDA + triton: fused kernel")
+
+
+def _select_on(q, kc, S, cfg, scale, backend):
+    backend, _ = select_backend(backend, q, kc, S, cfg)
+    if backend == "triton":
+        from nsa_core.selection import scoring
+
+        return scoring.fused_select_blocks(q if q.stride(-1) == 1 else q.contiguous(),
+                                           kc if kc.stride(-1) == 1 else kc.contiguous(), S, cfg, scale)
     scores = block_scores(q, kc, S, cfg, scale)
     t_pos = torch.arange(S - q.shape[1], S, device=q.device)
     return _slc_ref.topn_blocks(scores, t_pos, cfg)
@@ -213,6 +250,9 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
     q [B, T, HQ, dk]; k_*/v_* [B, T, G, dk|dv] (RAW per-branch keys/values; the compression
     branch is compressed here); gates [B, T, HQ, 3] in [0, 1], order (cmp, slc, win).
     -> o [B, T, HQ, dv]  (and (block_idx, block_count) with return_selection=True).
+    Selection scoring + top-n: backend "auto" -> the fused Triton kernel on CUDA; a dict may
+    name it with the key "score" ("auto" | "reference" | "triton"; default "auto"); any other
+    string backend -> the reference scoring (see select_backend).
     """
     for name, kk, vv in (("cmp", k_cmp, v_cmp), ("sel", k_sel, v_sel), ("win", k_win, v_win)):
         _check_group(q, kk, f"nsa_attention({name} branch)", vv)
@@ -227,12 +267,16 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
         raise ValueError(f"nsa_attention: gates must be [B, T, HQ, 3] = [{B}, {T}, {HQ}, 3], got {tuple(gates.shape)}")
     S = k_cmp.shape[1]
     kc, vc = compress(k_cmp, cfg, phi_k), compress(v_cmp, cfg, phi_v)
-    scores = block_scores(q, kc, S, cfg, scale)
-    block_idx, block_count = _slc_ref.topn_blocks(scores, torch.arange(S - T, S, device=q.device), cfg)
+    with torch.no_grad():  # selection is a discrete choice: no gradient flows through it
+        block_idx, block_count = _select_on(q.detach(), kc.detach(), S, cfg, scale, backend)
     o_cmp = _compressed_on(q, kc, vc, S, cfg, _resolve(backend, "cmp", q.device, S), scale)
     o_slc = selection_attention(q, k_sel, v_sel, block_idx, block_count, cfg, _resolve(backend, "slc", q.device, S),
                                 scale=scale)
     o_win = sliding_attention(q, k_win, v_win, cfg, _resolve(backend, "win", q.device, S), scale=scale)
-    g = gates.to(o_cmp.dtype)
-    o = g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
+    from nsa_core import _gates  # Eq. 5: one fused Triton pass on CUDA, the torch expression elsewhere
+
+    if backend == "reference":
+        o = _gates._torch(gates, o_cmp, o_slc, o_win)
+    else:
+        o = _gates.combine(gates, o_cmp, o_slc, o_win)
     return (o, (block_idx, block_count)) if return_selection else o
