@@ -45,8 +45,19 @@ BACKENDS = {
 }
 SPEEDUP_REQUIRED = 1.2  # a flash path must be this much faster than SDPA to be chosen
 
-# Default thresholds file: <checkout>/artifacts/routing/thresholds.json (docs/routing.md).
-DEFAULT_THRESHOLDS = Path(__file__).resolve().parent.parent / "artifacts" / "routing" / "thresholds.json"
+
+def default_thresholds_path() -> Path:
+    """The per-user thresholds file (DESIGN §7): ``<user data dir>/routing/thresholds.json`` from
+    ``platformdirs`` (Linux: ``$XDG_DATA_HOME/nsa-run/...``, default ``~/.local/share/nsa-run/...``),
+    never inside the installed package. An explicit path (``decide(thresholds=...)``, fa2-probe
+    ``--thresholds PATH``) replaces it."""
+    from platformdirs import user_data_path
+
+    return user_data_path("nsa-run", appauthor=False) / "routing" / "thresholds.json"
+
+
+# Default thresholds file (docs/routing.md): per user, resolved once at import.
+DEFAULT_THRESHOLDS = default_thresholds_path()
 # Thresholds shipped in the package (measured by fa2-probe on an H100, docs/benchmarks.md): used
 # when no local thresholds file has an entry for this machine (see _with_shipped).
 SHIPPED_THRESHOLDS = Path(__file__).resolve().parent / "data" / "shipped_thresholds.json"

@@ -322,7 +322,53 @@ def _facts_html(run: Run) -> str:
         for br, v in (routing.get("branches") or {}).items():
             if isinstance(v, dict):
                 facts.append((f"routing {br}", f"{v.get('backend', '?')} — {v.get('reason', '')}"))
+    facts += _thresholds_facts(run, routing)
     return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts) + "</table>"
+
+
+def _min_lens(entry: dict | None) -> str:
+    """``cmp: varlen from S=16384, ...; win: ...`` of one thresholds entry."""
+    if not isinstance(entry, dict):
+        return ""
+    parts = []
+    for br, paths in (entry.get("branches") or {}).items():
+        if isinstance(paths, dict):
+            best = sorted((v.get("min_len"), p) for p, v in paths.items()
+                          if isinstance(v, dict) and isinstance(v.get("min_len"), int))
+            parts.append(f"{br}: " + (", ".join(f"{p} from S={n}" for n, p in best) or "no flash path wins"))
+    where = " ".join(str(entry.get(k)) for k in ("gpu", "torch") if entry.get(k))
+    return (f"{where} — " if where else "") + "; ".join(parts)
+
+
+def _thresholds_facts(run: Run, routing: dict | None) -> list[tuple[str, str]]:
+    """The routing thresholds this run used and the ones it measured (both kept in the run folder)."""
+    out = []
+    used = (routing or {}).get("thresholds") if isinstance(routing, dict) else None
+    if isinstance(used, dict):
+        text = f"{used.get('source', '?')}: {used.get('note', '')}"
+        if used.get("entry"):
+            text += f" — {_min_lens(used['entry'])}"
+        out.append(("routing thresholds used", text))
+    env = run.env or {}
+    thr = env.get("routing_thresholds") if isinstance(env, dict) else None
+    if isinstance(thr, dict) and thr.get("file"):
+        kept = (f"; a copy as it was at the start of the run: {thr['copy']}" if thr.get("copy")
+                else f" ({thr.get('note')})")
+        out.append(("routing thresholds file", f"{thr['file']}{kept}"))
+    measured = run.json("fa2_thresholds.json") if "fa2_thresholds.json" in _declared(run) else None
+    if measured is not None:
+        entries = measured.get("entries") or []
+        out.append(("routing thresholds measured", _min_lens(entries[-1] if entries else None)
+                    + " (fa2_thresholds.json)"))
+    else:
+        fa2 = run.stage("fa2-probe")
+        why = f"fa2-probe {fa2['status']}: {fa2.get('reason', '')}" if fa2 else "fa2-probe did not run"
+        out.append(("routing thresholds measured", f"not measured in this run ({why})"))
+    return out
+
+
+def _declared(run: Run) -> set[str]:
+    return {f for s in run.stages for f in (s.get("files") or [])}
 
 
 def _parity_html(run: Run) -> str:

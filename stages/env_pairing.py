@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 
-from nsa_runner.artifacts import now_iso, write_json, write_text
+from nsa_runner.artifacts import now_iso, write_bytes, write_json, write_text
 from nsa_runner.envinfo import collect, probe_flash
 from nsa_runner.registry import GROUP
 from nsa_runner.stage import Stage, StageResult, Status
@@ -164,6 +164,32 @@ def _plugins() -> list[dict]:
     return sorted(out, key=lambda p: p["name"])
 
 
+THRESHOLDS_COPY = "routing_thresholds.json"
+
+
+def _thresholds_copy(run_dir) -> tuple[dict, list[str]]:
+    """Which routing thresholds file this run reads (the per-user default, DESIGN §7), and a copy
+    of it in the run folder as it was when the run started (the run stays self-contained even
+    after a later fa2-probe merges new figures into the per-user file)."""
+    try:
+        from nsa_core import routing
+
+        path = routing.DEFAULT_THRESHOLDS
+    except Exception as e:  # noqa: BLE001 - nsa_core broken: the other stages will say why
+        return {"file": None, "exists": False, "note": f"nsa_core.routing not importable: {e}"}, []
+    rec = {"file": str(path), "exists": path.is_file(), "copy": None, "note": ""}
+    if not rec["exists"]:
+        rec["note"] = "absent: shipped defaults (CUDA) or SDPA apply until fa2-probe measures this machine"
+        return rec, []
+    try:
+        write_bytes(run_dir / THRESHOLDS_COPY, path.read_bytes())
+    except OSError as e:
+        rec["note"] = f"could not copy it: {e}"
+        return rec, []
+    rec["copy"] = THRESHOLDS_COPY
+    return rec, [THRESHOLDS_COPY]
+
+
 def _render(env: dict) -> str:
     f = env["facts"]
     t, tri, gpu = f["torch"], f["triton"], f["gpu"]
@@ -186,6 +212,9 @@ def _render(env: dict) -> str:
     lines += [f"  [{c['status']:<4}] {c['check']:<22} {c['detail']}" for c in env["checks"]]
     lines += ["", "what can run here:"]
     lines += [f"  {k:<28} {v}" for k, v in env["paths"].items()]
+    thr = env.get("routing_thresholds") or {}
+    lines += ["", f"routing thresholds file  {thr.get('file')}  "
+              + (f"(copied into this run as {thr['copy']})" if thr.get("copy") else f"({thr.get('note', '')})")]
     lines += ["", f"stage plugins (entry-point group {GROUP}):"]
     lines += [f"  {p['name']:<16} {p['value']:<36} {p['dist']} {p['version']}" for p in env["plugins"]]
     smi = f["nvidia_smi"]
@@ -228,10 +257,11 @@ class EnvPairing(Stage):
                "verdict": status.value, "reason": reason, "checks": checks,
                "paths": _paths(facts, {c["check"]: c for c in checks}, ctx.device),
                "flash": flash, "plugins": _plugins(), "facts": facts}
+        env["routing_thresholds"], extra = _thresholds_copy(ctx.dir)
         write_json(ctx.dir / "env.json", env)
         text = _render(env)
         write_text(ctx.dir / "env.txt", text)
         print(text)
-        return StageResult(status, reason, files=["env.txt", "env.json"],
+        return StageResult(status, reason, files=["env.txt", "env.json", *extra],
                            metrics={"checks_failed": len(fails), "torch": facts["torch"].get("version"),
                                     "triton": facts["triton"].get("version")})

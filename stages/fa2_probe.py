@@ -54,7 +54,7 @@ class Fa2Probe(Stage):
     options = (
         Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),
         Option("--thresholds", str, "default",
-               "merge measured thresholds into: 'default' (artifacts/routing/thresholds.json), a path, or 'none'"),
+               "merge measured thresholds into: 'default' (the per-user file, see docs/routing.md), a path, or 'none'"),
         Option("--bench", str, "yes", "run the speed measurement", choices=("yes", "no")),
         Option("--seed", int, 0, "base seed of the random parity inputs"),
     )
