@@ -150,7 +150,7 @@ def part_sweep(args, out):
     res = []
     combos = []
     combos.append({"score": dict(scoring.CONFIG["score"])})
-    for BM in (256, 512):
+    for BM in (128, 256, 512):
         for BC in (64, 128):
             for nw in (4, 8):
                 for ns in (2, 3):

@@ -93,7 +93,7 @@ if triton is not None:
         BC: tl.constexpr, NBT: tl.constexpr, NBTP: tl.constexpr,
         DK: tl.constexpr, BK: tl.constexpr,
         L: tl.constexpr, D: tl.constexpr, LSEL: tl.constexpr, A: tl.constexpr, BB: tl.constexpr,
-        IEEE: tl.constexpr,
+        IEEE: tl.constexpr, MAP_DOT: tl.constexpr,
     ):
         # tiles of the chunk, the longest (last tokens) first: causal work is front-loaded
         n_tiles = tl.cdiv(TCH, BT)
@@ -170,7 +170,10 @@ if triton is not None:
             lo = tl.maximum(cc[:, None] * D, jj[None, :] * LSEL)
             hi = tl.minimum(cc[:, None] * D + L, (jj[None, :] + 1) * LSEL)
             w = tl.where((offs_j < NBT)[None, :] & c_ok[:, None], tl.maximum(hi - lo, 0) // D, 0).to(tl.float32)
-            sc = tl.dot(pg, w, input_precision="ieee")  # [BT, NBTP]
+            if MAP_DOT:  # [BT, BC] x [BC, NBTP] (tl.dot needs BT >= 16)
+                sc = tl.dot(pg, w, input_precision="ieee")
+            else:
+                sc = tl.sum(pg[:, :, None] * w[None, :, :], 1)
             j_ok = (offs_j < NBT) & (jj < n_blk)
             tl.store(sc_rows[:, None] + jj[None, :], sc, mask=r_ok[:, None] & j_ok[None, :])
 
@@ -226,8 +229,7 @@ def _geometry(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, config:
     h = HQ // G
     HP = _np2(h)
     A, BB = cfg.l_sel // cfg.d, cfg.l // cfg.d
-    BM = max(int(config["BM"]), 16 * HP)
-    BT = max(16, BM // HP)  # >= 16 rows for the overlap dot
+    BT = max(1, _np2(max(16, int(config["BM"])) // HP))  # tokens per program; BM = BT*HP >= 16 rows
     BC = max(int(config["BC"]), _np2(A + BB - 1), 16)
     NBT = (BC - (BB - 1)) // A  # blocks owned per pass-2 step (>= 1 by the choice of BC)
     return dict(B=B, Tq=Tq, HQ=HQ, dk=dk, G=G, h=h, HP=HP, BT=BT, BC=BC, NBT=NBT,
@@ -279,7 +281,8 @@ def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: N
                 Tq, t0, S - Tq, geo["Tc"], NB, tch, scale * LOG2E,
                 G=G, H=geo["h"], HP=geo["HP"], BT=geo["BT"], BC=geo["BC"], NBT=geo["NBT"], NBTP=geo["NBTP"],
                 DK=geo["dk"], BK=geo["BK"], L=cfg.l, D=cfg.d, LSEL=cfg.l_sel, A=geo["A"], BB=geo["BB"],
-                IEEE=q.dtype == torch.float32, num_warps=c_s["num_warps"], num_stages=c_s["num_stages"])
+                IEEE=q.dtype == torch.float32, MAP_DOT=geo["BT"] >= 16,
+                num_warps=c_s["num_warps"], num_stages=c_s["num_stages"])
         _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, geo["Tc"], NB, cfg, c_t, True)
     return block_idx, block_count
 

@@ -120,6 +120,18 @@ def test_fused_choice_equals_reference(case):
     assert rows == B * T * G
 
 
+@pytest.mark.parametrize("BM,BC", [(32, 16), (64, 32), (512, 128)])
+def test_launch_configs_same_choice(BM, BC):
+    """Tiles of 2 .. 32 tokens (overlap map by broadcast-sum and by dot), 16 .. 128 compressed tokens
+    per step, and a chunked score buffer: the same rule holds for each."""
+    cfg = NSAConfig(l=8, d=4, l_sel=16, n_sel=5)
+    q, k = _inputs(1, 150, 16, 2, 16, seed=BM + BC, scale=1.5)
+    kc = F.compress(k, cfg)
+    idx, cnt = scoring.fused_select_blocks_launch(q, kc, 150, cfg, config={"score": {"BM": BM, "BC": BC}},
+                                                  chunk=37)
+    check_choice(idx, cnt, q, kc, 150, cfg)
+
+
 def test_select_blocks_backends_agree_and_scale():
     cfg = NSAConfig(l=4, d=2, l_sel=8, n_sel=4)
     q, k = _inputs(1, 50, 4, 2, 8, seed=5)
