@@ -88,6 +88,8 @@ WRAPS = (
     ("nsa_core.functional", "_compressed_on", "cmp"),
     ("nsa_core.functional", "selection_attention", "slc"),
     ("nsa_core.functional", "sliding_attention", "win"),
+    ("nsa_core._gates", "combine", "gate"),
+    ("nsa_core._gates", "_torch", "gate"),
 )
 PASSES = ("fwd", "fwd+bwd")
 COLUMNS = ["case", "T", "B", "HQ", "G", "dk", "dv", "dtype", "device", "path", "part", "pass", "ms", "p20", "p80",
@@ -555,7 +557,10 @@ class Instrument:
         import importlib
 
         for mod_name, attr, part in WRAPS:
-            mod = importlib.import_module(mod_name)
+            try:
+                mod = importlib.import_module(mod_name)
+            except ImportError:  # an older / newer nsa_core without this module: the part is "not seen"
+                continue
             fn = getattr(mod, attr, None)
             if fn is None:
                 continue
@@ -656,7 +661,7 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
                 tm = timing.Timing(pt[0].ms + pt[1].ms, pt[0].p20 + pt[1].p20, pt[0].p80 + pt[1].p80,
                                    min(pt[0].n, pt[1].n), pt[0].method)
             row(NSA, p, pas, tm, note="fwd + bwd regions" if len(pt) == 2 else "")
-        missing = [p for p in ("compress", "select", "cmp", "slc", "win") if p not in inst.seen]
+        missing = [p for p in ("compress", "select", "cmp", "slc", "win", "gate") if p not in inst.seen]
         if missing:
             warnings.append(f"T={T} {pas}: part(s) {missing} not seen in the instrumented pass (nsa_attention "
                             f"calls other functions than WRAPS lists); their time is in the neighbouring parts")
