@@ -52,8 +52,17 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests (exit 5): nothing was verified" >&2; exit 1; fi; \
 	exit $$rc
 
+# GNU make exits 2 whenever a recipe fails, whatever the recipe's own code. The recipe therefore
+# names nsa-run's own exit code (1 = a check failed, 2 = usage or environment, 130 = interrupted)
+# on its last line, and the run's manifest.json records it as "exit_code"; .ci/run checks both.
+# For the exact code as the process status, call the CLI directly: .venv/bin/nsa-run oneshot.
 oneshot: $(STAMP)
-	$(VENV)/bin/nsa-run oneshot $(ARGS)
+	@$(VENV)/bin/nsa-run oneshot $(ARGS); rc=$$?; \
+	if [ $$rc -ne 0 ]; then \
+		echo "make oneshot: nsa-run exited $$rc (1 = a check failed, 2 = usage or environment, 130 = interrupted;" \
+		     "make itself reports any failure as 2)" >&2; \
+	fi; \
+	exit $$rc
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

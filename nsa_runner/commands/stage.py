@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from nsa_runner._ui import err_console, fail
+from nsa_runner._ui import err_console, fail, out_console
 from nsa_runner.artifacts import new_run_folder
 from nsa_runner.commands import _common as c
 from nsa_runner.commands import report as report_cmd
@@ -22,16 +22,23 @@ from nsa_runner.registry import discover
 
 def stage(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="Stage name (see `nsa-run list`)."),
+    name: str = typer.Argument(None, help="Stage name (see `nsa-run list`)."),
     out: Path = c.OUT,
     profile: str = c.PROFILE,
     device: str = c.DEVICE,
     strict: bool = c.STRICT,
     timeout: float = c.TIMEOUT,
     as_json: bool = c.JSON,
+    show_help: bool = typer.Option(False, "--help", help="Show this message (with NAME: and the stage's own "
+                                   "options) and exit."),
 ) -> None:
     """Run one stage. Stage options follow the name, e.g. `nsa-run stage decode-bench --S-list 1k,2k`;
-    `nsa-run list NAME` shows a stage's options."""
+    `nsa-run stage NAME --help` lists that stage's own options."""
+    if show_help:
+        _help(ctx, name, device)
+    if name is None:
+        fail("nsa-run stage needs a stage NAME", "see `nsa-run list` for the stages here; "
+             "`nsa-run stage NAME --help` for a stage's options")
     machine, profile = c.resolve_machine(device, profile, timeout)
     entries = {e.name: e for e in discover()}
     if name not in entries:
@@ -53,5 +60,22 @@ def stage(
                      after=lambda code: report_cmd.refresh_report(manifest.dir, code))
 
 
+def _help(ctx: typer.Context, name: str | None, device: str | None) -> None:
+    """The command's help, then (with NAME) the stage's description and its own options."""
+    from nsa_runner.commands.list_stages import _render_one, _row
+
+    out_console().print(ctx.get_help())
+    if name is None:
+        raise typer.Exit(0)
+    entries = {e.name: e for e in discover()}
+    if name not in entries:
+        fail(f"unknown stage {name!r}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
+    machine, _ = c.resolve_machine(device, None, None)
+    _render_one(_row(entries[name], machine))
+    raise typer.Exit(0)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("stage", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(stage)
+    # --help is this command's own option: with a NAME it also lists that stage's options
+    app.command("stage", add_help_option=False,
+                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(stage)
