@@ -256,3 +256,17 @@ def test_gpu_full_profile_defaults_are_the_issue_shape():
     assert (o["batch"], o["heads"], o["groups"], o["dk"], o["dv"], o["dtype"]) == (1, 64, 4, 128, 128, "bf16")
     assert o["nsa"] == {"l": 32, "d": 16, "l_sel": 64, "n_sel": 16, "w": 512}
     assert o["parts_check"] == "fail" and max(o["parity_T"]) < 4096  # the float64 gate stays small
+
+
+@pytest.mark.gpu
+def test_gpu_quick_profile(tmp_path):
+    """On CUDA: the quick profile (paper heads, bf16, T = 2K, 4K) passes its gate and times NSA
+    against SDPA flash / cuDNN (speedups are reported, never asserted)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    res = PrefillBench().run(_ctx(tmp_path, device="cuda", profile="quick"))
+    assert res.status == Status.PASS, res.reason
+    df = pd.read_csv(tmp_path / "prefill.csv")
+    assert {"nsa", "sdpa-flash", "full-fastest"} <= set(df.path) and set(df.dtype) == {"bf16"}
+    nsa = df[(df.path == "nsa") & (df.part == "whole")]
+    assert nsa.speedup_vs_sdpa_flash.notna().all() and (nsa.parts_ratio.sub(1).abs() <= 0.1).all()
