@@ -58,12 +58,14 @@ import gc
 import math
 import os
 import platform
-import shlex
 import threading
 import traceback
+from types import SimpleNamespace
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+
+from . import _seed as seeds
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PAPER_NSA = "l=32,d=16,l_sel=64,n_sel=16,w=512"
@@ -109,13 +111,6 @@ def _pos(text: str) -> int:
     v = int(text)
     if v <= 0:
         raise ValueError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise ValueError(f"expected a non-negative integer, got {text!r}")
     return v
 
 
@@ -750,7 +745,7 @@ class PrefillBench(Stage):
         Option("--parts-tol", _posfloat, 0.10, "parts-sum / whole must be within 1 +- this"),
         Option("--parts-check", str, "auto", "parts off by more than --parts-tol: fail or warn (auto: fail on "
                "CUDA, warn on CPU)", choices=("auto", "fail", "warn")),
-        Option("--seed", _nonneg, 0, "seed of the random inputs (recorded; the txt prints the replay command)"),
+        seeds.option(0),
     )
 
     def resolve(self, ctx) -> dict:
@@ -798,6 +793,7 @@ class PrefillBench(Stage):
         if dev == "cpu":
             torch.set_num_threads(1)
         started = now_iso()
+        log(f"seed {o['seed']}; replay with: {replay_command(o)}")
         par_rows, problems, warnings, rows, errors = [], [], [], [], []
         try:
             par_rows, problems = parity(o, dev, log)
@@ -938,16 +934,17 @@ def _env_lines(dev: str) -> list[str]:
 
 
 def replay_command(o: dict) -> str:
+    """``nsa-run stage prefill-bench --seed N --device D --profile P --T-list ... ...`` for this run."""
     from nsa_core import NSAConfig
 
     cfg = NSAConfig(**o["nsa"]).to_dict()
     be = o["backend"] if o["backend"] == "auto" else ",".join(f"{k}={v}" for k, v in o["backend"].items())
-    args = ["nsa-run", "stage", "prefill-bench", "--device", o["_dev"], "--profile", o["_profile"],
-            "--T-list", ",".join(map(str, o["T_list"])), "--dtype", o["dtype"], "--batch", str(o["batch"]),
-            "--heads", str(o["heads"]), "--groups", str(o["groups"]), "--dk", str(o["dk"]), "--dv", str(o["dv"]),
-            "--nsa", ",".join(f"{k}={cfg[k]}" for k in ("l", "d", "l_sel", "n_sel", "w")),
-            "--backend", be, "--parity-T", ",".join(map(str, o["parity_T"])), "--seed", str(o["seed"])]
-    return " ".join(shlex.quote(a) for a in args)
+    ctx = SimpleNamespace(device=o["_dev"], profile=o["_profile"])
+    return seeds.replay_command(
+        ctx, "prefill-bench", o["seed"], T_list=",".join(map(str, o["T_list"])), dtype=o["dtype"], batch=o["batch"],
+        heads=o["heads"], groups=o["groups"], dk=o["dk"], dv=o["dv"],
+        nsa=",".join(f"{k}={cfg[k]}" for k in ("l", "d", "l_sel", "n_sel", "w")), backend=be,
+        parity_T=",".join(map(str, o["parity_T"])))
 
 
 def _routing_lines(dev: str, o: dict) -> list[str]:

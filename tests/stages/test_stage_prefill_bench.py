@@ -83,7 +83,7 @@ def test_txt_says_how_it_was_measured_and_how_to_replay(cli_run):
     assert "parity gate (float64 reference" in text and "selection: 0 of 400 rows differ" in text
     assert "0 differ from the all-float64 reference" in text
     assert "consecutive regions of ONE instrumented nsa_attention pass" in text
-    assert "seed 3; replay: nsa-run stage prefill-bench --device cpu --profile quick" in text and "--seed 3" in text
+    assert "seed 3; replay: nsa-run stage prefill-bench --seed 3 --device cpu --profile quick --T-list 128,256" in text
     assert "fla: fla's kernels run on CUDA only" in text and "NO sliding window" in text
     assert "fwd: NSA parts" in text and "sum/whole" in text and "headline: T=256" in text
     for what in pb.GRAD_NAMES:
