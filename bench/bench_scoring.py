@@ -118,6 +118,7 @@ def part_check(args, out):
 
     cfg = cfg_default()
     rows = []
+    log(f"check with scoring.CONFIG = {scoring.CONFIG}")
     for T, dtype, tol in ((args.check_T, torch.bfloat16, 1e-2), (max(1024, args.check_T // 4), torch.float32, 1e-5)):
         q, kv, _ = inputs(T, seed=3, dtype=dtype)
         kc = F.compress(kv[0], cfg)
@@ -148,34 +149,33 @@ def part_sweep(args, out):
     kc = F.compress(kv[0], cfg)
     ref = scoring.fused_select_blocks(q, kc, T, cfg)
     res = []
-    combos = []
-    combos.append({"score": dict(scoring.CONFIG["score"])})
-    for BM in (128, 256, 512):
-        for BC in (64, 128):
-            for nw in (4, 8):
-                for ns in (2, 3):
-                    combos.append({"score": {"BM": BM, "BC": BC, "num_warps": nw, "num_stages": ns}})
-    combos.append({"score": {"BM": 256, "BC": 32, "num_warps": 4, "num_stages": 2}})
-    for re, nw in ((1024, 4), (2048, 4), (4096, 4), (2048, 8), (8192, 8)):
+    combos = [{"score": dict(scoring.CONFIG["score"])}]
+    for BM, BC, nw, ns in ((256, 64, 4, 3), (256, 32, 4, 2), (256, 64, 8, 2), (512, 64, 8, 2), (512, 64, 8, 3),
+                           (512, 32, 8, 2), (128, 64, 4, 2), (256, 128, 8, 2)):
+        combos.append({"score": {"BM": BM, "BC": BC, "num_warps": nw, "num_stages": ns}})
+    for re, nw in ((1024, 1), (2048, 1), (4096, 1), (1024, 2), (2048, 2), (4096, 2), (2048, 4), (8192, 4)):
         combos.append({"topn": {"rows_elems": re, "num_warps": nw}})
     for c in combos:
         try:
             got = scoring.fused_select_blocks(q, kc, T, cfg, config=c)
-            same = bool(torch.equal(got[0], ref[0]))
+            n_diff = int((got[0] != ref[0]).any(-1).sum())  # rows whose choice differs from the default config
+            same = n_diff == 0
             t = timer(lambda c=c: scoring.fused_select_blocks(q, kc, T, cfg, config=c), rep_ms=60)
-            res.append({"config": json.dumps(c), "ms": t.ms, "p20": t.p20, "p80": t.p80, "same": same})
-            log(f"sweep {c}: {t.ms:.3f} ms same={same}")
+            res.append({"config": json.dumps(c), "ms": t.ms, "p20": t.p20, "p80": t.p80, "same": same,
+                        "rows_diff": n_diff})
+            log(f"sweep {c}: {t.ms:.3f} ms rows differing from the default config: {n_diff}")
         except Exception as e:  # noqa: BLE001
             log(f"sweep {c}: FAILED {type(e).__name__}: {str(e)[:200]}")
             res.append({"config": json.dumps(c), "ms": float("nan"), "p20": float("nan"), "p80": float("nan"),
-                        "same": False})
+                        "same": False, "rows_diff": -1})
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(res[0]))
         w.writeheader()
         w.writerows(res)
     base = {"score": dict(scoring.CONFIG["score"]), "topn": dict(scoring.CONFIG["topn"])}
     for kind in ("score", "topn"):
-        ok = [r for r in res if r["same"] and r["ms"] == r["ms"] and kind in json.loads(r["config"])]
+        ok = [r for r in res if 0 <= r["rows_diff"] <= 1e-3 * ref[0][..., 0].numel() and r["ms"] == r["ms"]
+              and kind in json.loads(r["config"])]
         if ok:
             best = min(ok, key=lambda r: r["ms"])
             log(f"sweep best {kind}: {best}")
@@ -336,7 +336,28 @@ def part_table(args, out):
             log(f"T={T}: NSA fwd {f_fwd / n_fwd:.2f}x faster than SDPA-flash; fwd+bwd {f_fb / n_fb:.2f}x")
 
 
-PARTS = {"env": part_env, "check": part_check, "sweep": part_sweep, "table": part_table}
+def part_profile(args, out):
+    """torch.profiler over one whole-NSA forward+backward at the largest T: time per kernel (top 30)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nsa_core import functional as F
+
+    cfg = cfg_default()
+    T = max(args.T_list)
+    q, kv, gates = inputs(T, grad=True)
+    do = torch.randn(B, T, HQ, D, device=DEV, dtype=q.dtype)
+    for _ in range(2):  # warm (compile, autotune)
+        F.nsa_attention(q, *kv, gates, cfg, FAST).backward(do)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        F.nsa_attention(q, *kv, gates, cfg, FAST).backward(do)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    (out / "profile.txt").write_text(table)
+    log(table)
+
+
+PARTS = {"env": part_env, "check": part_check, "sweep": part_sweep, "table": part_table, "profile": part_profile}
 
 
 def main(argv=None):

@@ -17,11 +17,12 @@ Four layers (STYLE.md):
                         fp32 dot against the overlap weights (built from iota, never stored).
                         Every block is written by exactly one step: no carry, no atomics.
                         Output: a compact fp32 score row [NB] per (token, group).
-     ``_topn_kernel``   one program per (token, group) row: packs (score bits, -index) into an
+     ``_topn_kernel``   RB (token, group) rows per program: packs (score bits, -index) into an
                         int64 key (scores are >= 0, so fp32 bits order like the values; equal
-                        scores -> the lower index wins), forced blocks get the key of +inf,
-                        non-candidates -1; n rounds of an int64 max pick the set; the chosen ids
-                        are written ascending through a cumsum of the chosen flags, then -1.
+                        scores -> the lower index wins); the forced blocks are chosen up front,
+                        non-candidates get -1; n - 3 rounds of an int64 row max pick the rest;
+                        the chosen ids are written ascending through a cumsum of the chosen
+                        flags, then -1.
   2. host launcher ``fused_select_blocks_launch``: tiles, grid, chunking of the query rows so
      the compact score buffer stays under ``SCORE_BUDGET_BYTES``.
   3. autograd: none. Selection is a discrete choice (DESIGN §2: no gradient flows through it),
@@ -59,7 +60,7 @@ MAX_H = 64
 # Launch settings. BM = query rows per score program (BT tokens x HP heads), BC = compressed
 # tokens per step. From the H100 sweep in docs/benchmarks.md ("Fused selection scoring").
 CONFIG = {
-    "score": {"BM": 128, "BC": 64, "num_warps": 8, "num_stages": 2},
+    "score": {"BM": 256, "BC": 64, "num_warps": 4, "num_stages": 2},
     "topn": {"num_warps": 4, "rows_elems": 2048},
 }
 # The compact score buffer [B, chunk, G, NB] fp32 is bounded by this; longer inputs run in chunks.
@@ -203,10 +204,12 @@ if triton is not None:
             live = live & (j * A - (BB - 1) <= nvis[:, None] - 1)
         s = tl.load(SC + r.to(tl.int64)[:, None] * NB + j, mask=live, other=0.0)
         forced = cand & ((j == 0) | (j == cur[:, None]) | (j == cur[:, None] - 1))
-        bits = tl.where(forced, 0x7F800000, s.to(tl.int32, bitcast=True)).to(tl.int64)
-        key = tl.where(cand, (bits << 32) | (NBP - j).to(tl.int64), -1)
-        ci = tl.zeros([RB, NBP], dtype=tl.int32)  # 1 where chosen
-        for _ in tl.static_range(N):
+        bits = s.to(tl.int32, bitcast=True).to(tl.int64)
+        # forced blocks are chosen up front; the others compete (-1: out of the race)
+        key = tl.where(cand & ~forced, (bits << 32) | (NBP - j).to(tl.int64), -1)
+        ci = forced.to(tl.int32)  # 1 where chosen
+        # 3 forced when t // l' >= 2; below that every candidate is forced: N - 3 rounds suffice
+        for _ in tl.static_range(N - 3):
             mx = tl.max(key, 1)
             take = (key == mx[:, None]) & (mx[:, None] >= 0)
             ci = tl.where(take, 1, ci)
@@ -247,7 +250,7 @@ def _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, Tc, NB, cfg, 
         sc, block_idx, block_count, Tq, t0, S - Tq, Tc, NB, tch, n_rows,
         G=G, N=cfg.n_sel, NP=_np2(cfg.n_sel), NBP=NBP, RB=RB, L=cfg.l, D=cfg.d, LSEL=cfg.l_sel,
         A=cfg.l_sel // cfg.d, BB=cfg.l // cfg.d, MASK_UNSEEN=mask_unseen,
-        num_warps=c_t["num_warps"] if NBP <= 4096 else 8)
+        num_warps=c_t["num_warps"] if NBP <= 4096 else max(4, c_t["num_warps"]))
 
 
 def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig,

@@ -63,6 +63,6 @@ def test_combine_matches_torch_float64(dtype, gdtype, dv, strided):
 
 
 def test_combine_falls_back_off_cuda_without_force():
-    xs = [torch.rand(1, 3, 2, 3)] + [torch.randn(1, 3, 2, 8) for _ in range(3)]
+    xs = [torch.rand(1, 3, 2, 3, device=DEV)] + [torch.randn(1, 3, 2, 8, device=DEV) for _ in range(3)]
     assert _gates.fused_ok(*xs) == CUDA
     assert not _gates.fused_ok(xs[0], xs[1], xs[2].double(), xs[3], force=True)  # dtype mix
