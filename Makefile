@@ -21,12 +21,13 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.nsa-run-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install test oneshot lint clean-venv
+.PHONY: help install test oneshot lint clean-venv mutate
 
 help:
 	@echo "make test      install into $(VENV) (once) and run pytest"
 	@echo "make oneshot   install into $(VENV) (once) and run nsa-run oneshot \$$ARGS"
 	@echo "make lint      ruff check"
+	@echo "make mutate    mutation testing (mutmut; not in CI, see docs/testing.md)"
 	@echo "make install   only create/update $(VENV)"
 
 $(PY):
@@ -69,3 +70,14 @@ lint: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Mutation testing (mutmut, config in pyproject.toml [tool.mutmut]); not in CI. Results and the
+# surviving mutants of the last run: docs/testing.md. MUTANTS picks mutants by name (globs); the
+# default is the time-boxed set (about 15 min on 2 shared cores); MUTANTS= runs every mutant.
+# Resumable: mutants already checked are skipped (rm -rf mutants/ to start over).
+MUTANTS ?= 'nsa_core.selection.reference.x_topn_blocks*' 'nsa_core.selection.reference.x_selection_attention*' \
+	'stages.triton_bwd.*' 'nsa_runner.executor.x__apply_result*' 'nsa_runner.executor.x__kill_group*'
+mutate: $(STAMP)
+	@$(PY) -c "import mutmut" 2>/dev/null || $(PIP) install -q -e '.[mutate]'
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2 $(MUTANTS); \
+	$(VENV)/bin/mutmut results | grep -v ': not checked$$'
