@@ -652,7 +652,7 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
                 continue
             if len(pt) == 1:
                 tm = pt[0]
-            else:  # forward region + backward region: the medians add, the spreads roughly
+            else:  # forward + backward region: the (central-mean) figures add exactly, the spreads roughly
                 tm = timing.Timing(pt[0].ms + pt[1].ms, pt[0].p20 + pt[1].p20, pt[0].p80 + pt[1].p80,
                                    min(pt[0].n, pt[1].n), pt[0].method)
             row(NSA, p, pas, tm, note="fwd + bwd regions" if len(pt) == 2 else "")
