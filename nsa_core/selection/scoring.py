@@ -204,7 +204,9 @@ if triton is not None:
             live = live & (j * A - (BB - 1) <= nvis[:, None] - 1)
         s = tl.load(SC + r.to(tl.int64)[:, None] * NB + j, mask=live, other=0.0)
         forced = cand & ((j == 0) | (j == cur[:, None]) | (j == cur[:, None] - 1))
-        bits = s.to(tl.int32, bitcast=True).to(tl.int64)
+        # >= 0 for every score >= 0; a sign bit (-0.0, or NaN from non-finite inputs) counts as 0, so a
+        # candidate never drops out of the race and block_count stays min(n, t // l' + 1)
+        bits = tl.maximum(s.to(tl.int32, bitcast=True), 0).to(tl.int64)
         # forced blocks are chosen up front; the others compete (-1: out of the race)
         key = tl.where(cand & ~forced, (bits << 32) | (NBP - j).to(tl.int64), -1)
         ci = forced.to(tl.int32)  # 1 where chosen
