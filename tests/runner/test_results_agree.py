@@ -137,11 +137,12 @@ def test_stage_refreshes_the_runs_junit_and_report(fake, cli, tmp_path):
     assert after != before and "skips" in after and _triple(after) == (1, 0, 1)
 
 
-def test_ctrl_c_writes_valid_junit_and_exits_130(fake, tmp_path):
+def test_ctrl_c_writes_valid_junit_and_exits_130(fake, tmp_path, spawn):
     """Non-TTY: stage lines appear as they happen (before the run ends); SIGINT -> 130 + reports."""
-    proc = subprocess.Popen([sys.executable, "-m", "nsa_runner.cli", "oneshot", "--out", str(tmp_path),
-                             "--only", "good,slow", "--device", "cpu"], env=fake.env(), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    # spawn (tests/runner/conftest.py): the CLI, its stage worker and their children die with the test
+    proc = spawn([sys.executable, "-m", "nsa_runner.cli", "oneshot", "--out", str(tmp_path),
+                  "--only", "good,slow", "--device", "cpu"], env=fake.env(), cwd=tmp_path,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     seen: list[str] = []
     deadline = time.monotonic() + 120
     try:
@@ -155,11 +156,12 @@ def test_ctrl_c_writes_valid_junit_and_exits_130(fake, tmp_path):
         assert any(re.search(r"\bgood\b.*PASS", s) for s in seen), "".join(seen)  # finished line, live
         assert proc.poll() is None  # ... while the run is still going
         time.sleep(1.0)
+        spawn.snapshot()  # CLI + worker, recorded before the interrupt
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            spawn.cleanup()
     assert proc.returncode == 130, "".join(seen) + rest
     folders = [p for p in tmp_path.iterdir() if (p / "manifest.json").is_file()]
     assert len(folders) == 1
