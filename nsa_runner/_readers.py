@@ -271,7 +271,8 @@ def spread_columns(df, metric: str) -> tuple[str, str] | None:
         lo, hi = f"{s}_p20", f"{s}_p80"
         if lo in df.columns and hi in df.columns:
             return lo, hi
-    if "p20" in df.columns and "p80" in df.columns and sum(is_time(c) for c in df.columns) == 1 and is_time(metric):
+    if "p20" in df.columns and "p80" in df.columns and is_time(metric) and (
+            metric == "ms" or ("ms" not in df.columns and sum(is_time(c) for c in df.columns) == 1)):
         return "p20", "p80"
     return None
 
@@ -370,12 +371,48 @@ class Run:
                 raise ArtifactError(f"{self.dir / name}: case {dup.iloc[0]!r} appears more than once")
         return df
 
+    def declared(self, suffix: str = "") -> list[str]:
+        """Files the stages declared (manifest ``files``), in run order, optionally by suffix."""
+        names = [f for s in self.stages for f in (s.get("files") or []) if str(f).endswith(suffix)]
+        return list(dict.fromkeys(names))
+
+    def _header(self, name: str) -> list[str] | None:
+        """The CSV header of ``name`` (None when absent or unreadable: the full reader says why)."""
+        try:
+            with open(self.dir / name, newline="", encoding="utf-8") as fh:
+                return next(csv.reader(fh), None)
+        except (OSError, UnicodeDecodeError, csv.Error):
+            return None
+
+    def parity_files(self) -> list[str]:
+        """Case tables of parity stages: the declared CSVs with the parity columns (DESIGN §6), e.g.
+        triton_fwd.csv / triton_bwd.csv or a plugin's; the built-in names also when undeclared."""
+        names = [n for n in PARITY_FILES if (self.dir / n).is_file() or self.declared_by(n)]
+        for n in self.declared(".csv"):
+            head = self._header(n)
+            if n not in names and head is not None and all(c in head for c in PARITY_REQUIRED):
+                names.append(n)
+        return names
+
     def timing_files(self) -> list[str]:
-        """The timing tables present in this run (decode, flash bench, kernel benchmarks)."""
+        """The timing tables of this run: every declared CSV (any stage, plugins included) with a
+        timing column (``ms_*``, ``*_ms``, ``ms``, ``reads_*``, ``speedup*``) that is not a parity
+        table, plus the built-in names and bench/ kernel tables found in the folder."""
         names = [n for n in TIMING_FILES if (self.dir / n).is_file() or self.declared_by(n)]
+        parity = set(self.parity_files())
+        for n in self.declared(".csv"):
+            head = self._header(n)
+            if n in names or n in parity:
+                continue
+            if head is None or any(is_time(c) or is_reads(c) or is_speedup(c) for c in head):
+                names.append(n)  # unreadable: listed, so that timing() names the problem
         for pattern in KERNEL_BENCH_GLOBS:
             names += sorted(p.name for p in self.dir.glob(pattern) if p.name not in names)
         return names
+
+    def images(self) -> list[tuple[str, str]]:
+        """(file, stage) of every PNG a stage declared, in run order."""
+        return [(f, s["name"]) for s in self.stages for f in (s.get("files") or []) if str(f).endswith(".png")]
 
     def timing(self, name: str):
         """A timing table, validated: duplicate rows (same key columns) are an error."""
@@ -428,8 +465,3 @@ class Run:
         out = {"torch": t.get("version"), "triton": tri.get("version"), "cuda runtime": t.get("cuda_runtime"),
                "driver cuda": g.get("driver_cuda_version")}
         return {k: str(v) for k, v in out.items() if v}
-
-
-def open_run(arg: str, out: Path) -> Run:
-    """resolve_run + Run.open."""
-    return Run.open(resolve_run(arg, out))

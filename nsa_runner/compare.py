@@ -28,7 +28,6 @@ from typing import Any
 
 from nsa_runner._readers import (
     FAILED,
-    PARITY_FILES,
     PARITY_REQUIRED,
     ArtifactError,
     Run,
@@ -447,7 +446,10 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
                                                                                else "")
             else:
                 va, vb = float(va), float(vb)
-                if is_reads(m):
+                if is_derived(m):
+                    row.ratio = vb / va if va else (math.inf if vb else 1.0)
+                    row.note = "derived from other columns: not judged (its timings are judged in their own rows)"
+                elif is_reads(m):
                     row.ratio = vb / va if va else (math.inf if vb else 1.0)
                     if not math.isclose(va, vb, rel_tol=1e-9):
                         row.mark, row.note = ("+" if vb > va else "-"), "read counter changed (deterministic)"
@@ -460,6 +462,13 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
                     row.mark, row.note = "x", "another machine/profile"
             rows.append(row)
     return rows
+
+
+def is_derived(metric: str) -> bool:
+    """A number computed from other measured columns of the row (a ratio such as ``speedup`` = a/b,
+    or a sum of parts). It carries no spread of its own, so a change in it cannot be told from noise:
+    it is shown but never flagged; its components are compared (with their spread) as their own rows."""
+    return is_speedup(metric) or metric.endswith("_ratio") or metric.endswith("_sum_ms")
 
 
 def _stage_setting(run: Run, name: str) -> str | None:
@@ -497,7 +506,7 @@ def compare_runs(A: Run, B: Run, settings: Settings | None = None) -> Comparison
     cmp.rows += _env_rows(A, B)
     cmp.rows += _stage_rows(A, B, comparable)
     cmp.rows += _sanity_rows(A, B, comparable, settings.parity_factor)
-    for name in PARITY_FILES:
+    for name in dict.fromkeys([*A.parity_files(), *B.parity_files()]):
         cmp.rows += _parity_rows(A, B, name, comparable, settings.parity_factor)
     for name in dict.fromkeys([*A.timing_files(), *B.timing_files()]):
         cmp.rows += _timing_rows(A, B, name, comparable, settings.threshold)
@@ -510,8 +519,9 @@ def _md(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def visible_rows(cmp: Comparison, only_changed: bool = False) -> list[Row]:
-    return [r for r in cmp.rows if r.changed or not only_changed]
+def visible_rows(cmp: Comparison, show_all: bool = False) -> list[Row]:
+    """The rows a reader sees: those with a mark or a change (env), or every row with ``show_all``."""
+    return [r for r in cmp.rows if show_all or r.changed]
 
 
 def title(cmp: Comparison) -> str:
@@ -523,13 +533,17 @@ def title(cmp: Comparison) -> str:
            f"{b['profile']})"
 
 
-def to_markdown(cmp: Comparison, only_changed: bool = False) -> str:
-    """GitHub markdown: the title, notes, one table per section, the verdict as the last line."""
-    lines = [f"### {_md(title(cmp))}", ""]
+def to_markdown(cmp: Comparison, show_all: bool = False) -> str:
+    """GitHub markdown: the title, the verdict, notes, then one table per section (changed rows only,
+    or every row with ``show_all``); the verdict again as the last line."""
+    lines = [f"### {_md(title(cmp))}", "", f"**{_md(cmp.verdict())}**", ""]
     lines += [f"> {_md(n)}" for n in cmp.notes]
     if cmp.notes:
         lines.append("")
-    rows = visible_rows(cmp, only_changed)
+    rows = visible_rows(cmp, show_all)
+    hidden = len(cmp.rows) - len(rows)
+    if hidden:
+        lines += [f"{hidden} unchanged row(s) not shown (--all shows them).", ""]
     for section in SECTIONS:
         sec = [r for r in rows if r.section == section]
         if not sec:
@@ -547,4 +561,4 @@ def to_markdown(cmp: Comparison, only_changed: bool = False) -> str:
 
 
 __all__ = ["ArtifactError", "Comparison", "MARKS", "Row", "Settings", "compare_runs", "fmt", "fmt_ratio",
-           "judge_time", "run_info", "title", "to_markdown", "visible_rows"]
+           "is_derived", "judge_time", "run_info", "title", "to_markdown", "visible_rows"]

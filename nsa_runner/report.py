@@ -373,7 +373,7 @@ def _declared(run: Run) -> set[str]:
 
 def _parity_html(run: Run) -> str:
     panels, tables = [], []
-    for name in PARITY_FILES:
+    for name in run.parity_files() or PARITY_FILES:
         df = run.parity(name)
         if df is None:
             tables.append(_absent(name))
@@ -425,17 +425,23 @@ def _bench_html(run: Run) -> str:
         df = run.timing(name)
         if df is None:
             continue
+        owner = run.declared_by(name)
         title = "flash / SDPA" if name == "fa2_bench.csv" else name.removesuffix(".csv")
         png = plot_times(df, title)
         cols = [c for c in df.columns if not is_spread(c)]
-        out.append(f"<h3>{_e(name)}</h3>" + (_img(png, f"{name} times") if png else "")
+        head = f"{name} ({owner})" if owner else name
+        out.append(f"<h3>{_e(head)}</h3>" + (_img(png, f"{name} times") if png else "")
                    + _table(df.to_dict("records"), cols))
-    return "\n".join(out) if out else _absent("kernel benchmark CSVs (bench_*.csv, fa2_bench.csv)")
+    return "\n".join(out) if out else _absent("benchmark CSVs (prefill.csv, fa2_bench.csv, plugin tables, bench_*.csv)")
 
 
 def _images_html(run: Run) -> str:
     out = []
-    for name, title in IMAGES:
+    declared = run.images()
+    shown = {n for n, _ in declared}
+    images = [(n, f"{n} ({stage} stage)") for n, stage in declared]
+    images += [(n, t) for n, t in IMAGES if n not in shown]  # the built-ins' pictures, said absent
+    for name, title in images:
         p = run.dir / name
         if not p.is_file():
             out.append(_absent(f"{name} ({title})"))

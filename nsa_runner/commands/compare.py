@@ -43,7 +43,8 @@ PARITY_FACTOR = typer.Option(2.0, "--parity-factor", help="Flag parity errors wo
 BASELINE = typer.Option(None, "--baseline", help="Check B (or A alone) against this baseline file (docs/baselines.md).")
 SAVE_BASELINE = typer.Option(None, "--save-baseline",
                              help="Record the timing figures of B (or A) as a NEW baseline file.")
-ONLY_CHANGED = typer.Option(False, "--only-changed", help="Show only rows with a mark or a change.")
+SHOW_ALL = typer.Option(False, "--all", help="Show every row (default: only rows with a mark or a change).")
+ONLY_CHANGED = typer.Option(False, "--only-changed", hidden=True, help="The default now; kept for old scripts.")
 MARKDOWN = typer.Option(False, "--markdown", help="GitHub markdown on stdout.")
 RUN_A = typer.Argument(..., metavar="A", help="Run A (before): a run id under --out, or a run folder.")
 RUN_B = typer.Argument(None, metavar="B", help="Run B (after). May be omitted with --baseline / --save-baseline.")
@@ -71,13 +72,23 @@ def _open(arg: str, out: Path, which: str) -> Run:
         fail(f"run {which}: {e}", HINT)
 
 
-def render(cmp: Comparison, only_changed: bool, con=None) -> None:
-    """The comparison for people: a rich table per section, the marks, the verdict last."""
+def _verdict(cmp: Comparison, con) -> None:
+    verdict = cmp.verdict()
+    con.print(f"[bold red]{escape(verdict)}[/]" if cmp.regressions else f"[bold]{escape(verdict)}[/]")
+
+
+def render(cmp: Comparison, show_all: bool = False, con=None) -> None:
+    """The comparison for people: the verdict first, notes, a rich table per section with the rows
+    that changed (every row with ``show_all``), the marks; the verdict again as the last line."""
     con = con or out_console()
     con.print(f"[bold]{escape(title(cmp))}[/]")
+    _verdict(cmp, con)
     for n in cmp.notes:
         con.print(f"[yellow]note:[/] {escape(n)}")
-    rows = visible_rows(cmp, only_changed)
+    rows = visible_rows(cmp, show_all)
+    hidden = len(cmp.rows) - len(rows)
+    if hidden:
+        con.print(f"[dim]{hidden} unchanged row(s) not shown (--all shows them)[/]")
     for section in SECTIONS:
         sec = [r for r in rows if r.section == section]
         if not sec:
@@ -94,8 +105,7 @@ def render(cmp: Comparison, only_changed: bool, con=None) -> None:
                       escape(fmt(r.b, r.metric)), fmt_ratio(r.ratio), escape(r.note))
         con.print(t)
     con.print("marks: " + ", ".join(f"{m} {w}" for m, w in MARKS.items()), style="dim")
-    verdict = cmp.verdict()
-    con.print(f"[bold red]{escape(verdict)}[/]" if cmp.regressions else f"[bold]{escape(verdict)}[/]")
+    _verdict(cmp, con)
 
 
 def compare(
@@ -106,11 +116,13 @@ def compare(
     parity_factor: float = PARITY_FACTOR,
     baseline: Path = BASELINE,
     save_baseline: Path = SAVE_BASELINE,
+    show_all: bool = SHOW_ALL,
     only_changed: bool = ONLY_CHANGED,
     markdown: bool = MARKDOWN,
     as_json: bool = c.JSON,
 ) -> None:
-    """Compare two runs (status changes, parity errors, timings as B/A); exit 1 on a regression."""
+    """Compare two runs: the verdict, then what changed (status, parity errors, timings as B/A); exit 1 on a
+    regression. --all shows unchanged rows too."""
     if markdown and as_json:
         fail("--markdown and --json are exclusive: pick one output")
     try:
@@ -148,9 +160,9 @@ def compare(
     if as_json:
         print(json.dumps(cmp.to_dict(), indent=2, default=str))
     elif markdown:
-        print(to_markdown(cmp, only_changed))
+        print(to_markdown(cmp, show_all))
     else:
-        render(cmp, only_changed)
+        render(cmp, show_all)
     raise typer.Exit(cmp.exit_code)
 
 

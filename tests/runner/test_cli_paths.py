@@ -5,7 +5,6 @@ run folder is made; stages always get an absolute ``ctx.dir``)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 

@@ -140,11 +140,18 @@ def test_faster_is_better_not_a_regression(out):
     assert {r["mark"] for r in rows(doc, "timing", "decode.csv", "ms_sel")} == {"-"}
 
 
-def test_speedup_lower_is_worse(out):
+def test_derived_speedup_is_shown_not_judged_its_components_are(out):
+    """speedup = ms_full / ms_attn has no spread of its own: a change in it alone (noise in a
+    same-commit rerun) is never a regression; a slower component is, in its own row (issue 12)."""
     b = copy(out)
     edit_csv(b / "decode.csv", scale("speedup", 0.7))
     code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
-    assert code == 1 and {r["mark"] for r in rows(doc, "timing", "decode.csv", "speedup")} == {"+"}
+    sp = rows(doc, "timing", "decode.csv", "speedup")
+    assert code == 0 and {r["mark"] for r in sp} == {""} and all("derived" in r["note"] for r in sp)
+    assert all(abs(r["ratio"] - 0.7) < 1e-9 for r in sp)  # still shown, with its B/A
+    edit_csv(b / "decode.csv", scale("ms_full", 1.5))
+    code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
+    assert code == 1 and {r["mark"] for r in rows(doc, "timing", "decode.csv", "ms_full")} == {"+"}
 
 
 def test_read_counter_change_is_flagged(out):
@@ -285,21 +292,29 @@ def test_cpu_vs_cuda_not_comparable(out):
 def test_markdown_and_table_outputs(out):
     b = copy(out)
     edit_csv(b / "decode.csv", scale("ms_step", 2.0))
-    r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out, "--markdown", "--only-changed")
+    r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out, "--markdown")
     assert r.exit_code == 1
     assert "| + | decode.csv | S=1024 | ms_step |" in r.stdout
     assert "| | source | key | metric | A | B | B/A | note |" in r.stdout
-    last = r.stdout.strip().splitlines()[-1]
-    assert last == "**4 regression(s): 4 worse (+)**"
-    assert "ms_cmp" not in r.stdout  # unchanged rows hidden by --only-changed
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1] == "**4 regression(s): 4 worse (+)**"
+    assert lines[2] == lines[-1]  # the verdict first (after the title), and again last
+    assert "ms_cmp" not in r.stdout and "unchanged row(s) not shown (--all shows them)" in r.stdout
+    r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out, "--markdown", "--all")
+    assert "| decode.csv | S=1024 | ms_cmp |" in r.stdout and "not shown" not in r.stdout
     r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out)
-    assert r.exit_code == 1 and "regression" in r.stdout and "decode.csv" in r.stdout
+    assert r.exit_code == 1 and "decode.csv" in r.stdout
+    out_lines = [x for x in r.stdout.splitlines() if x.strip()]
+    assert out_lines[1].startswith("4 regression(s)")  # verdict right under the title
+    assert "ms_cmp" not in r.stdout
+    r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out, "--only-changed")  # old scripts keep working
+    assert r.exit_code == 1
 
 
 def test_markdown_library_escapes_pipes(out):
     cmp = compare_runs(Run.open(out / "aaaaaaa"), Run.open(out / "aaaaaaa"), Settings())
     cmp.rows[0].note = "a|b"
-    assert "a\\|b" in to_markdown(cmp)
+    assert "a\\|b" in to_markdown(cmp, show_all=True)  # an unchanged row: shown with --all
 
 
 @pytest.mark.parametrize("args,msg", [

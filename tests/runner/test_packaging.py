@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -42,9 +43,13 @@ def test_stage_modules_import_each_other_relatively():
 
 
 def test_wheel_in_a_clean_venv_runs_oneshot_from_another_folder(tmp_path):
+    # build from a copy: setuptools leaves build/ and *.egg-info in the source folder
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "artifacts", "build", "dist", "tests",
+                                                             "*.egg-info", "__pycache__", ".*cache"))
     dist = tmp_path / "dist"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(dist), str(REPO)], capture_output=True, text=True, timeout=600)
+                        "-w", str(dist), str(src)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = dist.glob("nsa_run-*.whl")
     venv = tmp_path / "venv"

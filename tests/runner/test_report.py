@@ -121,7 +121,7 @@ def test_absent_artifacts_say_not_in_this_run(out):
     assert cli("report", str(folder)).exit_code == 0
     html = _html(folder)
     for what in ("decode.csv: not in this run", "triton_fwd.csv: not in this run",
-                 "kernel benchmark CSVs (bench_*.csv, fa2_bench.csv): not in this run",
+                 "benchmark CSVs (prefill.csv, fa2_bench.csv, plugin tables, bench_*.csv): not in this run",
                  "selection.png (Selection picture (selection-map stage)): not in this run"):
         assert what in html
 
