@@ -61,7 +61,7 @@ MAX_H = 64
 # tokens per step. From the H100 sweep in docs/benchmarks.md ("Fused selection scoring").
 CONFIG = {
     "score": {"BM": 256, "BC": 64, "num_warps": 4, "num_stages": 2},
-    "topn": {"num_warps": 4, "rows_elems": 2048},
+    "topn": {"num_warps": 1, "rows_elems": 1024},
 }
 # The compact score buffer [B, chunk, G, NB] fp32 is bounded by this; longer inputs run in chunks.
 SCORE_BUDGET_BYTES = 1 << 29
