@@ -403,7 +403,10 @@ def judge_time(a: float, b: float, threshold: float, spread_a=None, spread_b=Non
     return ratio, ("+" if worse else "-"), f"{word} beyond {threshold:.0%}"
 
 
-def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) -> list[Row]:
+def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float, cpu: bool = False) -> list[Row]:
+    """Rows of one timing table. ``cpu``: both runs timed on a CPU — their times are shown with B/A
+    but never marked (a shared, unpinned CPU swings several-fold between same-commit reruns, inside
+    and outside the recorded spread); read counters are still judged (deterministic)."""
     da, db = A.timing(name), B.timing(name)
     if da is None and db is None:
         return []
@@ -428,6 +431,8 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
     # label rows by the key columns that vary (impl=torch on every row says nothing); match on all
     both = [*ra.values(), *rb.values()]
     shown = [k for k in ka if len({str(r[k]) for r in both}) > 1] or ka[:1]
+    if "case" in shown:  # a case id already names T=256 etc.: keep only what it does not say
+        shown = [k for k in shown if k == "case" or not all(str(r[k]) in str(r["case"]) for r in both)]
     for key in dict.fromkeys([*ra, *rb]):
         a, b = ra.get(key), rb.get(key)
         label = fmt_key(a or b, shown) or "(all)"
@@ -458,6 +463,8 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float) 
                     spb = _spread(db, b, m)
                     row.ratio, row.mark, row.note = judge_time(va, vb, threshold, spa, spb,
                                                                higher_is_better=is_speedup(m))
+                    if cpu and row.mark:
+                        row.mark, row.note = "", f"CPU timing, not judged ({row.note})"
                 if not comparable:
                     row.mark, row.note = "x", "another machine/profile"
             rows.append(row)
@@ -508,8 +515,12 @@ def compare_runs(A: Run, B: Run, settings: Settings | None = None) -> Comparison
     cmp.rows += _sanity_rows(A, B, comparable, settings.parity_factor)
     for name in dict.fromkeys([*A.parity_files(), *B.parity_files()]):
         cmp.rows += _parity_rows(A, B, name, comparable, settings.parity_factor)
+    cpu = A.machine()["device"] == "cpu" and B.machine()["device"] == "cpu"
+    if cpu:
+        cmp.notes.append("both runs timed on a CPU: timings are shown with B/A but not judged (CPU timings swing "
+                         "several-fold between same-commit reruns); compare GPU runs for speed")
     for name in dict.fromkeys([*A.timing_files(), *B.timing_files()]):
-        cmp.rows += _timing_rows(A, B, name, comparable, settings.threshold)
+        cmp.rows += _timing_rows(A, B, name, comparable, settings.threshold, cpu)
     if A.dir.resolve() == B.dir.resolve():
         cmp.notes.append("A and B are the same run folder: every ratio is 1 by construction")
     return cmp

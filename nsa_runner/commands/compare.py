@@ -94,9 +94,10 @@ def render(cmp: Comparison, show_all: bool = False, con=None) -> None:
         if not sec:
             continue
         t = Table(title=section, title_justify="left", show_lines=False)
-        for col, kw in (("", {}), ("source", {}), ("key", {"no_wrap": True}), ("metric", {}),
+        for col, kw in (("", {}), ("source", {"no_wrap": True}), ("key", {"overflow": "fold", "ratio": 3}),
+                        ("metric", {"no_wrap": True}),
                         ("A", {"justify": "right"}), ("B", {"justify": "right"}), ("B/A", {"justify": "right"}),
-                        ("note", {"overflow": "fold"})):
+                        ("note", {"overflow": "fold", "ratio": 3})):
             t.add_column(col, **kw)
         for r in sec:
             style = MARK_STYLE.get(r.mark, "")

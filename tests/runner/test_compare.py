@@ -154,6 +154,27 @@ def test_derived_speedup_is_shown_not_judged_its_components_are(out):
     assert code == 1 and {r["mark"] for r in rows(doc, "timing", "decode.csv", "ms_full")} == {"+"}
 
 
+def test_same_commit_cpu_rerun_reports_no_timing_regression(out):
+    """CPU timings swing several-fold between reruns of one commit (issue 12): shown with B/A, never
+    marked; the deterministic read counters are still judged."""
+    for rid in ("aaaaaaa",):
+        m = json.loads((out / rid / "manifest.json").read_text())
+        m["device"] = "cpu"
+        (out / rid / "manifest.json").write_text(json.dumps(m))
+    b = copy(out)
+    edit_csv(b / "decode.csv", scale("ms_sel", 3.0))
+    edit_csv(b / "decode.csv", scale("ms_step", 0.2))
+    code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
+    timing = [r for r in doc["rows"] if r["section"] == "timing" and r["metric"].startswith("ms")]
+    assert code == 0 and timing and {r["mark"] for r in timing} == {""}
+    sel = rows(doc, "timing", "decode.csv", "ms_sel")
+    assert all(abs(r["ratio"] - 3.0) < 1e-9 and "CPU timing, not judged" in r["note"] for r in sel)
+    assert any("timed on a CPU" in n for n in doc["notes"])
+    edit_csv(b / "decode.csv", lambda df: df.assign(reads_sel=df.reads_sel + 64))
+    code, doc = as_json(out, "aaaaaaa", "bbbbbbb")
+    assert code == 1 and {r["mark"] for r in rows(doc, "timing", "decode.csv", "reads_sel")} == {"+"}
+
+
 def test_read_counter_change_is_flagged(out):
     b = copy(out)
     edit_csv(b / "decode.csv", lambda df: df.assign(reads_sel=df.reads_sel + 64))
