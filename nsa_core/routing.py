@@ -304,7 +304,19 @@ class Routing:
             "thresholds": self.thresholds,
             "overrides": self.overrides,
             "speedup_required": SPEEDUP_REQUIRED,
+            "selection_scoring": _scoring_choice(self.facts),
         }
+
+
+def _scoring_choice(facts: dict) -> dict:
+    """Selection scoring + top-n with backend "auto" (functional.select_backend decides per call)."""
+    if facts["device"] != "cuda":
+        return {"backend": "reference", "reason": f"device {facts['device']}: the fused Triton scoring kernel "
+                                                  "runs on CUDA only (torch block_scores + topn_blocks)"}
+    if not facts["triton"]["present"]:
+        return {"backend": "reference", "reason": f"{facts['triton']['reason']} (install: pip install triton)"}
+    return {"backend": "triton", "reason": "CUDA + triton: fused scoring + top-n kernel (nsa_core.selection.scoring); "
+                                           "the torch reference for calls it does not support (h > 64, dk > 256)"}
 
 
 def _thresholds_for(facts: dict, path: str | os.PathLike | None, explicit: bool) -> dict:
