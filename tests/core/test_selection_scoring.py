@@ -153,6 +153,10 @@ def test_auto_is_reference_off_cuda():
     assert (be == "triton") == CUDA, why
     assert F.select_backend({"cmp": "flash"}, q, k, 20, cfg)[0] == be  # dict without "score": auto
     assert F.select_backend("sdpa", q, k, 20, cfg)[0] == "reference"
+    from nsa_core import routing  # routing.json records the same choice
+
+    rec = routing.decide(DEV).to_json()["selection_scoring"]
+    assert rec["backend"] == be and rec["reason"]
 
 
 def test_topn_kernel_alone_exact_with_ties():
