@@ -23,21 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from nsa_runner.artifacts import MANIFEST_NAME, ManifestError, load_manifest
+from nsa_runner.results import (  # the schema's owner; re-exported for report / compare / baseline
+    DECODE_FILE,
+    DECODE_REQUIRED,
+    KERNEL_BENCH_GLOBS,
+    PARITY_FILES,
+    PARITY_NUMERIC,
+    PARITY_REQUIRED,
+    STATUSES,
+    TIMING_FILES,
+)
 
-STATUSES = ("PASS", "FAIL", "SKIP", "ERROR", "TIMEOUT")
-FAILED = ("FAIL", "ERROR", "TIMEOUT")
 SUPPORTED_JSON_SCHEMAS = (1,)
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
-
-# Stage CSVs and what they must hold (DESIGN §6). Extra columns are fine.
-PARITY_FILES = ("triton_fwd.csv", "triton_bwd.csv")
-PARITY_REQUIRED = ("case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", "rel_err", "tol", "status")
-PARITY_NUMERIC = ("B", "T", "HQ", "G", "dk", "dv", "max_abs", "rel_err", "tol")
-DECODE_FILE = "decode.csv"
-DECODE_REQUIRED = ("S", "B")
-# Timing tables: decode-bench, the flash benchmark, prefill-bench, and the kernel benchmark(s) of bench/.
-TIMING_FILES = (DECODE_FILE, "fa2_bench.csv", "prefill.csv")
-KERNEL_BENCH_GLOBS = ("bench_*.csv", "kernel_bench*.csv")
 
 _TIME = re.compile(r"^(ms|ms_\w+|\w+_ms)$")
 _SPREAD = re.compile(r"^(\w+_)?(p20|p80)$")

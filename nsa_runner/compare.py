@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsa_runner._readers import (
-    FAILED,
-    PARITY_REQUIRED,
     ArtifactError,
     Run,
     fmt_key,
@@ -39,6 +37,7 @@ from nsa_runner._readers import (
     metric_columns,
     spread_columns,
 )
+from nsa_runner.results import FAILED, PARITY_REQUIRED
 
 SCHEMA_VERSION = 1
 MARKS = {

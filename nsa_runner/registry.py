@@ -150,10 +150,6 @@ class Machine:
     triton: bool
     device: str  # the device the run uses: "cuda" or "cpu"
 
-    @classmethod
-    def probe(cls, device: str | None = None) -> Machine:
-        return cls(cuda=cuda_available(), triton=triton_installed(), device=device or "")
-
 
 def cuda_available() -> bool:
     try:

@@ -29,9 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from nsa_runner._readers import (
-    DECODE_FILE,
-    FAILED,
-    PARITY_FILES,
     ArtifactError,
     Run,
     is_reads,
@@ -42,11 +39,11 @@ from nsa_runner._readers import (
 )
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.compare import fmt
-from nsa_runner.results import counts, counts_line
+from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
 from nsa_runner.results import summary as results_summary
 
-REPORT_NAME = "report.html"
-SUMMARY_NAME = "summary.md"
+REPORT_NAME = REPORT_HTML
+SUMMARY_NAME = SUMMARY_MD
 STATUS_COLOR = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#82071e", "TIMEOUT": "#bc4c00", "SKIP": "#6e7781"}
 STATUS_WORD = {"PASS": "PASS", "FAIL": "FAIL", "ERROR": "ERROR", "TIMEOUT": "TIMEOUT", "SKIP": "SKIP — not run"}
 IMAGES = (("selection.png", "Selection picture (selection-map stage)"), ("decode.png", "decode-bench figure"))

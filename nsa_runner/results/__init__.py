@@ -1,6 +1,7 @@
-"""The results schema of a run, in one place: statuses, how stages are counted, and the run-level
-reports built from the manifest (summary.md / summary.json in ``results.summary``, junit.xml in
-``results.junit``).
+"""The results schema of a run, in one place: statuses, file names, table columns, how stages are
+counted, and the run-level reports built from the manifest (summary.md / summary.json in
+``results.summary``, junit.xml in ``results.junit``). Readers (``nsa_runner._readers``), report,
+compare, junit, the summary stage and the CLI all take them from here.
 
 Everything that counts stages — the CLI's closing line, summary.md, summary.json, junit.xml,
 report.html, ``compare`` — calls :func:`counts` here, so they cannot disagree.
@@ -11,14 +12,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-STATUSES = ("PASS", "FAIL", "SKIP", "ERROR", "TIMEOUT")
-FAILED = ("FAIL", "ERROR", "TIMEOUT")  # all three count as "failed"
+from nsa_runner.stage import Status
 
+# ---- statuses (the vocabulary of DESIGN §5: nsa_runner.stage.Status) ----------------------------
+STATUSES = tuple(s.value for s in Status)  # PASS FAIL SKIP ERROR TIMEOUT
+FAILED = tuple(s.value for s in Status if s.failed)  # all three count as "failed"
+
+# ---- run-level files written by the runner ---------------------------------------------------------
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 JUNIT_XML = "junit.xml"
 REPORT_HTML = "report.html"
 RUN_REPORTS = (SUMMARY_MD, SUMMARY_JSON, JUNIT_XML)
+
+# ---- stage tables (DESIGN §6). Report and compare find tables by what each stage DECLARED in the
+# manifest (a plugin's show up too); these names are the built-ins' and the required columns. -----
+# A case table: one row per named case (junit.xml gives each its own testcase).
+CASE_COLUMNS = ("case", "status")
+# A parity table (triton_fwd.csv, triton_bwd.csv, or any declared CSV with these columns).
+PARITY_FILES = ("triton_fwd.csv", "triton_bwd.csv")
+PARITY_REQUIRED = ("case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", "rel_err", "tol", "status")
+PARITY_NUMERIC = ("B", "T", "HQ", "G", "dk", "dv", "max_abs", "rel_err", "tol")
+# Timing tables: any declared CSV with a timing column; decode.csv needs its key columns.
+DECODE_FILE = "decode.csv"
+DECODE_REQUIRED = ("S", "B")
+TIMING_FILES = (DECODE_FILE, "fa2_bench.csv", "prefill.csv")
+KERNEL_BENCH_GLOBS = ("bench_*.csv", "kernel_bench*.csv")  # written by bench/ scripts, not declared
 
 
 def status_of(stage: Any) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
-from nsa_runner.results import FAILED, STATUSES
+from nsa_runner.results import CASE_COLUMNS, FAILED, STATUSES
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -49,7 +49,7 @@ def case_rows(folder: Path, stage: dict) -> list[tuple[str, str, str]]:
                 data = list(csv.DictReader(fh))
         except (OSError, UnicodeDecodeError, csv.Error):
             continue
-        if not data or "case" not in data[0] or "status" not in data[0]:
+        if not data or any(c not in data[0] for c in CASE_COLUMNS):
             continue
         prefix = f"{Path(name).stem}: " if len(tables) > 1 else ""
         ids = [r["case"] for r in data]
