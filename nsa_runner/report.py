@@ -436,7 +436,8 @@ def _images_html(run: Run) -> str:
     out = []
     declared = run.images()
     shown = {n for n, _ in declared}
-    images = [(n, f"{n} ({stage} stage)") for n, stage in declared]
+    titles = dict(IMAGES)  # the built-ins' figures keep their own titles
+    images = [(n, titles.get(n, f"{n} ({stage} stage)")) for n, stage in declared]
     images += [(n, t) for n, t in IMAGES if n not in shown]  # the built-ins' pictures, said absent
     for name, title in images:
         p = run.dir / name

@@ -49,7 +49,7 @@ def test_stage_is_registered_at_order_50():
     assert {o.flag for o in st.options} >= {"--S-list", "--thresholds"}
     if tomllib is not None:
         py = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-        assert py["project"]["entry-points"]["nsa_runner.stages"]["fa2-probe"] == "stages.fa2_probe:Fa2Probe"
+        assert py["project"]["entry-points"]["nsa_runner.stages"]["fa2-probe"] == "nsa_run_stages.fa2_probe:Fa2Probe"
 
 
 def _measure(tmp_path, paths):
