@@ -96,3 +96,11 @@ def test_version_flag_matches_the_package_metadata(cli):
 
     r = cli("--version")
     assert r.exit_code == 0 and r.stdout.strip() == f"nsa-run {version('nsa-run')}"
+
+
+def test_the_runner_never_imports_the_stages():
+    """The runner does not depend on a plugin (issue 17): nothing under nsa_runner/ imports stages."""
+    bad = [f"{p.relative_to(REPO)}:{i}" for p in (REPO / "nsa_runner").rglob("*.py")
+           for i, line in enumerate(p.read_text().splitlines(), 1)
+           if re.match(r"\s*(from|import)\s+(stages|nsa_run_stages)\b", line)]
+    assert not bad, bad
