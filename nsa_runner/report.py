@@ -10,9 +10,9 @@ work when it is opened inside the run folder.
 
 Files, and what is never clobbered:
 - ``report.html`` is derived from the folder and is rewritten (atomically) on every call.
-- ``summary.md`` belongs to the ``summary`` stage. ``report`` writes it only when the run has
-  none (e.g. ``--only sanity``), with the summary stage's own renderer over the manifest, so
-  the text is the one that stage would have written; an existing ``summary.md`` is left as it is.
+- ``summary.md`` is written by the CLI when a run ends (``nsa_runner.results``). ``report`` writes
+  it only when the run has none (a run folder from an older nsa-run), with the same renderer over
+  the manifest; an existing ``summary.md`` is left as it is.
 - Nothing is written when an artifact is broken (truncated, unknown schema_version, ...):
   ``ArtifactError`` is raised before the first write.
 """

@@ -1,5 +1,5 @@
 """``nsa-run report RUN``: write report.html (self-contained, plots embedded) into the run folder,
-and summary.md when the run has none (an existing summary.md, the summary stage's, is kept).
+and summary.md when the run has none (an existing summary.md, written when the run ended, is kept).
 
 RUN is a run id under ``--out`` or the path of a run folder. Exit 0 when the report was
 written (whatever the run's own result), 2 when the run or one of its files is unusable; then
@@ -41,7 +41,7 @@ def report(
     else:
         con = out_console()
         con.print(f"report: {escape(info['report'])}")
-        kept = "written (the run had none)" if info["summary_written"] else "kept (the summary stage's)"
+        kept = "written (the run had none)" if info["summary_written"] else "kept (written when the run ended)"
         con.print(f"summary.md: {escape(info['summary'])} {kept}")
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
