@@ -76,8 +76,8 @@ def cmd_sweep(args) -> int:
     import torch
 
     from nsa_core import NSAAttention, NSAConfig
-    from nsa_core.decode.kernels import FullDecode
     from nsa_core.decode.static import capture_graph
+    from nsa_runner.measure.decode_baselines import FullDecode
 
     def bench(fn):
         g = capture_graph(fn)

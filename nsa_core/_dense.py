@@ -5,7 +5,7 @@ in float64 when given float64 (the oracle) or through torch SDPA (``engine="sdpa
 branch's reference (compression/, selection/, window/ ``reference.py``) only supplies its mask.
 Queries are the last ``Tq`` positions of ``S`` keys: query i sits at position ``S - Tq + i``
 (prefill: Tq == S; decode: Tq == 1). Work is chunked over queries so paper-scale cases fit in
-memory, but there is no per-token Python loop. ``_check_qkv`` is the one q/k/v shape checker.
+memory, but there is no per-token Python loop. Shapes are checked by nsa_core._shapes.check_qkv.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from nsa_core._shapes import check_qkv
+
 # elements of one [B, HQ, chunk, S] score tensor; bounds the memory of the dense paths
 _SCORE_BUDGET = 1 << 26
 
@@ -23,31 +25,6 @@ def _positions(Tq: int, S: int, device) -> torch.Tensor:
     if Tq > S:
         raise ValueError(f"more queries ({Tq}) than keys ({S})")
     return torch.arange(S - Tq, S, device=device)
-
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str = "") -> tuple[int, int, int, int, int]:
-    """Shapes of q [B, Tq, HQ, dk], k [B, S, G, dk], v [B, S, G, dv] (HQ % G == 0, one dtype).
-
-    Returns (B, Tq, HQ, G, S); raises ValueError naming the problem (prefixed with ``what``).
-    Shared by every backend's input checks (the Triton kernel's too).
-    """
-    pre = f"{what}: " if what else ""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"{pre}q, k, v must be [B, T, heads, dim]; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
-    B, Tq, HQ, dk = q.shape
-    Bk, S, G, dk2 = k.shape
-    if Bk != B or v.shape[0] != B:
-        raise ValueError(f"{pre}batch mismatch: q {B}, k {Bk}, v {v.shape[0]}")
-    if v.shape[1] != S or v.shape[2] != G:
-        raise ValueError(f"{pre}k {tuple(k.shape)} and v {tuple(v.shape)} must agree on [B, T, G]")
-    if dk2 != dk:
-        raise ValueError(f"{pre}q head dim {dk} != k head dim {dk2}")
-    if G == 0 or HQ % G:
-        raise ValueError(f"{pre}query heads HQ={HQ} must be a multiple of KV groups G={G}")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise ValueError(f"{pre}dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    return B, Tq, HQ, G, S
 
 
 def _chunk(B: int, HQ: int, S: int, span: int | None = None) -> int:
@@ -75,7 +52,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t_pos: t
     the keys of key_range(t0, t1) -> (s0, s1) (default all keys; used to skip far keys);
     ``span`` bounds the keys one query sees (sizes the chunks when key_range is given).
     """
-    B, Tq, HQ, G, S = _check_qkv(q, k, v)
+    B, Tq, HQ, G, S = check_qkv(q, k, v)
     h = HQ // G
     dv = v.shape[-1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -122,7 +99,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t_pos: t
 
 def full_attention(q, k, v, scale=None, engine: str = "math"):
     """Full causal attention (the equivalence anchor)."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, causal=True)
     t_pos = _positions(q.shape[1], k.shape[1], q.device)
     return masked_attention(q, k, v, t_pos, lambda t, c0, c1: causal_mask(t, k.shape[1]), scale, engine)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PHIS = ("avg", "mlp")
+BRANCHES = ("cmp", "slc", "win")  # the three NSA branches, in gate order (Eq. 5); "slc" = selection
 
 
 @dataclass(frozen=True)

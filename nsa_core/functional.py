@@ -19,12 +19,12 @@ from collections.abc import Callable
 import torch
 
 from nsa_core import _dense
+from nsa_core._shapes import check_qkv
 from nsa_core.compression import reference as _cmp_ref
-from nsa_core.config import NSAConfig
+from nsa_core.config import BRANCHES, NSAConfig  # noqa: F401  (functional.BRANCHES stays public)
 from nsa_core.selection import reference as _slc_ref
 from nsa_core.window import reference as _win_ref
 
-BRANCHES = ("cmp", "slc", "win")
 BACKENDS = {
     "cmp": ("reference", "sdpa", "flash"),
     "slc": ("reference", "sdpa", "triton"),
@@ -58,16 +58,7 @@ def _resolve(backend, branch: str, device: torch.device, S: int | None = None) -
 
 
 def _check_group(q: torch.Tensor, k: torch.Tensor, what: str, v: torch.Tensor | None = None) -> None:
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"{what}: q and keys must be [B, T, heads, dim]; got {tuple(q.shape)}, {tuple(k.shape)}")
-    if q.shape[0] != k.shape[0] or q.shape[1] > k.shape[1]:
-        raise ValueError(f"{what}: q {tuple(q.shape)} and keys {tuple(k.shape)} disagree on B or T")
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(f"{what}: query heads HQ={q.shape[2]} must be a multiple of KV groups G={k.shape[2]}")
-    if q.shape[3] != k.shape[3]:
-        raise ValueError(f"{what}: q head dim {q.shape[3]} != key head dim {k.shape[3]}")
-    if v is not None and (v.dim() != 4 or v.shape[:3] != k.shape[:3]):
-        raise ValueError(f"{what}: values {tuple(v.shape)} must be [B, T, G, dv] matching keys {tuple(k.shape)}")
+    check_qkv(q, k, v, what, causal=True, same_dtype=False)
 
 
 # ---- compression -------------------------------------------------------------------------
@@ -254,7 +245,7 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
     name it with the key "score" ("auto" | "reference" | "triton"; default "auto"); any other
     string backend -> the reference scoring (see select_backend).
     """
-    for name, kk, vv in (("cmp", k_cmp, v_cmp), ("sel", k_sel, v_sel), ("win", k_win, v_win)):
+    for name, kk, vv in (("cmp", k_cmp, v_cmp), ("slc", k_sel, v_sel), ("win", k_win, v_win)):
         _check_group(q, kk, f"nsa_attention({name} branch)", vv)
     if not (v_cmp.shape[-1] == v_sel.shape[-1] == v_win.shape[-1]):
         raise ValueError(f"nsa_attention: the branches' value dims must agree (dv of cmp/sel/win = "

@@ -33,11 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsa_core.config import BRANCHES
+
 SCHEMA_VERSION = 1  # routing.json
 THRESHOLDS_SCHEMA_VERSION = 1  # the thresholds file
 OVERRIDES_SCHEMA_VERSION = 1  # the overrides file
 
-BRANCHES = ("cmp", "slc", "win")
 BACKENDS = {
     "cmp": ("reference", "sdpa", "flash"),
     "slc": ("reference", "sdpa", "triton"),

@@ -292,9 +292,9 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         fns = {
             "step": keep("step", dec.run_step),
             "attn": keep("attn", lambda: dec.attn(*proj)),
-            "cmp": keep("cmp", lambda: dec.branches(q, gates, cmp=True, sel=False, win=False)),
-            "sel": keep("sel", lambda: dec.branches(q, gates, cmp=False, sel=True, win=False)),
-            "win": keep("win", lambda: dec.branches(q, gates, cmp=False, sel=False, win=True)),
+            "cmp": keep("cmp", lambda: dec.branches(q, gates, cmp=True, slc=False, win=False)),
+            "sel": keep("sel", lambda: dec.branches(q, gates, cmp=False, slc=True, win=False)),
+            "win": keep("win", lambda: dec.branches(q, gates, cmp=False, slc=False, win=True)),
             "other": other,
         }
         # -- full-attention baseline over the same S tokens: every SDPA backend that runs ----------
@@ -317,7 +317,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
                 problems.append(f"{tag}: SDPA {name} vs float64 math: {c}")
             fns[f"full:{name}"] = full
         if device == "cuda" and _triton_ok():  # flash-decoding (split over the keys) with the decode kernels
-            from nsa_core.decode.kernels import FullDecode
+            from nsa_runner.measure.decode_baselines import FullDecode
 
             fd = FullDecode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale)
 

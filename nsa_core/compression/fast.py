@@ -21,9 +21,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from nsa_core._shapes import check_qkv
 from nsa_core.config import NSAConfig
 from nsa_core.flash import adapters as _k
-from nsa_core.flash.pick import check, pick, zeros_out
+from nsa_core.flash.pick import pick, zeros_out
 
 
 def fold_queries(q: torch.Tensor, S: int, cfg: NSAConfig, m0: int, n_rows: int) -> tuple[torch.Tensor, int]:
@@ -62,7 +63,7 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
     vc [B, Tc, G, dv]: already-compressed keys/values; token c is visible to t iff
     c*d + l - 1 <= t. -> o [B, Tq, HQ, dv]; a query that sees no token gets 0. Differentiable.
     """
-    check(q, kc, vc, "flash.compressed_attention")
+    check_qkv(q, kc, vc, "flash.compressed_attention")
     B, Tq, HQ, dk = q.shape
     G, dv = kc.shape[2], vc.shape[-1]
     if isinstance(S, bool) or not isinstance(S, int) or S < Tq:

@@ -38,7 +38,9 @@ import torch
 
 from nsa_core.config import NSAConfig
 
-BRANCHES = ("cmp", "sel", "win")
+# cache.reads keys, DESIGN §4 / docs/semantics.md: a public contract that names the selection branch
+# "sel" (everywhere else in code it is "slc", nsa_core.config.BRANCHES)
+READ_KEYS = ("cmp", "sel", "win")
 
 
 # ---- read counters ---------------------------------------------------------------------------
@@ -156,9 +158,6 @@ class NSACache:
     def num_cmp(self) -> int:
         """Compressed tokens that exist (visible to the last cached token)."""
         return self.cfg.num_cmp(self.length)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: getattr(self, k) for k in ("K_sel", "V_sel", "K_win", "V_win", "K_raw", "V_raw", "K_cmp", "V_cmp")}

@@ -33,10 +33,45 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa_core._kernel_utils import dot as _dot
+
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # a global a jit function may read must be a constexpr
 KEY_MIN = tl.constexpr(-(2**63))  # a top-n key that never wins
 NEG_INF_ORDERED = tl.constexpr(-2139095041)  # order-preserving int32 of float -inf (0xFF800000 ^ 0x7FFFFFFF)
+
+
+
+@triton.jit
+def _group_query(Q, s_qb, POS, G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                 HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """What a (batch x group)-program (grid axis 0) starts from: b, g, bg (int64), the position t,
+    head / key-dim / value-dim offsets with their masks, and the group's h query rows [HP, BK]."""
+    bg = tl.program_id(0)
+    b = bg // G
+    g = bg % G
+    oh = tl.arange(0, HP)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    mk = ok < DK
+    mv = ov < DV
+    q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
+    return b, g, bg.to(tl.int64), tl.load(POS).to(tl.int64), oh, ok, ov, mh, mk, mv, q
+
+
+@triton.jit
+def _num_cmp(pos, L: tl.constexpr, STRIDE: tl.constexpr):
+    """Compressed tokens visible at position pos: 0 if pos + 1 < l else (pos + 1 - l) // d + 1."""
+    s = pos + 1
+    return tl.where(s >= L, (s - L) // STRIDE + 1, 0)
+
+
+@triton.jit
+def _cmp_visible(POS, L: tl.constexpr, STRIDE: tl.constexpr):
+    """(position t from the device scalar, compressed tokens visible at t)."""
+    pos = tl.load(POS).to(tl.int64)
+    return pos, _num_cmp(pos, L, STRIDE)
 
 
 @triton.jit
@@ -89,22 +124,10 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
                         L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr,
                         BV: tl.constexpr, BT: tl.constexpr, CH, NCH,
                         DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
-    bg = tl.program_id(0)
     c = tl.program_id(1)
-    b = bg // G
-    g = bg % G
-    bg64 = bg.to(tl.int64)
-    pos = tl.load(POS).to(tl.int64)
-    s = pos + 1
-    nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
-    oh = tl.arange(0, HP)
-    ok = tl.arange(0, BK)
-    ov = tl.arange(0, BV)
+    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
+    nvis = _num_cmp(pos, L, STRIDE)
     ot = tl.arange(0, BT)
-    mh = oh < H
-    mk = ok < DK
-    mv = ov < DV
-    q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
     m_i = tl.full([HP], NEG, dtype=tl.float32)
     l_i = tl.zeros([HP], dtype=tl.float32)
     acc = tl.zeros([HP, BV], dtype=tl.float32)
@@ -116,10 +139,7 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
         n_off = t0 + ot
         mn = n_off < hi
         kb = tl.load(k_base + n_off[:, None] * DK + ok[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-        if IEEE:
-            sc = tl.dot(q, tl.trans(kb), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(kb))
+        sc = _dot(q, tl.trans(kb), IEEE)
         sc = tl.where(mn[None, :], sc * qk_scale, float("-inf"))
         if DO_LOGITS:
             tl.store(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + n_off[None, :], sc, mask=mh[:, None] & mn[None, :])
@@ -129,10 +149,7 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
         l_i = l_i * alpha + tl.sum(p, 1)
         if DO_O:
             vb = tl.load(v_base + n_off[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+            acc = acc * alpha[:, None] + _dot(p, vb, IEEE)
         m_i = m_new
     row = bg64 * NCH + c
     tl.store(M_P + row * HP + oh, m_i)
@@ -149,9 +166,7 @@ def _cmp_probs_kernel(POS, M_P, L_P, LOGITS, PSUM, CCAP, CH, NCH,
     bg = tl.program_id(0)
     c = tl.program_id(1)
     bg64 = bg.to(tl.int64)
-    pos = tl.load(POS).to(tl.int64)
-    s = pos + 1
-    nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
     oh = tl.arange(0, HP)
     oc = tl.arange(0, BC)
     mh = oh < H
@@ -181,9 +196,7 @@ def _select_kernel(POS, PSUM, BLK, CCAP, NB,
     """Block scores (Eq. 9: sum_{m<a} sum_{n<b} P[j*a + m - n]) and top-n (Eq. 11) -> BLK [b*g, n]."""
     bg = tl.program_id(0)
     bg64 = bg.to(tl.int64)
-    pos = tl.load(POS).to(tl.int64)
-    s = pos + 1
-    nvis = tl.where(s >= L, (s - L) // STRIDE + 1, 0)
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
     oj = tl.arange(0, BNB)
     sc = tl.zeros([BNB], dtype=tl.float32)
     for mm in tl.static_range(A):
@@ -214,20 +227,9 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
                    G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
                    LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
                    HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr):
-    bg = tl.program_id(0)
     tile = tl.program_id(1)
-    b = bg // G
-    g = bg % G
-    bg64 = bg.to(tl.int64)
-    pos = tl.load(POS).to(tl.int64)
-    oh = tl.arange(0, HP)
-    ok = tl.arange(0, BK)
-    ov = tl.arange(0, BV)
+    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
     os_ = tl.arange(0, BS)
-    mh = oh < H
-    mk = ok < DK
-    mv = ov < DV
-    q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
     if tile < NS_SEL:  # a selected block: raw tokens j*l_sel .. of it that are <= t
         j = tl.load(BLK + bg64 * NSEL + tile)
         kpos = (j * LSEL + os_).to(tl.int64)
@@ -240,18 +242,12 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
         k_base = K_WIN + bg64 * W * DK
         v_base = V_WIN + bg64 * W * DV
     kb = tl.load(k_base + kpos[:, None] * DK + ok[None, :], mask=m_s[:, None] & mk[None, :], other=0.0)
-    if IEEE:
-        sc = tl.dot(q, tl.trans(kb), input_precision="ieee")
-    else:
-        sc = tl.dot(q, tl.trans(kb))
+    sc = _dot(q, tl.trans(kb), IEEE)
     sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
     m = tl.maximum(tl.max(sc, 1), NEG)
     p = tl.exp2(sc - m[:, None])
     vb = tl.load(v_base + kpos[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
-    if IEEE:
-        acc = tl.dot(p, vb, input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(vb.dtype), vb)
+    acc = _dot(p, vb, IEEE)
     row = bg64 * NT + tile
     tl.store(M_T + row * HP + oh, m)
     tl.store(L_T + row * HP + oh, tl.sum(p, 1))
@@ -449,62 +445,11 @@ class Workspace:
             num_warps=self.CONFIG["combine"])
         return out
 
-    def branches(self, q, gates, out, cmp: bool = True, sel: bool = True, win: bool = True) -> torch.Tensor:
+    def branches(self, q, gates, out, cmp: bool = True, slc: bool = True, win: bool = True) -> torch.Tensor:
         """Gated sum of the chosen branches for the query q [B, HQ, dk] -> out [B, HQ, dv]."""
-        if cmp or sel:
-            self.cmp_partial(q, do_o=cmp, do_logits=sel)
-        if sel:
+        if cmp or slc:
+            self.cmp_partial(q, do_o=cmp, do_logits=slc)
+        if slc:
             self.select()
-        ns_sel, ns_win = self.selwin(q, sel, win)
+        ns_sel, ns_win = self.selwin(q, slc, win)
         return self.combine(gates, out, cmp, ns_sel, ns_win)
-
-
-class FullDecode:
-    """Full-attention decode baseline, flash-decoding style, with the same kernels: split-K over
-    all s = pos + 1 cached keys (_cmp_partial_kernel with l = d = 1: every token visible), then
-    the parallel merge of _combine_kernel (no gates). SDPA has no split over the keys for a single
-    decode query, so at small batch it leaves most SMs idle; this is the strong baseline there.
-
-    q [B, HQ, dk] (contiguous [HQ, dk]); K/V [B, G, cap, dk|dv] contiguous; pos 0-dim int64.
-    __call__() -> o [B, G, h, dv] in q's dtype (a view of the output buffer).
-    """
-
-    def __init__(self, q, K, V, pos, scale: float, chunk: int | None = None, warps: int = 4,
-                 max_chunks: int = 64):
-        B, HQ, dk = q.shape
-        _, G, cap, dv = V.shape
-        if q.stride(2) != 1 or q.stride(1) != dk or not K.is_contiguous() or not V.is_contiguous():
-            raise ValueError("FullDecode: q must have contiguous [HQ, dk]; K, V must be contiguous [B, G, cap, D]")
-        self.q, self.K, self.V, self.pos = q, K, V, pos
-        self.B, self.G, self.h, self.dk, self.dv, self.cap = B, G, HQ // G, dk, dv, cap
-        self.BG, self.HP, self.BK, self.BV = B * G, _p2(self.h, 16), _p2(dk, 16), _p2(dv, 16)
-        self.BVS = min(self.BV, 32)
-        self.BT, self.CH, self.NCH = chunking(cap, self.BG, self.BK, q.device, chunk, max_chunks)
-        f32 = dict(dtype=torch.float32, device=q.device)
-        self.m_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
-        self.l_p = torch.empty(self.BG, self.NCH, self.HP, **f32)
-        self.acc_p = torch.empty(self.BG, self.NCH, self.HP, self.BV, **f32)
-        self.o = torch.empty(B, HQ, dv, dtype=q.dtype, device=q.device)
-        self.dummy = torch.empty(1, **f32)
-        self.gates = torch.empty(B, HQ, 3, dtype=q.dtype, device=q.device)  # not read (GATED=False)
-        self.qk_scale = scale * LOG2E
-        self.ieee = q.dtype == torch.float32
-        self.warps = warps
-
-    def __call__(self) -> torch.Tensor:
-        _cmp_partial_kernel[(self.BG, self.NCH)](
-            self.pos, self.q, self.q.stride(0), self.K, self.V, self.dummy, self.m_p, self.l_p, self.acc_p, self.cap,
-            self.qk_scale, G=self.G, H=self.h, DK=self.dk, DV=self.dv, L=1, STRIDE=1, HP=self.HP, BK=self.BK,
-            BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=True, DO_LOGITS=False, IEEE=self.ieee,
-            num_warps=self.warps)
-        _combine_kernel[(self.BG, self.BV // self.BVS)](
-            self.m_p, self.l_p, self.acc_p, self.dummy, self.dummy, self.dummy, self.gates, 0, self.o, self.NCH, 1,
-            G=self.G, H=self.h, DV=self.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=0,
-            NS_WIN=0, BSEL=1, BWIN=1, DO_CMP=True, GATED=False, num_warps=4)
-        return self.o.view(self.B, self.G, self.h, self.dv)
-
-
-def describe(ws: Workspace) -> dict:
-    """Launch geometry, for the benchmark notes."""
-    return {"chunk": ws.CH, "chunks": ws.NCH, "HP": ws.HP, "BK": ws.BK, "BV": ws.BV, "BT": ws.BT, "BS": ws.BS,
-            "win_tiles": ws.NS_WIN, "launches_per_attn_step": 6}

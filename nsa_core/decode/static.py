@@ -56,7 +56,7 @@ class StaticDecoder:
     Buffers: ``x`` [B, 1, dim] input, ``pos`` 0-dim int64 (position of the token being
     decoded), ``y`` [B, 1, dim] output, ``blk`` [B, G, n] int64 block ids of the last step
     (-1 = unused slot). Pieces (each usable alone, e.g. to time a branch in isolation):
-    ``project``, ``append``, ``cmp``, ``select``, ``sel``, ``win``, ``combine``, ``attn``,
+    ``project``, ``append``, ``cmp``, ``select``, ``slc``, ``win``, ``combine``, ``attn``,
     ``run_step``. ``step(x)`` is the eager convenience: copy in, run (or replay the captured
     graph), advance ``cache.length``, set ``cache.reads``.
 
@@ -227,8 +227,8 @@ class StaticDecoder:
         return self.blk
 
     @torch.no_grad()
-    def sel(self, q: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
-        """Selected branch over the blocks blk [B, G, n] -> o_sel [B, G, h, dv] (acc dtype)."""
+    def slc(self, q: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
+        """Selected branch over the blocks blk [B, G, n] -> o_slc [B, G, h, dv] (acc dtype)."""
         c, cfg = self.cache, self.cfg
         B, G, ls = self.B, self.G, cfg.l_sel
         n = blk.shape[-1]
@@ -247,11 +247,11 @@ class StaticDecoder:
         o, _ = self._attend(q.view(self.B, self.G, self.h, self.dk), c.K_win, c.V_win, self.ar_w <= self.pos)
         return o
 
-    def combine(self, o_cmp, o_sel, o_win, gates) -> torch.Tensor:
+    def combine(self, o_cmp, o_slc, o_win, gates) -> torch.Tensor:
         """Eq. 5: gated sum (None = branch left out) -> o [B, HQ, dv] in the cache dtype."""
         g = gates.view(self.B, self.G, self.h, 3).to(self.acc)
         o = None
-        for i, ob in enumerate((o_cmp, o_sel, o_win)):
+        for i, ob in enumerate((o_cmp, o_slc, o_win)):
             if ob is not None:
                 term = g[..., i:i + 1] * ob
                 o = term if o is None else o + term
@@ -260,22 +260,22 @@ class StaticDecoder:
         return o.to(self.dtype).view(self.B, self.HQ, self.dv)
 
     @torch.no_grad()
-    def branches(self, q, gates, *, cmp: bool = True, sel: bool = True, win: bool = True) -> torch.Tensor:
+    def branches(self, q, gates, *, cmp: bool = True, slc: bool = True, win: bool = True) -> torch.Tensor:
         """Gated sum of the chosen branches (all three: Eq. 5) for q [B, HQ, dk] -> o [B, HQ, dv].
 
         With one branch only, this is that branch alone (selection includes its scores and top-n),
         which is how the benchmark times branches in isolation.
         """
         if self._tri is not None:
-            return self._tri.branches(q, gates, self.o, cmp=cmp, sel=sel, win=win)
-        o_cmp = o_sel = o_win = p = None
+            return self._tri.branches(q, gates, self.o, cmp=cmp, slc=slc, win=win)
+        o_cmp = o_slc = o_win = p = None
         if cmp:
             o_cmp, p = self.cmp(q, with_probs=True)
-        if sel:
-            o_sel = self.sel(q, self.select(q, p))
+        if slc:
+            o_slc = self.slc(q, self.select(q, p))
         if win:
             o_win = self.win(q)
-        return self.combine(o_cmp, o_sel, o_win, gates)
+        return self.combine(o_cmp, o_slc, o_win, gates)
 
     @torch.no_grad()
     def attn(self, q, kc, vc, ks, vs, kw, vw, gates) -> torch.Tensor:

@@ -49,27 +49,6 @@ def pick(path: str | None, branch: str, q, k, v) -> str:
                            + ". Use backend='sdpa'.")
 
 
-def choose_path(branch: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-    """The path ``path=None`` would use for these tensors (FlashUnavailable if none)."""
-    return pick(None, branch, q, k, v)
-
-
-def check(q, k, v, what):
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"{what}: q, k, v must be [B, T, heads, dim]; got "
-                         f"q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
-    B, Tq, HQ, dk = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"{what}: batch / length / groups disagree: q{tuple(q.shape)} k{tuple(k.shape)} "
-                         f"v{tuple(v.shape)}")
-    if k.shape[3] != dk:
-        raise ValueError(f"{what}: q head dim {dk} != k head dim {k.shape[3]}")
-    if k.shape[2] == 0 or HQ % k.shape[2]:
-        raise ValueError(f"{what}: query heads HQ={HQ} must be a multiple of KV groups G={k.shape[2]}")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise ValueError(f"{what}: dtype mismatch q {q.dtype}, k {k.dtype}, v {v.dtype}")
-
-
 def zeros_out(q, k, v, dv) -> torch.Tensor:
     """o = 0 [B, Tq, HQ, dv], still connected to autograd (gradients 0), as the reference."""
     z = q.new_zeros(*q.shape[:3], dv)

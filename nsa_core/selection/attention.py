@@ -29,7 +29,9 @@ import math
 
 import torch
 
-from nsa_core._dense import _check_qkv
+from nsa_core._kernel_utils import interpreting as _interpreting
+from nsa_core._kernel_utils import np2 as _np2
+from nsa_core._shapes import check_qkv
 
 try:  # optional dependency: the module imports without triton, the functions then raise
     import triton
@@ -65,16 +67,6 @@ def available() -> bool:
     return triton is not None
 
 
-def _np2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 # ---- input checks ---------------------------------------------------------------------------
 
 def _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices: bool = True):
@@ -85,7 +77,7 @@ def _check_inputs(q, k, v, block_idx, block_count, block_size, validate_indices:
             raise ValueError(f"selection_attention: {name} must be a torch.Tensor, got {type(x).__name__}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"selection_attention: dtype mix q {q.dtype}, k {k.dtype}, v {v.dtype}; use one dtype")
-    B, Tq, HQ, G, S = _check_qkv(q, k, v, "selection_attention")
+    B, Tq, HQ, G, S = check_qkv(q, k, v, "selection_attention")
     dk = q.shape[3]
     if Tq > S:
         raise ValueError(f"selection_attention: more queries ({Tq}) than keys ({S})")
@@ -192,29 +184,23 @@ def selection_attention_fwd(q, k, v, block_idx, block_count, block_size, scale=N
     o = _new(geo["B"], geo["Tq"], geo["HQ"], geo["dv"], dtype=q.dtype, device=q.device)
     lse = _new(geo["B"], geo["Tq"], geo["HQ"], dtype=torch.float32, device=q.device)
     qt = int(cfg.get("qt", 1))
+    meta = dict(G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
+                HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
+                NP=_np2(geo["n"]), num_warps=_warps(cfg, geo), num_stages=cfg["num_stages"])
     if qt > 1:
         if qt not in (2, 4):
             raise ValueError(f"selection_attention_fwd: config qt must be 1, 2 or 4, got {qt}")
-        LAST_COMPILED["fwd"] = _k._fwd_qt_kernel[(triton.cdiv(geo["Tq"], qt), geo["B"] * geo["G"])](
-            q, k, v, o, lse, block_idx, block_count,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
-            G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
-            HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
-            NP=_np2(geo["n"]), QT=qt, num_warps=_warps(cfg, geo), num_stages=cfg["num_stages"],
-        )
-        return o, lse
-    grid = (geo["Tq"], geo["B"] * geo["G"])
-    LAST_COMPILED["fwd"] = _k._fwd_kernel[grid](
-        q, k, v, o, lse, block_idx, block_count,
+        # the shared multi-token kernel in forward mode: DO, DELTA, DQ and their strides are not read
+        kernel, grid = _k._qt_kernel, (triton.cdiv(geo["Tq"], qt), geo["B"] * geo["G"])
+        bufs, strides, tail, meta = (o, lse, o, lse, o), (0, 0, 0), (1.0,), {**meta, "QT": qt, "BWD": False}
+    else:
+        kernel, grid = _k._fwd_kernel, (geo["Tq"], geo["B"] * geo["G"])
+        bufs, strides, tail, meta = (o, lse), (), (), {**meta, "PRELOAD": bool(cfg["preload"])}
+    LAST_COMPILED["fwd"] = kernel[grid](
+        q, k, v, *bufs, block_idx, block_count,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E,
-        G=geo["G"], H=geo["h"], N=geo["n"], BLOCK_SIZE=block_size, DK=geo["dk"], DV=geo["dv"],
-        HP=geo["HP"], BK=geo["BK"], BV=geo["BV"], BS=geo["BS"], IEEE=q.dtype == torch.float32,
-        PRELOAD=bool(cfg["preload"]), NP=_np2(geo["n"]), num_warps=_warps(cfg, geo), num_stages=cfg["num_stages"],
-    )
+        v.stride(0), v.stride(1), v.stride(2), *strides,
+        geo["Tq"], geo["S"], geo["S"] - geo["Tq"], scale * _k.LOG2E, *tail, **meta)
     return o, lse
 
 
@@ -291,18 +277,20 @@ def _launch_dq(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=None):
     B, Tq, HQ, S = geo["B"], geo["Tq"], geo["HQ"], geo["S"]
     dq = _new(B, Tq, HQ, geo["dk"], dtype=q.dtype, device=q.device)
     qt = int(c.get("qt", 1))
+    meta = dict(N=geo["n"], HP=geo["HP"], **geo["common"], NP=_np2(geo["n"]), num_warps=_warps(c, geo),
+                num_stages=c["num_stages"])
     if qt > 1:
         if qt not in (2, 4):
             raise ValueError(f"selection_attention_bwd: config qt must be 1, 2 or 4, got {qt}")
-        LAST_COMPILED["dq"] = _k._bwd_dq_qt_kernel[(triton.cdiv(Tq, qt), B * geo["G"])](
-            q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
-            Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
-            NP=_np2(geo["n"]), QT=qt, num_warps=_warps(c, geo), num_stages=c["num_stages"])
-        return dq
-    LAST_COMPILED["dq"] = _k._bwd_dq_kernel[(Tq, B * geo["G"])](
-        q, k, v, do, lse, delta, dq, block_idx, block_count, *geo["strides"],
-        Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
-        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=_warps(c, geo), num_stages=c["num_stages"])
+        # the shared multi-token kernel in dq mode: O (here dq) is not written
+        kernel, grid, bufs = _k._qt_kernel, (triton.cdiv(Tq, qt), B * geo["G"]), (dq, lse, do, delta, dq)
+        meta.update(QT=qt, BWD=True)
+    else:  # DK32 / DV32 (here dq): unused without ATOMIC_DKV
+        kernel, grid, bufs = _k._bwd_dq_kernel, (Tq, B * geo["G"]), (do, lse, delta, dq, dq, dq)
+        meta.update(PRELOAD=bool(c["preload"]), ATOMIC_DKV=False)
+    LAST_COMPILED["dq"] = kernel[grid](
+        q, k, v, *bufs, block_idx, block_count, *geo["strides"],
+        Tq, S, S - Tq, geo["qk_scale"], geo["scale"], **meta)
     return dq
 
 
@@ -312,10 +300,11 @@ def _launch_atomic(q, k, v, do, lse, delta, block_idx, block_count, geo, cfg=Non
     dq = _new(B, Tq, HQ, geo["dk"], dtype=q.dtype, device=q.device)
     dk32 = torch.zeros(B, S, G, geo["dk"], dtype=torch.float32, device=q.device)
     dv32 = torch.zeros(B, S, G, geo["dv"], dtype=torch.float32, device=q.device)
-    _k._bwd_atomic_kernel[(Tq, B * G)](
+    _k._bwd_dq_kernel[(Tq, B * G)](
         q, k, v, do, lse, delta, dq, dk32, dv32, block_idx, block_count, *geo["strides"],
         Tq, S, S - Tq, geo["qk_scale"], geo["scale"], N=geo["n"], HP=geo["HP"], **geo["common"],
-        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), num_warps=_warps(c, geo), num_stages=c["num_stages"])
+        PRELOAD=bool(c["preload"]), NP=_np2(geo["n"]), ATOMIC_DKV=True, num_warps=_warps(c, geo),
+        num_stages=c["num_stages"])
     return dq, dk32.to(k.dtype), dv32.to(v.dtype)
 
 

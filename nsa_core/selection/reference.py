@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from nsa_core._dense import _check_qkv, _positions, masked_attention
+from nsa_core._dense import _positions, masked_attention
+from nsa_core._shapes import check_qkv
 from nsa_core.config import NSAConfig
 
 
@@ -91,7 +92,7 @@ def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
     q [B, Tq, HQ, dk]; k [B, S, G, dk]; v [B, S, G, dv]; block_idx [B, Tq, G, n] int
     (ascending ids, -1 padded); block_count [B, Tq, G]. -> o [B, Tq, HQ, dv].
     """
-    B, Tq, HQ, G, S = _check_qkv(q, k, v)
+    B, Tq, HQ, G, S = check_qkv(q, k, v, causal=True)
     if block_idx.shape[:3] != (B, Tq, G) or block_count.shape != (B, Tq, G):
         raise ValueError(
             f"block_idx {tuple(block_idx.shape)} / block_count {tuple(block_count.shape)} must be "

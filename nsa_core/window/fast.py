@@ -13,8 +13,9 @@ import math
 
 import torch
 
+from nsa_core._shapes import check_qkv
 from nsa_core.flash import adapters as _k
-from nsa_core.flash.pick import check, pick, zeros_out
+from nsa_core.flash.pick import pick, zeros_out
 
 
 def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int, scale: float | None = None,
@@ -25,7 +26,7 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
     Raises FlashUnavailable when no flash path can run it (e.g. on CPU), PathUnavailable
     when the pinned ``path`` cannot.
     """
-    check(q, k, v, "flash.sliding_attention")
+    check_qkv(q, k, v, "flash.sliding_attention")
     if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
         raise ValueError(f"flash.sliding_attention: window w must be a positive int, got {w!r}")
     if q.shape[1] > k.shape[1]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from nsa_core._dense import _check_qkv, _positions, masked_attention
+from nsa_core._dense import _positions, masked_attention
+from nsa_core._shapes import check_qkv
 
 
 def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
@@ -22,6 +23,6 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
         s = torch.arange(s0, s1, device=t.device)
         return (s[None, :] <= t[:, None]) & (s[None, :] > t[:, None] - w)
 
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, causal=True)
     t_pos = _positions(q.shape[1], k.shape[1], q.device)
     return masked_attention(q, k, v, t_pos, mask_fn, scale, engine, key_range=key_range, span=w)

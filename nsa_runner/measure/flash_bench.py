@@ -3,8 +3,8 @@
 ``parity(...)``: each flash path, both branches, forward and backward (dq, dk, dv) against the
 float64 reference on fresh random inputs, one row per (case, branch, path), compared with
 ``nsa_core.testing.compare``. ``bench(...)``: each path that passed parity against the SDPA
-backend (``backend="sdpa"``) over a list of S, forward and forward+backward, median of
-``triton.testing.do_bench`` (CUDA events when Triton is missing). ``thresholds(...)``: the
+backend (``backend="sdpa"``) over a list of S, forward and forward+backward, median / p20 / p80 of the
+shared timer (``nsa_runner.measure.timing.bench``). ``thresholds(...)``: the
 smallest S from which a path stays >= 1.2x faster than SDPA (or None: never in the range).
 """
 
@@ -23,6 +23,7 @@ from nsa_core.flash.adapters import PathUnavailable
 from nsa_core.testing import DTYPE_NAMES, case_id, compare
 from nsa_core.window import fast as win_fast
 from nsa_core.window import reference as win_ref
+from nsa_runner.measure import timing
 
 SPEEDUP = 1.2
 
@@ -129,29 +130,12 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
 
 
 def _timer(device: str):
-    try:
-        from triton.testing import do_bench
+    """The shared timer (nsa_runner.measure.timing.bench) as fn -> [median, p20, p80] ms."""
+    def timer(fn):
+        t = timing.bench(fn, device=device, rep_ms=60.0)
+        return [t.ms, t.p20, t.p80]
 
-        return lambda fn: do_bench(fn, warmup=10, rep=60, quantiles=[0.5, 0.2, 0.8]), "triton.testing.do_bench"
-    except ImportError:
-        pass
-
-    def events(fn, n=20):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(n):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b))
-        ts.sort()
-        return [ts[len(ts) // 2], ts[len(ts) // 5], ts[(4 * len(ts)) // 5]]
-
-    return events, "cuda events"
+    return timer, "nsa_runner.measure.timing.bench"
 
 
 def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cfg: NSAConfig, *,

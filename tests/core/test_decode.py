@@ -144,11 +144,11 @@ def test_static_branches_alone_match_eager(impl):
     q, gates = proj[0], proj[7]
     p = m.project(x[:, 49:50], 49)
     ref_cache.append_(p.k_cmp[:, 0], p.v_cmp[:, 0], p.k_sel[:, 0], p.v_sel[:, 0], p.k_win[:, 0], p.v_win[:, 0])
-    for i, name in enumerate(("cmp", "sel", "win")):
+    for i, name in enumerate(("cmp", "slc", "win")):
         onehot = torch.zeros_like(p.gates)
         onehot[..., i] = 1.0
         ref, _, _ = _decode.attend(p.q, onehot, ref_cache, 49, m.cfg)
-        flags = {"cmp": False, "sel": False, "win": False, name: True}
+        flags = {"cmp": False, "slc": False, "win": False, name: True}
         o = dec.branches(q, gates, **flags)  # real gates: compare gate-scaled
         ref_scaled = (ref * p.gates[..., i:i + 1]).reshape(o.shape)
         _check(o, ref_scaled, dt, what=f"{impl} branch {name} alone")
@@ -198,7 +198,7 @@ def test_triton_decoder_matches_prefill():
 def test_triton_full_decode_baseline():
     """The flash-decoding full-attention baseline of decode-bench: all s = pos + 1 keys, split-K merged."""
     pytest.importorskip("triton", reason="triton not installed")
-    from nsa_core.decode.kernels import FullDecode
+    from nsa_runner.measure.decode_baselines import FullDecode
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(4)

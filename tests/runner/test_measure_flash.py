@@ -1,0 +1,51 @@
+"""nsa_runner.measure: the flash probe and the flash bench's parity and threshold logic, on CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from nsa_core import NSAConfig
+from nsa_runner.measure import flash_bench as _flash_bench
+from nsa_runner.measure import flash_probe as _flash_probe
+
+
+def test_probe_on_cpu_lists_every_family_and_never_claims_it_works():
+    rows = _flash_probe.probe("cpu")
+    names = [r["name"] for r in rows]
+    assert names[:3] == ["flash_attn (FA-2)", "flash_attn_interface (FA-3)", "flash_attn.cute (FA-4)"]
+    assert {"torch varlen_attn", "SDPA flash", "SDPA cudnn", "SDPA efficient"} <= set(names)
+    assert all(r["works"] is None for r in rows)
+    fa2 = rows[0]
+    if not fa2["present"]:
+        assert "not installed" in fa2["reason"] and "pip install flash-attn" in fa2["reason"]
+
+
+def _row(branch, path, S, f, fb):
+    return {"branch": branch, "kind": "flash", "path": path, "S": S, "speedup_fwd": f, "speedup_fwdbwd": fb}
+
+
+def test_threshold_is_the_smallest_length_from_which_the_path_stays_faster():
+    rows = [_row("win", "varlen", 1024, 2.0, 1.3),   # wins here ...
+            _row("win", "varlen", 2048, 1.5, 1.1),   # ... but not here (fwd+bwd)
+            _row("win", "varlen", 4096, 3.0, 2.0), _row("win", "varlen", 8192, 9.0, 5.0),
+            _row("cmp", "varlen", 1024, 0.7, 0.9), _row("cmp", "varlen", 4096, 1.1, 1.3),
+            _row("cmp", "sdpa-flash", 1024, 1.3, 1.25), _row("cmp", "sdpa-flash", 4096, 2.0, 2.0),
+            {"branch": "cmp", "kind": "baseline", "path": "sdpa", "S": 1024, "speedup_fwd": 1.0, "speedup_fwdbwd": 1.0},
+            {"branch": "cmp", "kind": "scores", "path": "block_scores (recompute p_cmp)", "S": 1024}]
+    t = _flash_bench.thresholds(rows)
+    assert t["win"]["varlen"] == {"min_len": 4096, "max_measured": 8192, "speedup_at_max": 5.0}
+    assert t["cmp"]["varlen"]["min_len"] is None  # never (fwd 1.1 < 1.2 at the longest S)
+    assert t["cmp"]["sdpa-flash"]["min_len"] == 1024
+    assert set(t["cmp"]) == {"varlen", "sdpa-flash"}
+    assert _flash_bench.thresholds([_row("win", "varlen", 1024, float("nan"), 2.0)])["win"]["varlen"]["min_len"] is None
+
+
+def test_parity_helper_runs_the_math_twin_and_reports_each_gradient():
+    cases = [_flash_bench.Case(1, 40, 4, 2, 8), _flash_bench.Case(2, 50, 4, 1, 8, Tq=3)]
+    rows = _flash_bench.parity("cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math", "varlen"]}, [torch.float32], cases,
+                               NSAConfig(w=16))
+    done = [r for r in rows if r["status"] != "N/A"]
+    assert len(done) == 4 and all(r["status"] == "PASS" for r in done)
+    assert all(r["rel_dq"] <= 1e-5 and r["rel_dk"] <= 1e-5 and r["rel_dv"] <= 1e-5 for r in done)
+    na = [r for r in rows if r["status"] == "N/A"]
+    assert len(na) == 2 and all("CUDA" in r["note"] for r in na)
