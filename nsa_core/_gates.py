@@ -40,17 +40,22 @@ if triton is not None:
         return (bt // T) * sb + (bt % T) * st + h * sh
 
     @triton.jit
-    def _fwd_kernel(G, OC, OS, OW, O, n_rows, T, HQ,
-                    sgb, sgt, sgh, scb, sct, sch, ssb, sst, ssh, swb, swt, swh,
-                    DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
+    def _rows_and_gates(G, n_rows, T, HQ, sgb, sgt, sgh, DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
+        """This program's BR rows (b*T + t)*HQ + head, their masks, and the three gates (fp32) of each row."""
         r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
         m_r = r < n_rows
         v = tl.arange(0, BV)
-        m = m_r[:, None] & (v < DV)[None, :]
         pg = G + _row_ptrs(r, T, HQ, sgb, sgt, sgh)
         g0 = tl.load(pg, mask=m_r, other=0.0).to(tl.float32)
         g1 = tl.load(pg + 1, mask=m_r, other=0.0).to(tl.float32)
         g2 = tl.load(pg + 2, mask=m_r, other=0.0).to(tl.float32)
+        return r, m_r, v, m_r[:, None] & (v < DV)[None, :], g0, g1, g2
+
+    @triton.jit
+    def _fwd_kernel(G, OC, OS, OW, O, n_rows, T, HQ,
+                    sgb, sgt, sgh, scb, sct, sch, ssb, sst, ssh, swb, swt, swh,
+                    DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
+        r, m_r, v, m, g0, g1, g2 = _rows_and_gates(G, n_rows, T, HQ, sgb, sgt, sgh, DV, BV, BR)
         oc = tl.load(OC + _row_ptrs(r, T, HQ, scb, sct, sch)[:, None] + v[None, :], mask=m, other=0.0)
         os_ = tl.load(OS + _row_ptrs(r, T, HQ, ssb, sst, ssh)[:, None] + v[None, :], mask=m, other=0.0)
         ow = tl.load(OW + _row_ptrs(r, T, HQ, swb, swt, swh)[:, None] + v[None, :], mask=m, other=0.0)
@@ -61,14 +66,7 @@ if triton is not None:
     def _bwd_kernel(G, OC, OS, OW, DO, DG, DOC, DOS, DOW, n_rows, T, HQ,
                     sgb, sgt, sgh, scb, sct, sch, ssb, sst, ssh, swb, swt, swh, sdb, sdt, sdh,
                     DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
-        r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-        m_r = r < n_rows
-        v = tl.arange(0, BV)
-        m = m_r[:, None] & (v < DV)[None, :]
-        pg = G + _row_ptrs(r, T, HQ, sgb, sgt, sgh)
-        g0 = tl.load(pg, mask=m_r, other=0.0).to(tl.float32)
-        g1 = tl.load(pg + 1, mask=m_r, other=0.0).to(tl.float32)
-        g2 = tl.load(pg + 2, mask=m_r, other=0.0).to(tl.float32)
+        r, m_r, v, m, g0, g1, g2 = _rows_and_gates(G, n_rows, T, HQ, sgb, sgt, sgh, DV, BV, BR)
         do = tl.load(DO + _row_ptrs(r, T, HQ, sdb, sdt, sdh)[:, None] + v[None, :], mask=m, other=0.0).to(tl.float32)
         oc = tl.load(OC + _row_ptrs(r, T, HQ, scb, sct, sch)[:, None] + v[None, :], mask=m, other=0.0).to(tl.float32)
         os_ = tl.load(OS + _row_ptrs(r, T, HQ, ssb, sst, ssh)[:, None] + v[None, :], mask=m, other=0.0).to(tl.float32)
