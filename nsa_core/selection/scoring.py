@@ -38,10 +38,10 @@ The design and the numbers behind it: docs/benchmarks.md, "Fused selection scori
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
+from nsa_core._kernel_utils import interpreting, np2
 from nsa_core.config import NSAConfig
 
 try:  # optional dependency: the module imports without triton, the functions then raise
@@ -71,14 +71,6 @@ MAX_NB = 1 << 14  # selection blocks per row the one-program top-n handles (T <=
 def available() -> bool:
     """True when triton imports (on CPU the kernels run only with TRITON_INTERPRET=1)."""
     return triton is not None
-
-
-def _np2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # ---- 1. kernels ---------------------------------------------------------------------------
@@ -232,25 +224,25 @@ def _geometry(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, config:
     B, Tq, HQ, dk = q.shape
     G = kc.shape[2]
     h = HQ // G
-    HP = _np2(h)
+    HP = np2(h)
     A, BB = cfg.l_sel // cfg.d, cfg.l // cfg.d
-    BT = max(1, _np2(max(16, int(config["BM"])) // HP))  # tokens per program; BM = BT*HP >= 16 rows
-    BC = max(int(config["BC"]), _np2(A + BB - 1), 16)
+    BT = max(1, np2(max(16, int(config["BM"])) // HP))  # tokens per program; BM = BT*HP >= 16 rows
+    BC = max(int(config["BC"]), np2(A + BB - 1), 16)
     NBT = (BC - (BB - 1)) // A  # blocks owned per pass-2 step (>= 1 by the choice of BC)
     return dict(B=B, Tq=Tq, HQ=HQ, dk=dk, G=G, h=h, HP=HP, BT=BT, BC=BC, NBT=NBT,
-                NBTP=max(16, _np2(NBT)), BK=max(16, _np2(dk)), A=A, BB=BB,
+                NBTP=max(16, np2(NBT)), BK=max(16, np2(dk)), A=A, BB=BB,
                 NB=cfg.num_sel_blocks(S), Tc=min(kc.shape[1], cfg.num_cmp(S)), S=S)
 
 
 def _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, Tc, NB, cfg, c_t, mask_unseen):
-    NBP = max(16, _np2(NB))
+    NBP = max(16, np2(NB))
     # rows per program: about rows_elems keys in all (one row per program at long S)
     re = int(c_t["rows_elems"])
     RB = min(64, 1 << max(0, (re // NBP).bit_length() - 1)) if re >= NBP else 1
     n_rows = B * tch * G
     _topn_kernel[(triton.cdiv(n_rows, RB),)](
         sc, block_idx, block_count, Tq, t0, S - Tq, Tc, NB, tch, n_rows,
-        G=G, N=cfg.n_sel, NP=_np2(cfg.n_sel), NBP=NBP, RB=RB, L=cfg.l, D=cfg.d, LSEL=cfg.l_sel,
+        G=G, N=cfg.n_sel, NP=np2(cfg.n_sel), NBP=NBP, RB=RB, L=cfg.l, D=cfg.d, LSEL=cfg.l_sel,
         A=cfg.l_sel // cfg.d, BB=cfg.l // cfg.d, MASK_UNSEEN=mask_unseen,
         num_warps=c_t["num_warps"] if NBP <= 4096 else max(4, c_t["num_warps"]))
 
@@ -338,7 +330,7 @@ def _check(q, kc, S, cfg, scale):
         raise ValueError(f"fused_select_blocks: q {q.dtype} / kc {kc.dtype}: one of float32, float16, bfloat16")
     if q.device != kc.device:
         raise ValueError(f"fused_select_blocks: q on {q.device}, kc on {kc.device}; use one device")
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"fused_select_blocks: tensors on {q.device} need a CUDA device, or TRITON_INTERPRET=1 "
                          "set before triton is imported (CPU interpreter)")
     if q.stride(-1) != 1 or kc.stride(-1) != 1:
