@@ -98,3 +98,14 @@ def test_the_planted_kernels_are_right_where_they_claim(tmp_path, monkeypatch, n
     # fp32 cases are judged at the IEEE fp32 tolerance, not the looser tf32 one (DESIGN §7)
     fp32 = df[df.dtype == "fp32"]
     assert len(fp32) and (fp32.tol == tolerance(torch.float32)).all()
+
+
+@pytest.mark.parametrize("which", GRADS)
+def test_a_non_finite_gradient_is_named_as_the_worst(which, tmp_path, monkeypatch, needs_triton):
+    """NaN in one gradient: FAIL, and the row names that gradient (not the worst finite one)."""
+    monkeypatch.setattr(_parity, "KERNEL", _wrong_in(which, factor=float("nan")))
+    res = TritonBwd().run(_ctx(tmp_path, cases="B2-T70"))
+    assert res.status == Status.FAIL, res.reason
+    df = pd.read_csv(tmp_path / "triton_bwd.csv")
+    assert df.status.tolist() == ["FAIL"] and df.worst.tolist() == [which]
+    assert df[f"rel_{which}"].isna().all()
