@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 
 from nsa_runner.stage import Option, Stage, StageResult, Status
+
 from . import _seed
 
 KERNEL = None  # test hook (see module docstring)

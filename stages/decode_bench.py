@@ -46,6 +46,7 @@ import traceback
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+
 from . import _seed as seeds
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nsa_runner.artifacts import write_csv, write_json, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+
 from . import _seed as seeds
 
 SCHEMA_VERSION = 1

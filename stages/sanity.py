@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from nsa_runner.artifacts import now_iso, write_json, write_text
 from nsa_runner.stage import Stage, StageResult, Status
+
 from . import _seed
 
 

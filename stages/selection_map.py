@@ -28,6 +28,7 @@ import traceback
 
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status
+
 from . import _seed as seeds
 
 SCHEMA_VERSION = 1
