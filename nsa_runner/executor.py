@@ -241,6 +241,9 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             rec.log_tail = tail(log_path)
             rec.finished = now_iso()
             raise _Interrupted(rec) from None
+        except BaseException:  # anything else escaping the wait (e.g. a test timeout): no orphaned stage
+            _kill_group(proc)
+            raise
         _reap_group(proc.pid)
         rec.duration_s = time.monotonic() - t0
         rec.finished = now_iso()
