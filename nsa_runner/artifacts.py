@@ -217,6 +217,59 @@ def load_manifest(path: str | os.PathLike) -> dict:
     return data
 
 
+# names the runner owns in a run folder: shared by every stage, so never a stage's own file
+RUNNER_OWNED = (MANIFEST_NAME, "logs", "history")
+
+
+def declared_file_problem(run_dir: str | os.PathLike, rel: Any) -> tuple[str, str] | None:
+    """``(kind, why)`` when ``rel`` cannot be a file a stage declares in ``run_dir``, else None.
+
+    A declared name is relative, never climbs (``..``), resolves (symlinks included) strictly
+    inside the run folder (else kind ``"outside"``), and is not one of the runner's shared names
+    (``manifest.json``, ``logs``, ``history`` or anything under them; kind ``"shared"``): a rerun
+    moves a stage's declared files to history, so anything else would let one stage take what is
+    not its own.
+    """
+    if not isinstance(rel, str) or not rel.strip() or "\0" in rel:
+        return "outside", f"{rel!r} is not a relative file name"
+    pure = Path(rel)
+    if pure.is_absolute():
+        return "outside", f"{rel} is an absolute path"
+    if ".." in pure.parts:
+        return "outside", f"{rel} climbs out with '..'"
+    if not pure.parts:
+        return "shared", f"{rel} is the run folder itself"
+    if pure.parts[0] in RUNNER_OWNED:
+        return "shared", f"{rel} is the run folder's shared {pure.parts[0]}"
+    root = Path(run_dir).resolve()
+    try:
+        resolved = (root / pure).resolve()
+    except (OSError, RuntimeError) as e:  # e.g. a symlink loop
+        return "outside", f"{rel} cannot be resolved ({e})"
+    if root not in resolved.parents:
+        return "outside", f"{rel} resolves outside the run folder (to {resolved})"
+    inner = resolved.relative_to(root).parts[0]
+    if inner in RUNNER_OWNED:
+        return "shared", f"{rel} points into the run folder's shared {inner}"
+    return None
+
+
+def stage_owns(run_dir: str | os.PathLike, name: str, rel: Any, *, log: bool = False) -> bool:
+    """Whether a rerun may move ``rel`` (a file or the log of stage ``name``, as a manifest lists
+    it) into history: only what ``declared_file_problem`` accepts, or the stage's own log
+    ``logs/<name>.log`` resolving inside the run folder. A manifest may be hand-edited or older
+    than these checks, so its names are checked again right before anything moves."""
+    if not log:
+        return declared_file_problem(run_dir, rel) is None
+    if rel != f"logs/{name}.log" or ".." in Path(rel).parts:
+        return False
+    root = Path(run_dir).resolve()
+    try:
+        return (root / "logs") in (root / rel).resolve().parents
+    except (OSError, RuntimeError):
+        return False
+
+
 _SUFFIX = re.compile(r"^(?P<base>.+?)(?:\.(?P<n>\d+))?$")
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import nsa_runner
-from nsa_runner.artifacts import now_iso
+from nsa_runner.artifacts import declared_file_problem, now_iso
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import RunManifest
 from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet
@@ -173,15 +173,24 @@ def _describe_exit(rc: int) -> str:
     return f"process exited with code {rc} without a result"
 
 
-def _check_files(run_dir: Path, result: StageResult) -> list[str]:
-    """Declared files that are absent or outside the run folder."""
-    bad = []
-    root = run_dir.resolve()
+def _check_files(run_dir: Path, result: StageResult) -> tuple[list[str], list[str]]:
+    """Declared files that are (missing or outside the run folder, shared names of the run folder).
+
+    A declared file must stay inside the run folder (no ``..``, no absolute path, no symlink
+    out) and not be a shared name such as ``logs`` (``artifacts.declared_file_problem``): a
+    rerun moves a stage's declared files into history.
+    """
+    outside, shared = [], []
     for rel in result.files:
-        p = (run_dir / rel).resolve()
-        if root not in p.parents or not p.exists():
-            bad.append(str(rel))
-    return bad
+        problem = declared_file_problem(run_dir, rel)
+        if problem is None:
+            if not os.path.lexists(Path(run_dir) / rel):
+                outside.append(rel)
+        elif problem[0] == "shared":
+            shared.append(rel)
+        else:
+            outside.append(str(rel))
+    return outside, shared
 
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
@@ -289,10 +298,15 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
     rec.traceback = payload.get("traceback") or ""
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
-    bad = _check_files(run_dir, result)
-    if bad:
-        rec.files = [f for f in rec.files if f not in bad]
-        note = f"declared file(s) missing or outside the run folder: {', '.join(bad)}"
+    outside, shared = _check_files(run_dir, result)
+    if outside or shared:
+        rec.files = [f for f in rec.files if isinstance(f, str) and f not in outside + shared]
+        notes = []
+        if outside:
+            notes.append(f"declared file(s) missing or outside the run folder: {', '.join(outside)}")
+        if shared:
+            notes.append(f"declared file(s) shared by every stage, not this stage's own: {', '.join(shared)}")
+        note = "; ".join(notes)
         if rec.status in (Status.PASS, Status.SKIP):
             rec.status = Status.ERROR
         rec.reason = f"{rec.reason}; {note}" if rec.reason else note

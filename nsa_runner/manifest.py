@@ -21,6 +21,7 @@ from nsa_runner.artifacts import (
     MANIFEST_SCHEMA_VERSION,
     load_manifest,
     now_iso,
+    stage_owns,
     write_json,
 )
 
@@ -95,8 +96,10 @@ class RunManifest:
         while dest.exists():
             n += 1
             dest = self.dir / "history" / f"{name}-{stamp}.{n}"
-        for rel in list(old.get("files", [])) + [old.get("log") or ""]:
-            if not rel:
+        files = old.get("files") if isinstance(old.get("files"), list) else []
+        for rel, is_log in [(f, False) for f in files] + [(old.get("log") or "", True)]:
+            # never anything outside the run folder, nor a shared name (logs, history, manifest)
+            if not rel or not stage_owns(self.dir, name, rel, log=is_log):
                 continue
             src = self.dir / rel
             if src.is_file() or src.is_dir():
