@@ -24,6 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from nsa_runner.stage import Status
+
+STATUSES = tuple(s.value for s in Status)  # DESIGN §5: PASS FAIL SKIP ERROR TIMEOUT
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout nsa_runner was imported from
@@ -212,6 +216,16 @@ def load_manifest(path: str | os.PathLike) -> dict:
     if not isinstance(stages, list) or not all(isinstance(s, dict) and "name" in s and "status" in s
                                                for s in stages):
         raise ManifestError(f"{path}: 'stages' must be a list of objects with 'name' and 'status'")
+    history = data.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(s, dict) for s in history):
+        raise ManifestError(f"{path}: 'history' must be a list of objects")
+    for where, entries in (("stages", stages), ("history", history)):
+        for i, s in enumerate(entries):
+            if not isinstance(s.get("name", ""), str):
+                raise ManifestError(f"{path}: {where}[{i}] 'name' must be a string, got {s['name']!r}")
+            if s.get("status") not in STATUSES:  # DESIGN §5: exactly these words, upper case
+                raise ManifestError(f"{path}: {where}[{i}] ({s.get('name')!r}): status {s.get('status')!r}"
+                                    f" is not one of {', '.join(STATUSES)}")
     if not isinstance(data.get("run_id"), str):
         raise ManifestError(f"{path}: 'run_id' missing or not a string")
     return data
