@@ -282,15 +282,39 @@ class RunInterrupted(KeyboardInterrupt):
         self.records = records
 
 
+def _wrong_result_types(d: Any) -> list[str]:
+    """What is of the wrong type in a stage result dict (what ``StageResult.to_dict`` wrote)."""
+    if not isinstance(d, dict):
+        return [f"expected an object, got {type(d).__name__}"]
+    wrong = []
+    for key in ("reason", "hint"):
+        if not isinstance(d.get(key, ""), str):
+            wrong.append(f"{key} must be a string, got {type(d[key]).__name__}")
+    files = d.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        got = type(files).__name__ if not isinstance(files, list) else "a list holding " + ", ".join(
+            sorted({type(f).__name__ for f in files if not isinstance(f, str)}))
+        wrong.append(f"files must be a list of strings, got {got}")
+    if not isinstance(d.get("metrics", {}), dict):
+        wrong.append(f"metrics must be an object, got {type(d['metrics']).__name__}")
+    return wrong
+
+
 def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: Machine,
                   log_path: Path) -> None:
     import json
 
     try:
         payload = json.loads(result_path.read_text())
-        result = StageResult.from_dict(payload["result"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        wrong = _wrong_result_types(payload["result"])
+        result = StageResult.from_dict(payload["result"]) if not wrong else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         rec.reason = f"unreadable stage result: {e}"
+        rec.log_tail = tail(log_path)
+        return
+    if result is None:  # a plugin's StageResult with fields of the wrong type: the stage broke
+        rec.reason = f"the stage's StageResult is malformed: {'; '.join(wrong)}"
+        rec.traceback = payload.get("traceback") if isinstance(payload.get("traceback"), str) else ""
         rec.log_tail = tail(log_path)
         return
     rec.status, rec.reason, rec.hint = result.status, result.reason, result.hint

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import math
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -64,8 +66,53 @@ class StageEntry:
         return tuple(self.stage.options) if self.stage is not None else ()
 
 
+# a stage name is a plain word: it names a log file, a history folder and a CLI argument, and is
+# shown in rich tables (no '/', no spaces, no markup brackets)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _problems(stage: Stage, ep_name: str) -> list[str]:
+    """What is wrong with a loaded stage's attributes (empty when it can run)."""
+    problems = []
+    name = stage.name
+    if not name:
+        problems.append("has no name")
+    elif not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        problems.append(f"name must be letters, digits, '.', '_' or '-' (at most 64, starting with a letter or "
+                        f"digit), got {name!r}")
+    elif name != ep_name:
+        problems.append(f"is named {name!r} but registered as {ep_name!r}")
+    if isinstance(stage.order, bool) or not isinstance(stage.order, int):
+        problems.append(f"order must be an int, got {stage.order!r}")
+    t = stage.timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        problems.append(f"timeout_s must be a positive number of seconds, got {t!r}")
+    if not isinstance(stage.description, str):
+        problems.append(f"description must be a string, got {type(stage.description).__name__}")
+    requires = stage.requires
+    if not isinstance(requires, (tuple, list)) or not all(isinstance(r, str) for r in requires):
+        problems.append(f"requires must be a tuple of strings, got {requires!r}")
+    else:
+        unknown = [r for r in requires if r not in KNOWN_REQUIREMENTS]
+        if unknown:
+            problems.append(f"unknown requirement(s) {unknown} (known: {', '.join(KNOWN_REQUIREMENTS)})")
+    options = stage.options
+    if not isinstance(options, (tuple, list)) or any(not isinstance(o, Option) for o in options):
+        problems.append("options must be a tuple of nsa_runner.Option instances")
+        return problems
+    flags = [o.flag for o in options]
+    if any(not isinstance(f, str) or not f.startswith("--") for f in flags) or len(set(flags)) != len(flags):
+        problems.append(f"option flags must start with '--' and be unique, got {flags}")
+    elif any(f in RESERVED_FLAGS for f in flags):
+        problems.append(f"option flags {[f for f in flags if f in RESERVED_FLAGS]} are reserved by nsa-run")
+    return problems
+
+
 def _load(ep: md.EntryPoint, dist_name: str, dist_version: str) -> StageEntry:
-    entry = StageEntry(ep.name, ep.value, dist_name, dist_version)
+    # an entry-point name that is not a plain word is shown (and recorded) by a harmless stand-in:
+    # it may hold rich markup or '/', and ':' keeps it from ever equalling a real stage's name
+    shown = ep.name if NAME_RE.fullmatch(ep.name) else "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", ep.name)
+    entry = StageEntry(shown, ep.value, dist_name, dist_version)
     try:
         obj = ep.load()
     except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
@@ -83,23 +130,10 @@ def _load(ep: md.EntryPoint, dist_name: str, dist_version: str) -> StageEntry:
     if not isinstance(stage, Stage):
         entry.error = f"{ep.value} is a {type(stage).__name__}, not an nsa_runner.Stage subclass"
         return entry
-    problems = []
-    if not stage.name:
-        problems.append("has no name")
-    elif stage.name != ep.name:
-        problems.append(f"is named {stage.name!r} but registered as {ep.name!r}")
-    if isinstance(stage.order, bool) or not isinstance(stage.order, int):
-        problems.append(f"order must be an int, got {stage.order!r}")
-    unknown = [r for r in stage.requires if r not in KNOWN_REQUIREMENTS]
-    if unknown:
-        problems.append(f"unknown requirement(s) {unknown} (known: {', '.join(KNOWN_REQUIREMENTS)})")
-    flags = [o.flag for o in stage.options]
-    if any(not isinstance(o, Option) for o in stage.options):
-        problems.append("options must be nsa_runner.Option instances")
-    elif any(not f.startswith("--") for f in flags) or len(set(flags)) != len(flags):
-        problems.append(f"option flags must start with '--' and be unique, got {flags}")
-    elif any(f in RESERVED_FLAGS for f in flags):
-        problems.append(f"option flags {[f for f in flags if f in RESERVED_FLAGS]} are reserved by nsa-run")
+    try:
+        problems = _problems(stage, ep.name)
+    except Exception as e:  # noqa: BLE001 - a hostile attribute (e.g. a property that raises)
+        problems = [f"attributes cannot be read: {type(e).__name__}: {e}"]
     if problems:
         entry.error = f"{ep.value}: stage " + "; ".join(problems)
         return entry
