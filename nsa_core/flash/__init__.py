@@ -1,1 +1,2 @@
-"""Flash kernels: adapters over SDPA / FA-2 / FA-3 / varlen (adapters.py) and which path runs a call (pick.py)."""
+"""Flash kernels: adapters over SDPA / FA-2 / FA-3 / FA-4 / varlen (adapters.py) and which path
+runs a call (pick.py)."""

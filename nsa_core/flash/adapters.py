@@ -7,12 +7,19 @@ kernel can express without an arbitrary mask:
         bottom-right causal: query i sees keys j <= i + Lk - Lq (flash-attn >= 2.1 convention)
     window(q, k, v, w, scale, path)     same layout; query i (position Lk - Lq + i) sees the keys
         max(0, pos - w + 1) .. pos
+    attention_lse(q, k, v, scale, path, causal)   (o, lse [B, Lq, H] float32, natural log) on the
+        paths in LSE_PATHS (FA-4's ``return_lse``)
 
 Paths (preference order = PATHS): flash-attn 3 (``flash_attn_interface``), flash-attn 2
-(``flash_attn``), torch's ``torch.nn.attention.varlen.varlen_attn`` (torch's bundled FA-2
-kernels, with ``window_size``), and SDPA restricted to one backend (flash / cuDNN /
+(``flash_attn``), flash-attn 4 (``flash_attn.cute``, CuTe DSL, JIT-compiled per head dims /
+GQA ratio / mask kind / dtype), torch's ``torch.nn.attention.varlen.varlen_attn`` (torch's
+bundled FA-2 kernels, with ``window_size``), and SDPA restricted to one backend (flash / cuDNN /
 memory-efficient; ``sdpa-math`` is the CPU-capable twin used by tests, never chosen
-automatically). GQA: query head ``hq`` uses KV head ``hq // (H // G)`` (group-major).
+automatically). GQA: query head ``hq`` uses KV head ``hq // (H // G)`` (group-major), which is
+what every flash-attn version does with ``nheads_k < nheads``.
+
+Each flash-attn call is written against that package's real signature (``_fa2``, ``_fa3``,
+``_fa4``); ``GPU_VERIFIED`` says which of them ran on a GPU here (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch.nn.functional as F
 PATHS = {
     "fa3": ("cmp", "win"),
     "fa2": ("cmp", "win"),
+    "fa4": ("cmp", "win"),
     "varlen": ("cmp", "win"),
     "sdpa-flash": ("cmp",),  # no mask: the sliding band cannot be expressed (only w >= S)
     "sdpa-cudnn": ("cmp", "win"),
@@ -38,8 +46,28 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
 
-_MODULES = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}
+_MODULES = {"fa3": "flash_attn_interface", "fa2": "flash_attn", "fa4": "flash_attn.cute"}
+# distributions that provide each module (their version is the package version; FA-4's own
+# ``flash_attn.cute.__version__`` reads a distribution named "fa4" and says "0.0.0")
+DISTS = {"fa3": ("flash-attn-3", "flash_attn_3"), "fa2": ("flash-attn", "flash_attn"),
+         "fa4": ("flash-attn-4", "flash_attn_4")}
+# Whether each flash-attn adapter ran on a GPU here (shown by `nsa-run list fa2-probe`, env.txt
+# and fa2_probe.txt). None = not GPU-verified: only CPU tests through a fake module with the
+# package's real signature (tests/core/test_flash.py) cover it. Update with the run that did it.
+GPU_VERIFIED: dict[str, str | None] = {
+    "fa2": None,  # no wheel for torch 2.11 + CUDA 13; a source build did not fit the device budget
+    "fa3": None,
+    "fa4": None,  # payload and checks ready: bench/prepare_fa4.sh, bench/gpu_fa4_run.sh
+}
+# paths whose adapter can also return the softmax statistics (attention_lse)
+LSE_PATHS = ("fa4",)
 _imported: dict[str, object] = {}
+
+
+def verified_label(path: str) -> str:
+    """'GPU-verified (<run>)' or 'not GPU-verified (CPU tests through a fake module only)'."""
+    v = GPU_VERIFIED.get(path)
+    return f"GPU-verified ({v})" if v else "not GPU-verified (CPU tests through a fake module only)"
 
 
 class PathUnavailable(RuntimeError):
@@ -62,6 +90,7 @@ def install_hint(path: str) -> str:
         "fa2": "pip install flash-attn --no-build-isolation (a wheel built for this torch + CUDA; "
                "never a 45-minute source build on a pod)",
         "fa3": "build hopper/ of Dao-AILab/flash-attention (FA-3, sm_90): cd hopper && python setup.py install",
+        "fa4": "pip install --pre 'flash-attn-4[cu13]' (CuTe DSL, sm_90+; offline: bench/prepare_fa4.sh)",
         "varlen": "torch >= 2.10 on CUDA (torch.nn.attention.varlen.varlen_attn)",
     }.get(path, "a CUDA build of torch on an sm_80+ GPU")
 
@@ -74,7 +103,11 @@ def status(path: str, device_type: str) -> dict:
         return out
     if path in _MODULES:
         name = _MODULES[path]
-        if importlib.util.find_spec(name) is None:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # flash_attn.cute without a flash_attn package
+            found = False
+        if not found:
             out["reason"] = f"{name} not installed ({install_hint(path)})"
             return out
         try:
@@ -98,6 +131,10 @@ def status(path: str, device_type: str) -> dict:
             return out
         if path == "fa3" and cap[0] != 9:
             out["reason"] = f"FA-3 needs Hopper (sm_90), this GPU is sm_{cap[0]}{cap[1]}"
+            return out
+        if path == "fa4" and cap[0] < 9:
+            out["reason"] = (f"FA-4's backward needs sm_90+ (its forward also runs on sm_80), "
+                             f"this GPU is sm_{cap[0]}{cap[1]}")
             return out
         if path == "sdpa-flash" and not torch.backends.cuda.is_flash_attention_available():
             out["reason"] = "this torch build has no SDPA flash kernel"
@@ -131,13 +168,39 @@ def check(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branch: 
         raise PathUnavailable(f"{path}: {st['reason']}")
     if branch not in st["branches"]:
         raise PathUnavailable(f"{path}: {st['reason']}")
-    if path in ("fa2", "fa3", "varlen", "sdpa-flash", "sdpa-cudnn"):
+    if path in ("fa2", "fa3", "fa4", "varlen", "sdpa-flash", "sdpa-cudnn"):
         if q.dtype not in FLASH_DTYPES:
             raise PathUnavailable(f"{path}: dtype {q.dtype} unsupported (fp16/bf16 only)")
         if q.shape[-1] != v.shape[-1] and path in ("fa2", "varlen", "sdpa-flash"):
             raise PathUnavailable(f"{path}: needs dk == dv, got dk={q.shape[-1]} dv={v.shape[-1]}")
-        if q.shape[-1] > 256 or q.shape[-1] % 8:
+        if path == "fa4":
+            why = fa4_head_dims_problem(q.shape[-1], v.shape[-1], _capability(q.device))
+            if why:
+                raise PathUnavailable(f"fa4: {why}")
+        elif q.shape[-1] > 256 or q.shape[-1] % 8:
             raise PathUnavailable(f"{path}: head dim {q.shape[-1]} unsupported (multiple of 8, <= 256)")
+
+
+def _capability(device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def fa4_head_dims_problem(dk: int, dv: int, cap: tuple[int, int] | None) -> str:
+    """FA-4 4.0's head-dim rule (flash_attn.cute.interface._validate_head_dims), '' when fine.
+
+    sm_90: 8 <= dk, dv <= 256, multiples of 8 (fp16/bf16: 16-byte alignment), dk != dv allowed.
+    sm_100/sm_110: both in 8..128, or (192, 128), or (256, 256). sm_120 (SM80 MMA): not
+    restricted by FA-4's check; None (no GPU, tests): the sm_90 rule.
+    """
+    if dk % 8 or dv % 8:
+        return f"head dims dk={dk} dv={dv} must be multiples of 8"
+    major = cap[0] if cap else 9
+    if major in (10, 11):
+        if not ((8 <= dk <= 128 and 8 <= dv <= 128) or (dk, dv) in ((192, 128), (256, 256))):
+            return f"head dims dk={dk} dv={dv} unsupported on sm_{major}x (8..128, or 192/128, or 256/256)"
+    elif major != 12 and not (8 <= dk <= 256 and 8 <= dv <= 256):
+        return f"head dims dk={dk} dv={dv} unsupported (8..256 on sm_90)"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,19 +263,67 @@ def _varlen(q, k, v, scale, window):
     return o.reshape(B, Lq, H, -1)
 
 
-def _fa(path, q, k, v, scale, window):
-    mod = _import(path)
-    kw = {"softmax_scale": scale, "causal": window == (-1, 0)}
-    if window not in ((-1, 0), (-1, -1)):
+def _fa2(q, k, v, scale, window):
+    """flash-attn 2.x: flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+    return_attn_probs=False) -> out. window (left, right); (-1, -1) = none, (-1, 0) = causal."""
+    mod = _import("fa2")
+    causal = window == (-1, 0)
+    o = mod.flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=scale, causal=causal,
+                            window_size=(-1, -1) if causal else window)
+    return o[0] if isinstance(o, tuple) else o
+
+
+def _fa3(q, k, v, scale, window):
+    """flash-attn 3 (hopper/flash_attn_interface): flash_attn_func(q, k, v, softmax_scale=None,
+    causal=False, ..., window_size=(-1, -1), ...) -> out, or (out, lse) in some versions."""
+    mod = _import("fa3")
+    causal = window == (-1, 0)
+    kw = {"softmax_scale": scale, "causal": causal}
+    if not causal and window != (-1, -1):
         kw["window_size"] = window
     o = mod.flash_attn_func(q, k, v, **kw)
-    return o[0] if isinstance(o, tuple) else o  # FA-3 versions return (out, lse)
+    return o[0] if isinstance(o, tuple) else o
+
+
+def _fa4(q, k, v, scale, window, return_lse=False):
+    """flash-attn 4 (flash_attn.cute, 4.0.0b36): flash_attn_func(q, k, v, qv=None,
+    gather_kv_indices=None, softmax_scale=None, causal=False, window_size=(None, None),
+    learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False,
+    score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None, aux_scalars=None,
+    block_sparse_tensors=None, block_sparse_tensors_bwd=None, return_lse=False, ...)
+    -> (out [B, Lq, H, Dv], lse [B, H, Lq] float32 natural log, or None without return_lse and
+    without grad). Causal / window are bottom-right (seqlen_k - seqlen_q offset), as FA-2."""
+    mod = _import("fa4")
+    causal = window == (-1, 0)
+    kw = {"softmax_scale": scale, "causal": causal, "return_lse": return_lse}
+    if not causal and window != (-1, -1):
+        kw["window_size"] = window
+    out, lse = mod.flash_attn_func(q, k, v, **kw)
+    return (out, lse) if return_lse else out
+
+
+_FA = {"fa2": _fa2, "fa3": _fa3, "fa4": _fa4}
+
+
+def attention_lse(q, k, v, scale: float, path: str, causal: bool):
+    """(o [B, Lq, H, Dv], lse [B, Lq, H] float32, natural log, detached) in one kernel call.
+
+    ``causal``: bottom-right causal, else every key. Only LSE_PATHS (FA-4's ``return_lse``:
+    its lse is [B, H, Lq] fp32 = log sum_j exp(scale * q.k_j), -inf for a row that sees no key).
+    """
+    if path not in LSE_PATHS:
+        raise ValueError(f"attention_lse: path {path!r} returns no lse; expected one of {LSE_PATHS}")
+    Lq = q.shape[1]
+    window = (-1, 0) if causal and Lq > 1 else (-1, -1)  # one row (decode) sees every key
+    o, lse = _fa4(q, k, v, scale, window, return_lse=True)
+    return o, lse.detach().float().transpose(1, 2)
 
 
 def full(q, k, v, scale: float, path: str) -> torch.Tensor:
     """Unmasked attention: every query row sees every key. q [B, Lq, H, D], k/v [B, Lk, G, D]."""
-    if path in ("fa2", "fa3"):
-        return _fa(path, q, k, v, scale, (-1, -1))
+    if path in _FA:
+        return _FA[path](q, k, v, scale, (-1, -1))
     if path == "varlen":
         return _varlen(q, k, v, scale, (-1, -1))
     return _sdpa(q, k, v, scale, path)
@@ -223,8 +334,8 @@ def causal(q, k, v, scale: float, path: str) -> torch.Tensor:
     Lq, Lk = q.shape[1], k.shape[1]
     if Lq == 1:  # the last row sees every key
         return full(q, k, v, scale, path)
-    if path in ("fa2", "fa3"):
-        return _fa(path, q, k, v, scale, (-1, 0))
+    if path in _FA:
+        return _FA[path](q, k, v, scale, (-1, 0))
     if path == "varlen":
         return _varlen(q, k, v, scale, (-1, 0))
     # SDPA: is_causal is top-left. Lq == 1 sees every key; Lq == Lk is the same either way;
@@ -242,8 +353,8 @@ def window(q, k, v, w: int, scale: float, path: str, tile: int | None = None) ->
     Lk = k.shape[1]
     if w >= Lk:  # the window covers every key: plain causal
         return causal(q, k, v, scale, path)
-    if path in ("fa2", "fa3"):
-        return _fa(path, q, k, v, scale, (w - 1, 0))
+    if path in _FA:
+        return _FA[path](q, k, v, scale, (w - 1, 0))
     if path == "varlen":
         return _varlen(q, k, v, scale, (w - 1, 0))
     if path == "sdpa-flash":

@@ -2,7 +2,7 @@
 
 ``pick(path, branch, q, k, v)``: a pinned ``path`` is checked and kept (PathUnavailable if it
 cannot run the call); ``path=None`` takes the path nsa_core.routing measured best on this GPU
-(fa2-probe thresholds), then the first in ``PATHS`` order (fa3, fa2, varlen, sdpa-flash,
+(fa2-probe thresholds), then the first in ``PATHS`` order (fa3, fa2, fa4, varlen, sdpa-flash,
 sdpa-cudnn, sdpa-efficient) that can run it, else FlashUnavailable listing each path's reason.
 Used by the fast paths of the compressed branch (compression/fast.py) and the sliding branch
 (window/fast.py); docs/routing.md.

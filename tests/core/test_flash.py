@@ -178,3 +178,166 @@ def test_fewer_compressed_tokens_than_exist_at_S():
     out, og = _fwd_bwd(lambda a, b, e: cmp_fast.compressed_attention(a, b, e, 130, cfg, path="sdpa-math"),
                        [q, kc, vc], do)
     _assert_all_ok([out, *og], [ref, *rg])
+
+
+# ---- flash-attn adapters through FAKE modules (tests/_fake_flash.py) ---------------------------
+# The fakes have the real packages' signatures and compute in float64; they check the argument
+# mapping and index math of the fa2 / fa4 adapters on CPU. NOT GPU evidence: adapters.GPU_VERIFIED.
+
+from tests import _fake_flash as fake  # noqa: E402
+
+F16 = torch.float16
+# (B, S, Tq, HQ, G, D, w): GQA, Tq < S, decode, window shorter / longer than S
+FAKE_CASES = [(2, 70, 70, 4, 2, 16, 24), (1, 90, 7, 8, 2, 16, 30), (2, 50, 1, 4, 1, 8, 16), (1, 40, 40, 2, 2, 8, 64)]
+
+
+def _half_inputs(c, seed):
+    B, S, Tq, HQ, G, D, w = c
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=F64)  # noqa: E731
+    return mk(B, Tq, HQ, D), mk(B, S, G, D), mk(B, S, G, D), mk(B, Tq, HQ, D)
+
+
+def _ok16(outs, refs):
+    for name, o, r in zip(("o", "dq", "dk", "dv"), outs, refs, strict=True):
+        c = compare(o.double(), r, F16)
+        assert c.ok, f"{name}: {c}"
+
+
+@pytest.mark.parametrize("path", ["fa2", "fa4"])
+@pytest.mark.parametrize("c", FAKE_CASES, ids=lambda c: "B{}-S{}-q{}-HQ{}-G{}-d{}-w{}".format(*c))
+def test_flash_attn_adapters_through_fake_modules(monkeypatch, path, c):
+    """window / causal / full of the fa2 and fa4 adapters (real signatures, FAKE kernels) vs the
+    float64 references, forward and backward, fp16 inputs."""
+    fake.install(monkeypatch)
+    B, S, Tq, HQ, G, D, w = c
+    q, k, v, do = _half_inputs(c, 11)
+    scale = 0.7 / math.sqrt(D)
+    half = [x.half() for x in (q, k, v)]
+    ref, rg = _fwd_bwd(lambda a, b, e: win_ref.sliding_attention(a, b, e, w, scale=scale), [q, k, v], do)
+    out, og = _fwd_bwd(lambda a, b, e: K.window(a, b, e, w, scale, path), half, do.half())
+    assert out.dtype == F16 and out.shape == (B, Tq, HQ, D)
+    _ok16([out, *og], [ref, *rg])
+    full = lambda a, b, e: win_ref.sliding_attention(a, b, e, S, scale=scale)  # noqa: E731 - w >= S: causal
+    ref, rg = _fwd_bwd(full, [q, k, v], do)
+    out, og = _fwd_bwd(lambda a, b, e: K.causal(a, b, e, scale, path), half, do.half())
+    _ok16([out, *og], [ref, *rg])
+
+
+@pytest.mark.parametrize("path", ["fa2", "fa4"])
+def test_branch_fast_paths_run_end_to_end_on_fake_modules(monkeypatch, path):
+    """compressed (folded queries, bottom-right causal) and sliding branches with path='fa2'/'fa4'
+    through pick()/check() (status faked present on CPU), vs the float64 references."""
+    fake.install(monkeypatch)
+    fake.present_on_cpu(monkeypatch)
+    cfg = NSAConfig(l=32, d=16, w=40)
+    for c in [(2, 130, 130, 4, 2, 16, 40), (1, 200, 9, 8, 2, 16, 40), (3, 96, 1, 4, 1, 16, 40)]:
+        q, k, v, do = _half_inputs(c, 12)
+        S = c[1]
+        kc, vc = cmp_ref.compress_avg(k, cfg), cmp_ref.compress_avg(v, cfg)
+        ref, rg = _fwd_bwd(lambda a, b, e, S=S: cmp_ref.compressed_attention(a, b, e, S, cfg), [q, kc, vc], do)
+        out, og = _fwd_bwd(lambda a, b, e, S=S: cmp_fast.compressed_attention(a, b, e, S, cfg, path=path),
+                           [x.half() for x in (q, kc, vc)], do.half())
+        _ok16([out, *og], [ref, *rg])
+        ref, rg = _fwd_bwd(lambda a, b, e: win_ref.sliding_attention(a, b, e, cfg.w), [q, k, v], do)
+        out, og = _fwd_bwd(lambda a, b, e: win_fast.sliding_attention(a, b, e, cfg.w, path=path),
+                           [x.half() for x in (q, k, v)], do.half())
+        _ok16([out, *og], [ref, *rg])
+    with pytest.raises(K.PathUnavailable, match="fp16/bf16 only"):  # the dtype rule of check()
+        win_fast.sliding_attention(q.float(), k.float(), v.float(), cfg.w, path=path)
+
+
+def test_fake_adapter_parity_can_fail(monkeypatch):
+    """The comparison above is not vacuous: an adapter passing the wrong window is caught."""
+    fake.install(monkeypatch)
+    c = FAKE_CASES[0]
+    q, k, v, _ = _half_inputs(c, 13)
+    ref = win_ref.sliding_attention(q, k, v, c[-1])
+    monkeypatch.setattr(K, "_fa4", lambda q_, k_, v_, s, win, return_lse=False:
+                        fake.fa4_flash_attn_func(q_, k_, v_, softmax_scale=s, window_size=(win[0] + 1, 0))[0])
+    monkeypatch.setitem(K._FA, "fa4", K._fa4)
+    out = K.window(q.half(), k.half(), v.half(), c[-1], 1 / math.sqrt(c[5]), "fa4")
+    assert not compare(out.double(), ref, F16).ok
+
+
+def test_fa4_attention_lse_is_the_per_head_logsumexp(monkeypatch):
+    """attention_lse (FA-4 return_lse): lse [B, Lq, H] float32 = log sum_j exp(scale q.k_j) over the
+    visible keys (bottom-right causal), transposed from FA-4's [B, H, Lq]."""
+    fake.install(monkeypatch)
+    B, Lq, Lk, H, G, D = 2, 5, 9, 4, 2, 16
+    g = torch.Generator().manual_seed(14)
+    q, k, v = (torch.randn(B, n, h, D, generator=g, dtype=F64) for n, h in ((Lq, H), (Lk, G), (Lk, G)))
+    scale = 0.3
+    o, lse = K.attention_lse(q.half(), k.half(), v.half(), scale, "fa4", causal=True)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.half().double(), k.half().double().repeat_interleave(H // G, 2)) * scale
+    vis = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+    want = torch.logsumexp(s.masked_fill(~vis, float("-inf")), -1).transpose(1, 2)  # [B, Lq, H]
+    assert lse.shape == (B, Lq, H) and lse.dtype == torch.float32 and not lse.requires_grad
+    assert torch.allclose(lse.double(), want, atol=1e-5)
+    assert compare(o.double(), win_ref.sliding_attention(q, k, v, Lk, scale=scale), F16).ok
+    _, lse1 = K.attention_lse(q[:, -1:].half(), k.half(), v.half(), scale, "fa4", causal=True)  # decode row
+    assert torch.allclose(lse1.double(), want[:, -1:], atol=1e-5)
+    with pytest.raises(ValueError, match="returns no lse"):
+        K.attention_lse(q, k, v, scale, "fa2", causal=True)
+
+
+def test_adapters_pass_only_keywords_the_real_functions_take(monkeypatch):
+    """The fakes take no **kwargs: a keyword the real flash_attn_func lacks is a TypeError."""
+    fake.install(monkeypatch)
+    q = torch.randn(1, 4, 2, 8, dtype=F16)
+    with pytest.raises(TypeError):
+        fake.fa4_flash_attn_func(q, q, q, window=(3, 0))
+    with pytest.raises(TypeError):
+        fake.fa2_flash_attn_func(q, q, q, return_lse=True)
+    with pytest.raises(RuntimeError, match="fp16 and bf16"):
+        fake.fa2_flash_attn_func(q.float(), q.float(), q.float())
+
+
+def _real_fa4_wheel():
+    import glob
+    from pathlib import Path
+
+    hits = sorted(glob.glob(str(Path(__file__).resolve().parents[2] / ".devcarry/fa4/flash_attn_4-*.whl")))
+    return hits[-1] if hits else None
+
+
+@pytest.mark.skipif(_real_fa4_wheel() is None, reason="no flash-attn-4 wheel in .devcarry/fa4 (bench/prepare_fa4.sh)")
+def test_fake_fa4_signature_is_the_real_one():
+    """The FAKE flash_attn.cute.flash_attn_func has the real 4.0 signature (read from the wheel's
+    interface.py with ast, without importing it: the CuTe DSL needs a GPU)."""
+    import ast
+    import inspect
+    import zipfile
+
+    src = zipfile.ZipFile(_real_fa4_wheel()).read("flash_attn/cute/interface.py").decode()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "flash_attn_func")
+    a = fn.args
+    real = [x.arg for x in a.args]
+    defaults = [ast.literal_eval(d) if not isinstance(d, ast.Name) or d.id != "None" else None for d in a.defaults]
+    fk = inspect.signature(fake.fa4_flash_attn_func).parameters
+    assert list(fk) == real
+    assert [p.default for p in fk.values()][len(real) - len(defaults):] == defaults
+
+
+def test_fa4_head_dim_rule_per_architecture():
+    P = K.fa4_head_dims_problem
+    assert P(128, 128, (9, 0)) == "" and P(192, 128, (9, 0)) == "" and P(256, 256, (9, 0)) == ""
+    assert "multiples of 8" in P(100, 100, (9, 0)) and "8..256" in P(264, 128, (9, 0))
+    assert P(192, 128, (10, 0)) == "" and P(256, 256, (10, 0)) == "" and P(64, 64, (10, 0)) == ""
+    assert "sm_10x" in P(160, 160, (10, 0)) and "sm_10x" in P(192, 192, (10, 0))
+    assert P(128, 128, None) == ""
+
+
+def test_fa4_absent_or_on_cpu_says_why(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import flash_attn -> ImportError
+    monkeypatch.delitem(sys.modules, "flash_attn.cute", raising=False)
+    monkeypatch.setattr(K, "_imported", {})
+    st = K.status("fa4", "cuda")
+    assert not st["present"] and "flash_attn.cute not installed" in st["reason"] and "flash-attn-4" in st["reason"]
+    assert "CUDA" in K.status("fa4", "cpu")["reason"]
+    q = torch.randn(1, 8, 2, 16, dtype=F16)
+    with pytest.raises(K.PathUnavailable, match="CUDA"):
+        win_fast.sliding_attention(q, q, q, 4, path="fa4")
+    assert "not GPU-verified" in K.verified_label("fa2")

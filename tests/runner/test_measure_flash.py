@@ -49,3 +49,31 @@ def test_parity_helper_runs_the_math_twin_and_reports_each_gradient():
     assert all(r["rel_dq"] <= 1e-5 and r["rel_dk"] <= 1e-5 and r["rel_dv"] <= 1e-5 for r in done)
     na = [r for r in rows if r["status"] == "N/A"]
     assert len(na) == 2 and all("CUDA" in r["note"] for r in na)
+
+
+def test_probe_exercises_the_fa4_adapter_and_its_lse_on_fake_modules(monkeypatch):
+    """The probe's FA-4 checks (window through the adapter, folded compressed call, return_lse)
+    driven on CPU through the FAKE flash_attn.cute (tests/_fake_flash.py, the real signature):
+    they pass on a correct kernel and fail on a wrong lse. Not GPU evidence."""
+    from nsa_core.flash import adapters as K
+    from tests import _fake_flash as fake
+
+    fake.install(monkeypatch)
+    fake.present_on_cpu(monkeypatch)
+    ok, why = _flash_probe._exercise(_flash_probe._path_fn("fa4"), "cpu")
+    assert ok, why
+    ok, why = _flash_probe._exercise_fa4_extras("cpu")
+    assert ok and "return_lse" in why, why
+    real = K._fa4
+
+    def off_by_one(q, k, v, scale, window, return_lse=False):
+        r = real(q, k, v, scale, window, return_lse)
+        return (r[0], r[1] + 0.5) if return_lse else r
+
+    monkeypatch.setattr(K, "_fa4", off_by_one)
+    ok, why = _flash_probe._exercise_fa4_extras("cpu")
+    assert not ok and "WRONG" in why
+    rows = {r["name"]: r for r in _flash_probe.probe("cpu")}
+    fa4 = rows["flash_attn.cute (FA-4)"]
+    assert fa4["present"] and fa4["works"] is None and "not CUDA" in fa4["reason"]
+    assert fa4["gpu_verified"] == K.verified_label("fa4")
