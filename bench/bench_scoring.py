@@ -209,6 +209,17 @@ def _table_T(T, args, cfg, add):
     vc = F.compress(vcm.detach(), cfg)
     # selection alone
     add(T, "sel_fused_kernel", timer(lambda: scoring.fused_select_blocks(qd, kc, T, cfg)))
+    # the same with the compressed branch's lse given (pass 1 skipped), and that branch with/without lse
+    from nsa_core.compression import fast as cmp_fast
+
+    cpath = None if DEV == "cuda" else "sdpa-math"  # --dry-run: the CPU twin
+    _, lse = cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath, return_lse=True)
+    if lse is not None:
+        add(T, "sel_fused_kernel_given_lse", timer(lambda: scoring.fused_select_blocks(qd, kc, T, cfg, lse=lse)))
+        add(T, "cmp_fwd_with_lse", timer(lambda: cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath, return_lse=True)))
+        add(T, "cmp_fwd_public", timer(lambda: cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath)))
+    else:
+        log(f"T={T}: the routed cmp path returns no lse")
     add(T, "sel_fused+compress", timer(lambda: F.select_blocks(qd, kcm.detach(), cfg, backend="triton")))
     # the top-n kernel alone on a compact score tensor, and torch.topk on it (not tie-exact; speed reference)
     NB = cfg.num_sel_blocks(T)
@@ -242,6 +253,11 @@ def _table_T(T, args, cfg, add):
     with torch.no_grad():
         add(T, "nsa_fwd_fast", timer(lambda: F.nsa_attention(*args_nsa, FAST)))
         add(T, "nsa_fwd_auto", timer(lambda: F.nsa_attention(*args_nsa, "auto")))
+        saved, cmp_fast.LSE_PATHS = cmp_fast.LSE_PATHS, ()  # the two-pass scoring (no lse), same run
+        try:
+            add(T, "nsa_fwd_fast_no_lse", timer(lambda: F.nsa_attention(*args_nsa, FAST)))
+        finally:
+            cmp_fast.LSE_PATHS = saved
     do = torch.randn(B, T, HQ, D, device=DEV, dtype=q.dtype)
 
     def nsa_fb():

@@ -163,13 +163,13 @@ def select_backend(backend, q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAC
     return ("reference", f"fused kernel not used: {why}") if why else ("triton", "CUDA + triton: fused kernel")
 
 
-def _select_on(q, kc, S, cfg, scale, backend):
+def _select_on(q, kc, S, cfg, scale, backend, lse=None):
     backend, _ = select_backend(backend, q, kc, S, cfg)
     if backend == "triton":
         from nsa_core.selection import scoring
 
         return scoring.fused_select_blocks(q if q.stride(-1) == 1 else q.contiguous(),
-                                           kc if kc.stride(-1) == 1 else kc.contiguous(), S, cfg, scale)
+                                           kc if kc.stride(-1) == 1 else kc.contiguous(), S, cfg, scale, lse=lse)
     scores = block_scores(q, kc, S, cfg, scale)
     t_pos = torch.arange(S - q.shape[1], S, device=q.device)
     return _slc_ref.topn_blocks(scores, t_pos, cfg)
@@ -191,13 +191,15 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
     return _compressed_on(q, kc, vc, S, cfg, backend, scale)
 
 
-def _compressed_on(q, kc, vc, S, cfg, backend, scale):
+def _compressed_on(q, kc, vc, S, cfg, backend, scale, return_lse=False):
+    """o_cmp, or (o_cmp, lse or None) with ``return_lse`` (only flash paths return an lse)."""
     eng = _engine(backend, "cmp")
     if eng is not None:
-        return _cmp_ref.compressed_attention(q, kc, vc, S, cfg, scale, eng)
+        o = _cmp_ref.compressed_attention(q, kc, vc, S, cfg, scale, eng)
+        return (o, None) if return_lse else o
     from nsa_core.compression import fast
 
-    return fast.compressed_attention(q, kc, vc, S, cfg, scale=scale)
+    return fast.compressed_attention(q, kc, vc, S, cfg, scale=scale, return_lse=return_lse)
 
 
 def selection_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor,
@@ -258,9 +260,16 @@ def nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg: NSACo
         raise ValueError(f"nsa_attention: gates must be [B, T, HQ, 3] = [{B}, {T}, {HQ}, 3], got {tuple(gates.shape)}")
     S = k_cmp.shape[1]
     kc, vc = compress(k_cmp, cfg, phi_k), compress(v_cmp, cfg, phi_v)
+    cmp_backend = _resolve(backend, "cmp", q.device, S)
+    lse = None
+    if cmp_backend == "flash" and select_backend(backend, q, kc, S, cfg)[0] == "triton":
+        # the compressed branch's flash kernel returns its per-head log-sum-exp (where the path
+        # exposes it): the fused scoring then skips its own first pass over the compressed keys
+        o_cmp, lse = _compressed_on(q, kc, vc, S, cfg, cmp_backend, scale, return_lse=True)
+    else:
+        o_cmp = _compressed_on(q, kc, vc, S, cfg, cmp_backend, scale)
     with torch.no_grad():  # selection is a discrete choice: no gradient flows through it
-        block_idx, block_count = _select_on(q.detach(), kc.detach(), S, cfg, scale, backend)
-    o_cmp = _compressed_on(q, kc, vc, S, cfg, _resolve(backend, "cmp", q.device, S), scale)
+        block_idx, block_count = _select_on(q.detach(), kc.detach(), S, cfg, scale, backend, lse)
     o_slc = selection_attention(q, k_sel, v_sel, block_idx, block_count, cfg, _resolve(backend, "slc", q.device, S),
                                 scale=scale)
     o_win = sliding_attention(q, k_win, v_win, cfg, _resolve(backend, "win", q.device, S), scale=scale)

@@ -39,6 +39,10 @@ to the central mean of the instrumented pass; the check is that sum / the median
 uninstrumented whole: |ratio - 1| <= ``--parts-tol`` (10%). Off by more: FAIL on CUDA; on CPU
 a warning (CPU timings of tiny shapes on a shared machine; ``--parts-check`` sets it).
 
+On CPU the default ``--backend auto`` becomes ``score=triton`` (other branches auto) when
+``TRITON_INTERPRET=1`` (the executor sets it): the fused selection scoring kernel then runs in the
+interpreter, so CI exercises it through the stage.
+
 **Baselines** (same T, dtype, B, HQ, G, head dims): full causal attention through SDPA's flash
 and cuDNN backends (GQA with ``enable_gqa``; K/V expanded to HQ heads outside the timing where a
 backend refuses it), flash-attn FA-2 / FA-3 when installed, on CPU SDPA's default; ``full-fastest``
@@ -536,8 +540,9 @@ class Instrument:
             if inst.grad:
                 import torch
 
-                if isinstance(out, torch.Tensor) and out.requires_grad:
-                    out.register_hook(lambda g, p=part: inst._bwd(p))
+                t = out[0] if isinstance(out, tuple) and out else out  # (o, lse): the output carries the grad
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda g, p=part: inst._bwd(p))
             return out
 
         wrapped.__wrapped__ = fn
@@ -761,6 +766,10 @@ class PrefillBench(Stage):
             o["nsa"] = parse_nsa(o["nsa"])
         if isinstance(o["backend"], str) and o["backend"] != "auto":
             o["backend"] = parse_backend(o["backend"])
+        if dev == "cpu" and o["backend"] == "auto" and os.environ.get("TRITON_INTERPRET") == "1":
+            # on CPU "auto" scores with the torch reference; under the interpreter (the executor sets
+            # it) the fused Triton scoring kernel runs instead, so a CPU run exercises that kernel
+            o["backend"] = parse_backend("score=triton")
         if o["dtype"] not in DTYPES:
             raise ValueError(f"prefill-bench: --dtype must be one of {', '.join(DTYPES)}, got {o['dtype']!r}")
         if o["heads"] % o["groups"]:

@@ -10,7 +10,9 @@ Four layers (STYLE.md):
      ``_score_kernel``  one program per (tile of BT tokens, batch x group): the group's h heads
                         of BT tokens (BM = BT*HP query rows) are loaded once; pass 1 streams the
                         visible compressed keys and keeps an online log-sum-exp per row (exp2
-                        domain); pass 2 streams them again *block-major*: each step owns NBT
+                        domain) -- skipped when the caller passes the compressed branch's own
+                        lse (HAS_LSE; nsa_attention does on the flash paths that return it);
+                        pass 2 streams them again *block-major*: each step owns NBT
                         selection blocks, loads the compressed tokens that overlap them
                         (NBT*a + b - 1 <= BC of them), computes p = exp2(q.k*scale*log2e - lse),
                         sums the h heads (reshape + sum) and maps onto the blocks with one small
@@ -79,14 +81,14 @@ if triton is not None:
 
     @triton.jit
     def _score_kernel(
-        Q, KC, SC,
-        sqb, sqt, sqh, skb, skt, skg,
+        Q, KC, SC, LSE,
+        sqb, sqt, sqh, skb, skt, skg, slb, slt, slh,
         Tq, T0, Q_OFF, Tc, NB, TCH, qk_scale,
         G: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr,
         BC: tl.constexpr, NBT: tl.constexpr, NBTP: tl.constexpr,
         DK: tl.constexpr, BK: tl.constexpr,
         L: tl.constexpr, D: tl.constexpr, LSEL: tl.constexpr, A: tl.constexpr, BB: tl.constexpr,
-        IEEE: tl.constexpr, MAP_DOT: tl.constexpr,
+        IEEE: tl.constexpr, MAP_DOT: tl.constexpr, HAS_LSE: tl.constexpr,
     ):
         # tiles of the chunk, the longest (last tokens) first: causal work is front-loaded
         n_tiles = tl.cdiv(TCH, BT)
@@ -116,25 +118,31 @@ if triton is not None:
         k_base = KC + b64 * skb + g * skg
         offs_c = tl.arange(0, BC)
 
-        # pass 1: online log-sum-exp (log2 units) over the visible compressed tokens of each row
-        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BM], dtype=tl.float32)
-        for c0 in range(0, nvis_max, BC):
-            cc = c0 + offs_c
-            kb = tl.load(k_base + cc.to(tl.int64)[:, None] * skt + offs_k[None, :],
-                         mask=(cc < nvis_max)[:, None] & m_k[None, :], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(kb), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(kb))
-            vis = cc[None, :] < nvis[:, None]
-            s = tl.where(vis, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
-            m_i = m_new
-        has = l_i > 0.0
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
+        if HAS_LSE:
+            # the compressed branch's own softmax statistics (natural log) -> log2 units
+            l_ptrs = LSE + b64 * slb + trow.to(tl.int64) * slt + (g * H + hh) * slh
+            lse_e = tl.load(l_ptrs, mask=nvis > 0, other=0.0)
+            lse = tl.where(nvis > 0, lse_e * 1.4426950408889634, float("inf"))
+        else:
+            # pass 1: online log-sum-exp (log2 units) over the visible compressed tokens of each row
+            m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BM], dtype=tl.float32)
+            for c0 in range(0, nvis_max, BC):
+                cc = c0 + offs_c
+                kb = tl.load(k_base + cc.to(tl.int64)[:, None] * skt + offs_k[None, :],
+                             mask=(cc < nvis_max)[:, None] & m_k[None, :], other=0.0)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(kb), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(kb))
+                vis = cc[None, :] < nvis[:, None]
+                s = tl.where(vis, s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
+                m_i = m_new
+            has = l_i > 0.0
+            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
 
         # pass 2, block-major: step i owns blocks j0 .. j0+NBT-1 and reads the compressed tokens
         # c_start .. c_start+BC-1 (those overlapping them: j0*A - BB + 1 .. (j0+NBT)*A - 1)
@@ -249,11 +257,12 @@ def _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, Tc, NB, cfg, 
 
 def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig,
                                scale: float | None = None, *, config: dict | None = None,
-                               chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                               chunk: int | None = None, lse: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the score and top-n kernels (inputs already checked). See :func:`fused_select_blocks`.
 
     ``config``: {"score": {...}, "topn": {...}} launch overrides; ``chunk``: query rows per
-    launch pair (default: as many as fit in SCORE_BUDGET_BYTES).
+    launch pair (default: as many as fit in SCORE_BUDGET_BYTES); ``lse``: see fused_select_blocks.
     """
     c_s = {**CONFIG["score"], **((config or {}).get("score") or {})}
     c_t = {**CONFIG["topn"], **((config or {}).get("topn") or {})}
@@ -273,12 +282,14 @@ def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: N
         tch = min(chunk, Tq - t0)
         if geo["Tc"] > 0:
             grid = (triton.cdiv(tch, geo["BT"]), B * G)
+            ls = (0, 0, 0) if lse is None else lse.stride()
             _score_kernel[grid](
-                q, kc, sc, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+                q, kc, sc, sc if lse is None else lse,
+                q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2), *ls,
                 Tq, t0, S - Tq, geo["Tc"], NB, tch, scale * LOG2E,
                 G=G, H=geo["h"], HP=geo["HP"], BT=geo["BT"], BC=geo["BC"], NBT=geo["NBT"], NBTP=geo["NBTP"],
                 DK=geo["dk"], BK=geo["BK"], L=cfg.l, D=cfg.d, LSEL=cfg.l_sel, A=geo["A"], BB=geo["BB"],
-                IEEE=q.dtype == torch.float32, MAP_DOT=geo["BT"] >= 16,
+                IEEE=q.dtype == torch.float32, MAP_DOT=geo["BT"] >= 16, HAS_LSE=lse is not None,
                 num_warps=c_s["num_warps"], num_stages=c_s["num_stages"])
         _launch_topn(sc, block_idx, block_count, B, Tq, G, t0, tch, S, geo["Tc"], NB, cfg, c_t, True)
     return block_idx, block_count
@@ -304,7 +315,7 @@ def supports(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig) -> str |
     return None
 
 
-def _check(q, kc, S, cfg, scale):
+def _check(q, kc, S, cfg, scale, lse=None):
     if triton is None:
         raise RuntimeError("nsa_core.selection.scoring needs triton: pip install triton")
     if not isinstance(q, torch.Tensor) or not isinstance(kc, torch.Tensor):
@@ -340,6 +351,11 @@ def _check(q, kc, S, cfg, scale):
                          f"{MAX_NB} (S={S}, l_sel={cfg.l_sel}); use backend='reference'")
     if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"fused_select_blocks: scale must be finite, got {scale!r}")
+    if lse is not None and (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, Tq, HQ)
+                            or lse.dtype != torch.float32 or lse.device != q.device):
+        raise ValueError(f"fused_select_blocks: lse must be a float32 tensor [B, T, HQ] = [{B}, {Tq}, {HQ}] "
+                         f"on {q.device}, got " + (f"{lse.dtype} {tuple(lse.shape)} on {lse.device}"
+                                                   if isinstance(lse, torch.Tensor) else type(lse).__name__))
 
 
 @torch.no_grad()
@@ -368,7 +384,8 @@ def topn_from_scores(scores: torch.Tensor, S: int, cfg: NSAConfig, *, config: di
 
 @torch.no_grad()
 def fused_select_blocks(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, scale: float | None = None,
-                        *, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        *, config: dict | None = None, lse: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-n selection blocks per (token, group), fused (Eqs. 8-11).
 
     q [B, T, HQ, dk] (the last T of S positions; S == T for prefill), kc COMPRESSED keys
@@ -376,7 +393,11 @@ def fused_select_blocks(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfi
     float32 / float16 / bfloat16, last dim contiguous, h = HQ/G in 1..64, dk <= 256.
     -> block_idx [B, T, G, n] int32 (chosen ids ascending, then -1), block_count [B, T, G] int32.
     Same contract as ``functional.select_blocks``; equal to the reference except at near-ties.
+    ``lse`` [B, T, HQ] float32 (natural log, as the compressed branch's flash kernel returns it:
+    ``compression.fast.compressed_attention(return_lse=True)``): each row's log-sum-exp over its
+    visible compressed tokens at this ``scale``; given, the kernel skips its first pass over the
+    compressed keys (rows that see nothing are masked whatever lse holds there).
     Raises ValueError for bad shapes / dtypes / devices.
     """
-    _check(q, kc, S, cfg, scale)
-    return fused_select_blocks_launch(q, kc, S, cfg, scale, config=config)
+    _check(q, kc, S, cfg, scale, lse)
+    return fused_select_blocks_launch(q, kc, S, cfg, scale, config=config, lse=lse)

@@ -213,6 +213,121 @@ def test_input_checks():
         scoring.fused_select_blocks(q, kc[..., :4], 20, cfg)
 
 
+def _lse64(q, kc, S, cfg, scale=None):
+    """float64 log-sum-exp of each (query, head) over its visible compressed tokens (-inf: none)."""
+    from nsa_core.compression import reference as cmp_ref
+
+    B, T, HQ, dk = q.shape
+    G = kc.shape[2]
+    scale = dk ** -0.5 if scale is None else scale
+    kx = kc.double().repeat_interleave(HQ // G, dim=2)
+    s = torch.einsum("bthd,bchd->bthc", q.double(), kx) * scale
+    vis = cmp_ref.cmp_visibility_mask(torch.arange(S - T, S, device=q.device), kc.shape[1], cfg)  # [T, Tc]
+    return torch.logsumexp(s.masked_fill(~vis[None, :, None, :], float("-inf")), dim=-1)
+
+
+# (B, T, HQ, G, dk, (l, d, l_sel, n), S, Tc kept): prefill; decode-like (chunk m0 > 0, queries
+# the last T of S); fewer compressed tokens given than exist at S (the fold's "full" part)
+LSE_CASES = [
+    (2, 77, 4, 2, 16, (4, 2, 8, 4), None, None),
+    (1, 93, 16, 1, 16, (8, 4, 16, 5), None, None),
+    (1, 21, 4, 2, 8, (8, 4, 16, 4), 90, None),
+    (1, 40, 8, 2, 16, (4, 2, 8, 4), 100, 30),
+]
+
+
+@pytest.mark.parametrize("case", LSE_CASES, ids=lambda c: f"T{c[1]}-S{c[6]}-Tc{c[7]}")
+def test_lse_from_compressed_branch(case):
+    """compressed_attention(return_lse=True) gives each query's log-sum-exp (the float64 one), and
+    the fused scoring fed with it chooses as the reference does; a wrong lse changes the choice."""
+    from nsa_core.compression import fast as cmp_fast
+
+    B, T, HQ, G, dk, (l, d, ls, n), S, keep = case
+    cfg = NSAConfig(l=l, d=d, l_sel=ls, n_sel=n)
+    S = S or T
+    q, k = _inputs(B, T, HQ, G, dk, seed=T + 3, S=S, scale=1.5)
+    kc = F.compress(k, cfg)
+    vc = torch.randn_like(kc)
+    if keep:
+        kc, vc = kc[:, :keep].contiguous(), vc[:, :keep].contiguous()
+    o, lse = cmp_fast.compressed_attention(q, kc, vc, S, cfg, path="sdpa-math", return_lse=True)
+    assert torch.allclose(o, cmp_fast.compressed_attention(q, kc, vc, S, cfg, path="sdpa-math"), atol=1e-5)
+    ref = _lse64(q, kc, S, cfg).to(lse.device)
+    assert lse.shape == (B, T, HQ) and lse.dtype == torch.float32
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref)) and bool(torch.isinf(ref).any() or S > T)
+    fin = torch.isfinite(ref)
+    assert torch.allclose(lse[fin].double(), ref[fin], atol=1e-5, rtol=1e-6)
+    idx, cnt = scoring.fused_select_blocks(q, kc, S, cfg, lse=lse)
+    check_choice(idx, cnt, q, kc, S, cfg)
+    two_pass = scoring.fused_select_blocks(q, kc, S, cfg)
+    assert torch.equal(idx, two_pass[0]) and torch.equal(cnt, two_pass[1])
+    if HQ // G > 1:  # planted bug: head 0's lse 30 too small -> head 0 dominates its group's sum
+        bad = lse.clone()
+        bad[:, :, 0] -= 30.0
+        assert not torch.equal(scoring.fused_select_blocks(q, kc, S, cfg, lse=bad)[0], idx)
+
+
+def test_lse_input_checks():
+    cfg = NSAConfig(l=4, d=2, l_sel=8, n_sel=4)
+    q, k = _inputs(1, 20, 4, 2, 8, seed=2)
+    kc = F.compress(k, cfg)
+    good = torch.zeros(1, 20, 4, device=DEV)
+    for bad in (good[:, :19], good.double(), good[..., :3], "x"):
+        with pytest.raises(ValueError, match="lse must be a float32 tensor"):
+            scoring.fused_select_blocks(q, kc, 20, cfg, lse=bad)
+
+
+def test_nsa_attention_feeds_cmp_lse_to_scoring(monkeypatch):
+    """With the compressed branch on a flash path that returns lse and the fused scoring, nsa_attention
+    hands the branch's lse to the scoring kernel; output and choice equal the all-reference run.
+    (On CPU the flash path is the sdpa-math twin, routed in by hand.)"""
+    from nsa_core.flash import pick as flash_pick
+
+    monkeypatch.setattr(flash_pick, "_routed", lambda branch, device: "sdpa-math")
+    seen = []
+    real = scoring.fused_select_blocks
+    monkeypatch.setattr(scoring, "fused_select_blocks", lambda *a, **kw: seen.append(kw.get("lse")) or real(*a, **kw))
+    cfg = NSAConfig(l=4, d=2, l_sel=8, n_sel=4, w=8)
+    B, T, HQ, G, dk = 1, 45, 4, 2, 8
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(B, T, HQ, dk, generator=gen).to(DEV)
+    kv = [torch.randn(B, T, G, dk, generator=gen).to(DEV) for _ in range(6)]
+    gates = torch.rand(B, T, HQ, 3, generator=gen).to(DEV)
+    be = {"cmp": "flash", "slc": "reference", "win": "reference", "score": "triton"}
+    o, (idx, cnt) = F.nsa_attention(q, *kv, gates, cfg, be, return_selection=True)
+    assert len(seen) == 1 and seen[0] is not None and seen[0].shape == (B, T, HQ)
+    o_ref, (ridx, rcnt) = F.nsa_attention(q, *kv, gates, cfg, "reference", return_selection=True)
+    assert torch.equal(idx, ridx) and torch.equal(cnt, rcnt)
+    assert torch.allclose(o, o_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (the flash kernels' own lse)")
+def test_gpu_cmp_lse_paths():
+    """On the GPU: each SDPA path that returns lse gives the float64 one (bf16 tolerance), its output
+    equals the public path's, and "auto" nsa_attention selects as the reference does."""
+    from nsa_core.compression import fast as cmp_fast
+    from nsa_core.flash import adapters
+
+    cfg = NSAConfig()
+    T = 4096
+    q, k = _inputs(1, T, 64, 4, 128, seed=12, dtype=torch.bfloat16)
+    kc = F.compress(k, cfg)
+    vc = torch.randn_like(kc)
+    ref = _lse64(q, kc, T, cfg)
+    fin = torch.isfinite(ref)
+    for path in ("sdpa-cudnn", "sdpa-flash"):
+        if not adapters.status(path, "cuda")["present"]:
+            continue
+        o, lse = cmp_fast.compressed_attention(q, kc, vc, T, cfg, path=path, return_lse=True)
+        assert lse is not None and torch.equal(torch.isinf(lse), torch.isinf(ref)), path
+        assert (lse[fin].double() - ref[fin]).abs().max() < 2e-2, path
+        o_pub = cmp_fast.compressed_attention(q, kc, vc, T, cfg, path=path)
+        assert (o.float() - o_pub.float()).abs().max() < 2e-2, path
+        idx, cnt = scoring.fused_select_blocks(q, kc, T, cfg, lse=lse)
+        check_choice(idx, cnt, q, kc, T, cfg, rel_tol=1e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device (bf16 at paper shapes)")
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
