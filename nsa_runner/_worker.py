@@ -5,14 +5,26 @@ JOB is a pickle written by the parent: ``{"spec": "module:attr", "ctx": RunConte
 ``{"result": StageResult dict, "traceback": str|None}`` as JSON to RESULT (atomically). Its
 stdout/stderr are the stage log. A crash (signal, abort) leaves no RESULT: the parent reports
 that from the exit status and the log tail; faulthandler puts the Python stack in the log.
+
+Process hygiene (issue 16): the worker runs in its own session and carries a cookie
+(``NSA_RUN_STAGE_COOKIE``) in its environment, inherited by everything it starts, even a
+``setsid`` grandchild that left its process group. ``stage_processes`` finds them all (psutil: the
+tree below the worker, plus every process of this user carrying the cookie) and
+``kill_processes`` ends them, SIGTERM then SIGKILL. The worker dies with its runner
+(``PR_SET_PDEATHSIG`` on Linux), and ``python -m nsa_runner._worker --watchdog`` (a process of its
+own per stage) kills the cookie's processes and removes the stage's temp folder when the runner
+dies without saying it is done (kill -9).
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import importlib
 import os
 import pickle
+import shutil
+import signal
 import sys
 import time
 import traceback
@@ -20,6 +32,86 @@ import traceback
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
 from nsa_runner.stage import Stage, StageResult, Status
+
+COOKIE_ENV = "NSA_RUN_STAGE_COOKIE"
+PARENT_ENV = "NSA_RUN_PARENT_PID"
+PR_SET_PDEATHSIG = 1
+
+
+def stage_processes(cookie: str, root: int | None = None) -> list:
+    """Every live process of a stage: ``root`` and its descendants, and every process of this user
+    whose environment carries ``cookie`` (a daemonised grandchild is no descendant any more)."""
+    import psutil
+
+    found: dict[int, psutil.Process] = {}
+    if root is not None:
+        try:
+            r = psutil.Process(root)
+            found[r.pid] = r
+            found.update((c.pid, c) for c in r.children(recursive=True))
+        except psutil.Error:
+            pass
+    me, uid = os.getpid(), os.getuid()
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.pid in found or p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if p.environ().get(COOKIE_ENV) == cookie:
+                found[p.pid] = p
+        except psutil.Error:
+            continue
+    return [p for pid, p in found.items() if pid != me]
+
+
+def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
+    """SIGTERM every process of the stage (and the worker's process group), wait up to ``grace_s``,
+    then SIGKILL what is left, looking again for processes started meanwhile."""
+    import psutil
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        procs = stage_processes(cookie, root)
+        if root is not None:
+            try:
+                os.killpg(root, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        if wait > 0 and procs:
+            psutil.wait_procs(procs, timeout=wait)
+        if not stage_processes(cookie, root):
+            return
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends this process SIGKILL when the runner that started it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog alone covers runner death
+        return
+    parent = os.environ.get(PARENT_ENV)
+    if parent and parent.isdigit() and os.getppid() != int(parent):  # the runner died before prctl
+        os._exit(1)
+
+
+def watchdog(argv: list[str]) -> int:
+    """``--watchdog FD COOKIE WORKER_PID TMPDIR``: wait for the runner; on EOF without the "done"
+    byte (the runner died) kill the stage's processes and remove its temp folder."""
+    fd, cookie, worker, tmpdir = int(argv[0]), argv[1], int(argv[2]), argv[3]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's to handle
+    try:
+        data = os.read(fd, 1)
+    except OSError:
+        data = b""
+    if data == b"d":
+        return 0
+    kill_processes(cookie, worker, grace_s=2.0)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    return 0
 
 
 def _load(spec: str) -> Stage:
@@ -38,6 +130,9 @@ def _error(message: str, tb: str | None) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--watchdog" and len(argv) == 5:
+        return watchdog(argv[1:])
+    _die_with_parent()
     if len(argv) != 2:
         print("usage: python -m nsa_runner._worker JOB RESULT", file=sys.stderr)
         return 2

@@ -14,11 +14,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -118,6 +121,64 @@ def write_csv(path: str | os.PathLike, table: Any) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# guarded reading: every reader of a run folder goes through read_limited
+
+
+MAX_READ_BYTES = 256 << 20  # no artifact the runner reads is near this; /dev/zero or a 10 GB file is refused
+
+
+class UnsafeFileError(ValueError):
+    """A file a reader refuses before reading: not a regular file (FIFO, device, folder) or too big."""
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def read_limited(path: str | os.PathLike, limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of ``path``, refused by type and size before reading (``UnsafeFileError``).
+
+    A FIFO, a device (e.g. a symlink to /dev/zero), a socket or a folder is refused by its type;
+    a file larger than ``limit`` by its size. The file is opened non-blocking (a FIFO swapped in
+    after the check cannot hang the open) and checked again on the open descriptor. OSError
+    (missing, no permission) passes through.
+    """
+    path = Path(path)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{path}: is {_kind(st.st_mode)}, not a regular file; refused")
+    if st.st_size > limit:
+        raise UnsafeFileError(f"{path}: {st.st_size / 2**20:.0f} MiB, more than the {limit / 2**20:.0f} MiB "
+                              f"this reader accepts; refused")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(f"{path}: is {_kind(st.st_mode)}, not a regular file; refused")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise UnsafeFileError(f"{path}: grew past the {limit / 2**20:.0f} MiB this reader accepts; refused")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text_limited(path: str | os.PathLike, limit: int = MAX_READ_BYTES, errors: str = "strict") -> str:
+    """``read_limited`` decoded as UTF-8 (UnicodeDecodeError with ``errors="strict"``)."""
+    return read_limited(path, limit).decode("utf-8", errors=errors)
+
+
+# ---------------------------------------------------------------------------------------------
 # run id
 
 
@@ -197,9 +258,13 @@ def load_manifest(path: str | os.PathLike) -> dict:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text_limited(path))
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest.json") from None
+    except UnsafeFileError as e:
+        raise ManifestError(str(e)) from None
+    except RecursionError:
+        raise ManifestError(f"{path}: not usable JSON (nested too deeply)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
@@ -228,7 +293,41 @@ def load_manifest(path: str | os.PathLike) -> dict:
                                     f" is not one of {', '.join(STATUSES)}")
     if not isinstance(data.get("run_id"), str):
         raise ManifestError(f"{path}: 'run_id' missing or not a string")
+    for key, types in _TOP_TYPES.items():
+        if key in data and not _is(data[key], types):
+            raise ManifestError(f"{path}: {key!r} must be {_names(types)}, got {type(data[key]).__name__}")
+    for where, entries in (("stages", stages), ("history", history)):
+        for i, s in enumerate(entries):
+            for key, types in _ENTRY_TYPES.items():
+                if key in s and not _is(s[key], types):
+                    raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): {key!r} must be {_names(types)},"
+                                        f" got {type(s[key]).__name__}")
+            if not all(isinstance(f, str) for f in s.get("files") or []):
+                raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'files' must be a list of strings")
     return data
+
+
+# the types of the manifest fields readers use (a hand-edited or foreign manifest is checked, not trusted)
+_NUMBER = (int, float)
+_TOP_TYPES = {"host": (dict,), "argv": (list,), "device": (str,), "profile": (str,), "started": (str,),
+              "finished": (str, type(None)), "interrupted": (bool,), "updates": (list,), "pending": (list,),
+              "exit_code": (int,), "incomplete": (str, type(None))}
+_ENTRY_TYPES = {"files": (list,), "reason": (str,), "hint": (str,), "log": (str,), "metrics": (dict,),
+                "options": (dict,), "duration_s": _NUMBER, "traceback": (str,), "log_tail": (str,),
+                "order": (int, type(None)), "source": (str,), "device": (str,), "profile": (str,),
+                "started": (str,), "finished": (str,), "moved_to": (str,)}
+
+
+def _is(value: Any, types: tuple) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _names(types: tuple) -> str:
+    words = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+             bool: "true or false", type(None): "null"}
+    return " or ".join(dict.fromkeys(words[t] for t in types))
 
 
 # names the runner owns in a run folder: shared by every stage, so never a stage's own file
@@ -300,9 +399,10 @@ def run_folders(out: Path, rid: str) -> list[Path]:
 
 
 def new_run_folder(out: Path, rid: str) -> Path:
-    """A fresh folder for a new run: ``<out>/<rid>``, or ``<rid>.2``, ``.3`` ... when taken.
+    """A fresh, empty folder for a new run: ``<out>/<rid>``, or ``<rid>.2``, ``.3`` ... when taken.
 
     An existing folder is never reused or emptied: a rerun cannot destroy earlier results.
+    (``create_run_folder`` is what the CLI uses: it never shows a folder without its manifest.)
     """
     out.mkdir(parents=True, exist_ok=True)
     n = 1
@@ -313,6 +413,100 @@ def new_run_folder(out: Path, rid: str) -> Path:
             return p
         except FileExistsError:
             n += 1
+
+
+INCOMING_PREFIX = ".incoming-"
+
+
+def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) -> Path | None:
+    """A new run folder that appears complete or not at all (any number of runs at once).
+
+    ``fill(folder)`` writes the first files (the manifest) into a private folder
+    ``<out>/.incoming-<rid>-<pid>-<random>``, which is then renamed to the first free name
+    ``<rid>``, ``<rid>.2`` ... A rename onto a folder that another run created meanwhile fails
+    (it is not empty) and the next number is tried. So a run never sees another's folder before
+    its manifest exists, and a crash (full disk, kill -9) leaves only an ``.incoming-`` folder,
+    which ``clean_stale`` removes at the next start. With ``only_first`` the only name tried is
+    the next after the existing ones at the time of the call; None when another run took it.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{INCOMING_PREFIX}{rid}-{os.getpid()}-", dir=out))
+    try:
+        fill(tmp)
+        existing = run_folders(out, rid)
+        n = 1 + max([_folder_number(p) for p in existing], default=0)
+        while True:
+            target = out / (rid if n == 1 else f"{rid}.{n}")
+            if not os.path.lexists(target):
+                try:
+                    os.rename(tmp, target)
+                    return target
+                except OSError as e:
+                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+            if only_first:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return None
+            n += 1
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _folder_number(p: Path) -> int:
+    m = _SUFFIX.match(p.name)
+    return int(m.group("n") or 1) if m else 1
+
+
+def pid_alive(pid: Any, started: Any = None) -> bool:
+    """Whether process ``pid`` (created at ``started``, psutil's create_time, when given) still runs."""
+    import psutil
+
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(proc.create_time() - float(started)) < 1.0
+    except (psutil.Error, TypeError, ValueError):
+        return False
+
+
+def process_started(pid: int | None = None) -> float:
+    import psutil
+
+    return psutil.Process(pid or os.getpid()).create_time()
+
+
+_STALE_NAME = re.compile(r"^(?:\.incoming-.+|nsa-run-.+)-(?P<pid>\d+)-[^-]+$")
+
+
+def clean_stale(out: Path | None = None) -> list[Path]:
+    """Remove what a killed nsa-run left: ``.incoming-`` folders under ``out`` and stage temp
+    folders ``nsa-run-<stage>-<pid>-*`` in the system temp dir, whose process is gone."""
+    removed = []
+    places = [Path(tempfile.gettempdir())] + ([out] if out is not None else [])
+    for place in places:
+        try:
+            children = list(place.iterdir())
+        except OSError:
+            continue
+        for p in children:
+            m = _STALE_NAME.match(p.name)
+            if not m or (place != out and not p.name.startswith("nsa-run-")):
+                continue
+            if place == out and not p.name.startswith(INCOMING_PREFIX):
+                continue
+            try:
+                if not p.is_dir() or p.is_symlink() or p.stat().st_uid != os.getuid():
+                    continue
+            except OSError:
+                continue
+            if not pid_alive(int(m.group("pid"))):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
 
 
 def check_writable(out: Path) -> None:

@@ -22,12 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nsa_runner
+from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes
 from nsa_runner.artifacts import declared_file_problem, now_iso
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import RunManifest
@@ -124,9 +126,11 @@ def _last_line(path: Path) -> str:
     return t[-120:]
 
 
-def _child_env(device: str) -> dict[str, str]:
+def _child_env(device: str, cookie: str = "") -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env[COOKIE_ENV] = cookie  # inherited by everything the stage starts: found and killed with it
+    env[PARENT_ENV] = str(os.getpid())
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"  # must be set before anything imports triton
     # the child must import the same nsa_runner as this process, even from a plain checkout
@@ -137,30 +141,59 @@ def _child_env(device: str) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's process group, then SIGKILL whatever is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE_S) -> bool:
+    """Kill the stage as a tree (``_worker.kill_processes``: the worker, its descendants, its
+    process group and anything carrying its cookie, ``setsid`` grandchildren included), SIGTERM
+    first. A Ctrl-C (or SIGTERM) during the grace period goes straight to SIGKILL. Returns whether
+    that happened (the caller re-raises it unless it is already handling an interrupt)."""
+    interrupted = False
+    while True:
         try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
+            kill_processes(cookie, proc.pid, 0.0 if interrupted else grace_s)
             break
-        if wait is None:
-            break
-        deadline = time.monotonic() + wait
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        except KeyboardInterrupt:
+            interrupted = True
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    return interrupted
 
 
-def _reap_group(pgid: int) -> None:
-    """Kill processes a finished stage left behind in its group (orphans must not outlive it)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+class _Watchdog:
+    """``python -m nsa_runner._worker --watchdog``: kills the stage and removes its temp folder if
+    this runner dies (kill -9) before ``done()``. Its own session: a terminal's Ctrl-C and a
+    kill of the runner's process group do not reach it."""
+
+    def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
+        self.proc = None
+        r, self.w = os.pipe()
+        try:
+            env = {k: v for k, v in env.items() if k not in (COOKIE_ENV, PARENT_ENV)}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nsa_runner._worker", "--watchdog", str(r), cookie, str(worker_pid), tmpdir],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(r,),
+                env=env, start_new_session=True)
+        except OSError:  # no watchdog: the parent-death signal still stops the worker itself
+            os.close(self.w)
+            self.w = None
+        finally:
+            os.close(r)
+
+    def done(self) -> None:
+        if self.w is not None:
+            try:
+                os.write(self.w, b"d")
+            except OSError:
+                pass
+            os.close(self.w)
+            self.w = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _describe_exit(rc: int) -> str:
@@ -222,43 +255,52 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     rec.log = log_rel
     observer.on_start(entry)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-") as tmp:
+    cookie = uuid.uuid4().hex
+    # the runner's pid in the name: a folder whose runner is gone is removed at the next start
+    with tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-{os.getpid()}-") as tmp:
         job = Path(tmp) / "job.pkl"
         result_path = Path(tmp) / "result.json"
         with open(job, "wb") as f:
             pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
+        env = _child_env(ctx.device, cookie)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "nsa_runner._worker", str(job), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=run_dir, env=_child_env(ctx.device), start_new_session=True,
+                cwd=run_dir, env=env, start_new_session=True,
             )
+        guard = None
         timed_out = False
         try:
+            guard = _Watchdog(cookie, proc.pid, tmp, env)
             while proc.poll() is None:
                 elapsed = time.monotonic() - t0
                 if elapsed > timeout_s:
                     timed_out = True
-                    _kill_group(proc)
                     break
                 observer.on_tick(entry, elapsed, _last_line(log_path))
                 time.sleep(POLL_S)
+            # finished or timed out: nothing the stage started outlives it (setsid grandchildren too)
+            if _stop_stage(proc, cookie):
+                raise KeyboardInterrupt
         except KeyboardInterrupt:
-            _kill_group(proc)
+            _stop_stage(proc, cookie)
+            _done(guard)
             rec.duration_s = time.monotonic() - t0
             rec.reason = "interrupted (Ctrl-C): the stage was stopped"
             rec.log_tail = tail(log_path)
             rec.finished = now_iso()
             raise _Interrupted(rec) from None
         except BaseException:  # anything else escaping the wait (e.g. a test timeout): no orphaned stage
-            _kill_group(proc)
+            _stop_stage(proc, cookie)
+            _done(guard)
             raise
-        _reap_group(proc.pid)
+        _done(guard)
         rec.duration_s = time.monotonic() - t0
         rec.finished = now_iso()
         if timed_out:
             rec.status = Status.TIMEOUT
-            rec.reason = f"no result after {timeout_s:g}s: process group killed"
+            rec.reason = f"no result after {timeout_s:g}s: the stage's processes were killed"
             rec.log_tail = tail(log_path)
         elif result_path.exists():
             _apply_result(rec, result_path, run_dir, machine, log_path)
@@ -266,6 +308,11 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             rec.reason = _describe_exit(proc.returncode)
             rec.log_tail = tail(log_path)
     return rec
+
+
+def _done(guard: _Watchdog | None) -> None:
+    if guard is not None:
+        guard.done()
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -368,7 +415,9 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             except _Interrupted as intr:
                 rec = intr.record
                 records.append(rec)
-                manifest.record(rec.to_dict())
+                # a rerun that did not finish puts the earlier result back (its attempt goes to history)
+                if not manifest.restore(rec.name, rec.to_dict()):
+                    manifest.record(rec.to_dict())
                 observer.on_finish(entry, rec)
                 raise
             records.append(rec)

@@ -4,6 +4,15 @@
 "interrupted", "stages": [{"name", "status", "duration_s", "reason", "files", ...}, ...],
 "history": [...]}``. ``history`` keeps the entries replaced when ``nsa-run stage X`` reruns a
 stage in an existing run folder, with where its old files were moved.
+
+Several nsa-run processes may write one manifest at once (``stage X`` and ``stage Y`` into one
+run, ``stage X`` during a oneshot): every change is made under a file lock (``filelock``, the
+hidden ``.manifest.lock`` of the run folder) on a fresh read of the file, so no record is lost.
+
+A rerun is transactional: ``set_aside`` moves the earlier result's files to ``history/`` but keeps
+its entry in ``stages`` and notes the move in ``pending``; only ``record`` of the new result
+retires it to ``history``. An interrupted rerun (``restore``) or one whose runner died
+(``recover``, at the next ``open``) puts the earlier files and entry back.
 """
 
 from __future__ import annotations
@@ -13,17 +22,28 @@ import platform
 import shutil
 import socket
 import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
     MANIFEST_SCHEMA_VERSION,
+    ManifestError,
+    create_run_folder,
     load_manifest,
     now_iso,
+    pid_alive,
+    process_started,
     stage_owns,
     write_json,
 )
+
+LOCK_NAME = ".manifest.lock"
+LOCK_TIMEOUT_S = 120.0
 
 
 def host_info() -> dict:
@@ -37,20 +57,57 @@ def host_info() -> dict:
     }
 
 
+def _me() -> dict:
+    return {"pid": os.getpid(), "pid_started": process_started(), "hostname": socket.gethostname()}
+
+
+def _dead(owner: dict) -> bool:
+    """Whether the process that wrote ``owner`` (``_me()``) is gone (only known on the same host)."""
+    if owner.get("hostname") != socket.gethostname():
+        return False
+    return not pid_alive(owner.get("pid"), owner.get("pid_started"))
+
+
+class ManifestBusy(ManifestError):
+    """Another nsa-run holds the manifest lock for too long, or runs the same stage in this folder."""
+
+
 class RunManifest:
-    """The manifest of one run folder; ``write()`` replaces the file atomically."""
+    """The manifest of one run folder. Every change goes through ``update`` (lock, re-read, write)."""
 
     def __init__(self, dir: Path, data: dict):
         self.dir = Path(dir).resolve()  # absolute: stages run with it as cwd and get it as ctx.dir
         self.data = data
+        self.token = uuid.uuid4().hex[:12]  # this process's updates / pending entries
 
     @property
     def path(self) -> Path:
         return self.dir / MANIFEST_NAME
 
-    @classmethod
-    def create(cls, dir: Path, run_id: str, argv: list[str], **run_facts: Any) -> RunManifest:
-        data = {
+    def _lock(self) -> FileLock:
+        return FileLock(str(self.dir / LOCK_NAME), timeout=LOCK_TIMEOUT_S)
+
+    def update(self, change: Callable[[dict], Any]) -> Any:
+        """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it."""
+        try:
+            with self._lock():
+                try:
+                    data = load_manifest(self.path)
+                except ManifestError:
+                    if self.path.exists():
+                        raise
+                    data = self.data  # not written yet
+                result = change(data)
+                write_json(self.path, data)
+                self.data = data
+                return result
+        except Timeout:
+            raise ManifestBusy(f"{self.path}: locked by another nsa-run for more than {LOCK_TIMEOUT_S:g}s "
+                               f"({self.dir / LOCK_NAME})") from None
+
+    @staticmethod
+    def _initial(run_id: str, argv: list[str], run_facts: dict) -> dict:
+        return {
             "schema_version": MANIFEST_SCHEMA_VERSION,
             "run_id": run_id,
             "started": now_iso(),
@@ -59,20 +116,42 @@ class RunManifest:
             "host": host_info(),
             **run_facts,
             "interrupted": False,
+            "runner": _me(),
             "stages": [],
             "history": [],
         }
-        m = cls(dir, data)
+
+    @classmethod
+    def create(cls, dir: Path, run_id: str, argv: list[str], **run_facts: Any) -> RunManifest:
+        """The manifest of an existing, empty folder ``dir`` (the CLI uses ``new``)."""
+        m = cls(dir, cls._initial(run_id, argv, run_facts))
         m.write()
         return m
 
     @classmethod
+    def new(cls, out: Path, run_id: str, argv: list[str], *, only_first: bool = False,
+            **run_facts: Any) -> RunManifest | None:
+        """A new run folder under ``out`` holding its manifest from the moment it exists
+        (``artifacts.create_run_folder``). None with ``only_first`` when another run took the name."""
+        data = cls._initial(run_id, argv, run_facts)
+        folder = create_run_folder(Path(out), run_id, lambda tmp: write_json(tmp / MANIFEST_NAME, data),
+                                   only_first=only_first)
+        return None if folder is None else cls(folder, data)
+
+    @classmethod
     def open(cls, dir: Path, argv: list[str]) -> RunManifest:
-        """An existing run folder (``nsa-run stage X`` into it). Raises ManifestError if unusable."""
-        data = load_manifest(Path(dir) / MANIFEST_NAME)
-        data.setdefault("history", [])
-        data.setdefault("updates", []).append({"argv": list(argv), "started": now_iso()})
-        return cls(dir, data)
+        """An existing run folder (``nsa-run stage X`` into it). Raises ManifestError if unusable.
+
+        Reruns whose runner died (``pending`` of a process that is gone) are put back first."""
+        m = cls(dir, load_manifest(Path(dir) / MANIFEST_NAME))
+        m.recover()
+
+        def add(data: dict) -> None:
+            data.setdefault("history", [])
+            data.setdefault("updates", []).append({"argv": list(argv), "started": now_iso(), "token": m.token})
+
+        m.update(add)
+        return m
 
     @property
     def stages(self) -> list[dict]:
@@ -81,51 +160,161 @@ class RunManifest:
     def entry(self, name: str) -> dict | None:
         return next((s for s in self.stages if s.get("name") == name), None)
 
-    def set_aside(self, name: str) -> Path | None:
-        """Move the files and log of stage ``name``'s earlier result to ``history/<name>-<time>/``.
+    # ---- transactional reruns ---------------------------------------------------------------
 
-        The manifest entry moves to ``history`` (with ``moved_to``). Nothing is deleted.
-        Returns the history folder, or None when the stage had no earlier result.
-        """
-        old = self.entry(name)
-        if old is None:
-            return None
+    def _history_dir(self, name: str, tag: str = "") -> Path:
         stamp = now_iso().replace(":", "").replace("+", "p")
-        dest = self.dir / "history" / f"{name}-{stamp}"
+        dest = self.dir / "history" / f"{name}-{stamp}{tag}"
         n = 1
         while dest.exists():
             n += 1
-            dest = self.dir / "history" / f"{name}-{stamp}.{n}"
-        files = old.get("files") if isinstance(old.get("files"), list) else []
-        for rel, is_log in [(f, False) for f in files] + [(old.get("log") or "", True)]:
+            dest = self.dir / "history" / f"{name}-{stamp}{tag}.{n}"
+        return dest
+
+    def _move_owned(self, name: str, entry: dict, src_root: Path, dst_root: Path) -> None:
+        """Move the files and log ``entry`` lists for stage ``name`` from ``src_root`` to ``dst_root``."""
+        files = entry.get("files") if isinstance(entry.get("files"), list) else []
+        for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
             # never anything outside the run folder, nor a shared name (logs, history, manifest)
             if not rel or not stage_owns(self.dir, name, rel, log=is_log):
                 continue
-            src = self.dir / rel
+            src = src_root / rel
             if src.is_file() or src.is_dir():
-                target = dest / rel
+                target = dst_root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if os.path.lexists(target):  # a half-written file of an abandoned attempt
+                    continue
                 shutil.move(str(src), str(target))
-        self.data["history"].append({**old, "moved_to": str(dest.relative_to(self.dir))})
-        self.write()
-        return dest
+
+    def set_aside(self, name: str) -> Path | None:
+        """Before rerunning stage ``name``: move its earlier files and log to ``history/<name>-<time>/``.
+
+        The earlier entry stays in ``stages`` until the new result is recorded; ``pending`` notes
+        the move (with this process), so ``restore`` / ``recover`` can put it back. Nothing is
+        deleted. Returns the history folder, or None when the stage had no earlier result.
+        Raises ManifestBusy when another live nsa-run is running this stage in this folder.
+        """
+        def change(data: dict) -> Path | None:
+            for p in data.get("pending", []):
+                if p.get("stage") == name and not _dead(p.get("owner") or {}):
+                    raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
+                                       f"{(p.get('owner') or {}).get('pid')}); wait for it to finish")
+            old = next((s for s in data["stages"] if s.get("name") == name), None)
+            pending = {"stage": name, "token": self.token, "owner": _me(), "since": now_iso()}
+            if old is not None:
+                dest = self._history_dir(name)
+                self._move_owned(name, old, self.dir, dest)
+                pending["moved_to"] = str(dest.relative_to(self.dir))
+            data.setdefault("pending", []).append(pending)
+            return self.dir / pending["moved_to"] if old is not None else None
+
+        return self.update(change)
+
+    def _take_pending(self, data: dict, name: str, token: str | None = None) -> dict | None:
+        for i, p in enumerate(data.get("pending", [])):
+            if p.get("stage") == name and (token is None or p.get("token") == token):
+                return data["pending"].pop(i)
+        return None
+
+    def _put_back(self, data: dict, pending: dict, attempt: dict | None, tag: str) -> None:
+        """Undo a ``set_aside``: whatever the attempt left (its files, its log) goes to history, the
+        earlier files come back, the earlier entry stays current."""
+        name = pending["stage"]
+        old = next((s for s in data["stages"] if s.get("name") == name), None)
+        leftovers = dict(attempt or {})
+        leftovers.setdefault("log", f"logs/{name}.log")
+        if old is not None:  # the attempt wrote over the earlier names, if anything
+            leftovers["files"] = sorted(set(leftovers.get("files") or []) | set(old.get("files") or []))
+        dest = self._history_dir(name, tag)
+        self._move_owned(name, leftovers, self.dir, dest)
+        if attempt is not None:
+            data["history"].append({**attempt, "moved_to": str(dest.relative_to(self.dir))})
+        if old is not None and pending.get("moved_to"):
+            moved = self.dir / pending["moved_to"]
+            self._move_owned(name, old, moved, self.dir)
+            for d in sorted([moved, *moved.rglob("*")], key=lambda p: -len(p.parts)):  # empty folders left
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+
+    def restore(self, name: str, attempt: dict) -> bool:
+        """An interrupted rerun of ``name``: its record ``attempt`` goes to history and the earlier
+        result is put back. False (and nothing set aside any more) when there was no earlier
+        result: the caller then records ``attempt`` as usual."""
+        def change(data: dict) -> bool:
+            pending = self._take_pending(data, name, self.token)
+            if pending is None or not pending.get("moved_to"):
+                return False
+            self._put_back(data, pending, attempt, "-interrupted")
+            return True
+
+        return self.update(change)
+
+    def recover(self) -> list[str]:
+        """Put back the earlier results of reruns whose nsa-run died (kill -9, power loss)."""
+        stale = [p for p in self.data.get("pending", []) if isinstance(p, dict) and _dead(p.get("owner") or {})]
+        if not stale:
+            return []
+
+        def change(data: dict) -> list[str]:
+            done = []
+            for p in list(data.get("pending", [])):
+                if isinstance(p, dict) and _dead(p.get("owner") or {}):
+                    data["pending"].remove(p)
+                    self._put_back(data, p, None, "-abandoned")
+                    done.append(p.get("stage"))
+            return done
+
+        return self.update(change)
+
+    def abandon(self) -> None:
+        """Best effort after a runner error (e.g. a full disk): put back what this process set aside."""
+        mine = [p.get("stage") for p in self.data.get("pending", []) if p.get("token") == self.token]
+        for name in mine:
+            try:
+                def change(data: dict, name=name) -> None:
+                    p = self._take_pending(data, name, self.token)
+                    if p is not None:
+                        self._put_back(data, p, None, "-abandoned")
+
+                self.update(change)
+            except (OSError, ManifestError):
+                pass
+
+    # ---- records ----------------------------------------------------------------------------
 
     def record(self, entry: dict) -> None:
-        """Add or replace (same name, same position) a stage entry, then write the manifest."""
-        for i, s in enumerate(self.stages):
-            if s.get("name") == entry["name"]:
-                self.stages[i] = entry
-                break
-        else:
-            self.stages.append(entry)
-        self.write()
+        """Add or replace (same name, same position) a stage entry; a rerun's earlier entry moves
+        to ``history`` now (its files were set aside before the stage ran)."""
+        def change(data: dict) -> None:
+            stages = data["stages"]
+            pending = self._take_pending(data, entry["name"], self.token)
+            for i, s in enumerate(stages):
+                if s.get("name") == entry["name"]:
+                    if pending is not None and pending.get("moved_to"):
+                        data["history"].append({**s, "moved_to": pending["moved_to"]})
+                    stages[i] = entry
+                    break
+            else:
+                stages.append(entry)
+
+        self.update(change)
+
+    def set_fields(self, **fields: Any) -> None:
+        self.update(lambda data: data.update(fields))
 
     def finish(self, interrupted: bool = False) -> None:
-        if self.data.get("updates"):
-            self.data["updates"][-1]["finished"] = now_iso()
-        self.data["finished"] = now_iso()
-        self.data["interrupted"] = bool(interrupted or self.data.get("interrupted"))
-        self.write()
+        def change(data: dict) -> None:
+            mine = [u for u in data.get("updates", []) if isinstance(u, dict) and u.get("token") == self.token]
+            if mine:
+                mine[-1]["finished"] = now_iso()
+            data["finished"] = now_iso()
+            data["interrupted"] = bool(interrupted or data.get("interrupted"))
+
+        self.update(change)
 
     def write(self) -> None:
-        write_json(self.path, self.data)
+        """Write this process's view as is (under the lock; prefer ``update``)."""
+        with self._lock():
+            write_json(self.path, self.data)

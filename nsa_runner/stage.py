@@ -38,7 +38,9 @@ class StageResult:
         return {
             "status": self.status.value,
             "reason": self.reason,
-            "files": list(self.files),
+            # a list as given; anything else (e.g. one string) is passed on as is, so the runner
+            # names the wrong type instead of splitting "a.txt" into letters
+            "files": list(self.files) if isinstance(self.files, (list, tuple)) else self.files,
             "metrics": self.metrics,
             "hint": self.hint,
         }

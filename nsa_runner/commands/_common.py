@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -12,9 +14,9 @@ import typer
 from rich.markup import escape
 
 from nsa_runner._ui import ProgressObserver, err_console, fail, report
-from nsa_runner.artifacts import ManifestError, check_writable, load_manifest, run_folders, run_id
+from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
 from nsa_runner.executor import RunInterrupted, Settings, execute, exit_code
-from nsa_runner.manifest import RunManifest
+from nsa_runner.manifest import ManifestBusy, RunManifest
 from nsa_runner.registry import Machine, StageEntry, cuda_available, triton_installed
 from nsa_runner.results import counts
 from nsa_runner.results.reports import write_run_reports
@@ -51,32 +53,93 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
     return machine, profile or ("full" if device == "cuda" else "quick")
 
 
+MIN_FREE_BYTES = 64 << 20  # a quick run writes a few MB; below this a run would die mid-way
+
+
 def check_out(out: Path) -> Path:
-    """Resolve ``--out`` once, against the caller's cwd, and check it is writable.
+    """Resolve ``--out`` once, against the caller's cwd, and check it is writable and has room.
 
     Returns the absolute path: everything after this (the run folder, the manifest, every
     stage's ``ctx.dir``, whose process runs with the run folder as its cwd) uses it, so a
-    relative ``--out`` never lands nested inside the run folder (DESIGN §7).
+    relative ``--out`` never lands nested inside the run folder (DESIGN §7). What an earlier
+    nsa-run killed mid-way left (``.incoming-`` folders, stage temp folders) is removed here.
     """
     out = Path(out).expanduser().resolve()
     try:
         check_writable(out)
+        free = shutil.disk_usage(out).free
     except OSError as e:
         fail(f"--out {out}: cannot write there ({e.strerror or e})",
              "choose a writable folder with --out")
+    if free < MIN_FREE_BYTES:
+        fail(f"--out {out}: only {free / 2**20:.1f} MiB free on its disk (a run needs at least "
+             f"{MIN_FREE_BYTES / 2**20:.0f} MiB)", "free some space or choose another folder with --out")
+    clean_stale(out)
     return out
 
 
 def check_earlier_runs(out: Path, rid: str) -> list[Path]:
-    """Earlier run folders of this run id; exit 2 (touching nothing) if one is unusable."""
-    folders = run_folders(out, rid)
-    for folder in folders:
+    """Earlier run folders of this run id; exit 2 (touching nothing) if one is unusable.
+
+    A folder with nothing in it (what an nsa-run before issue 16 left on a full disk) holds no
+    result: it is passed over, never an obstacle."""
+    folders = []
+    for folder in run_folders(out, rid):
+        try:
+            if not any(folder.iterdir()):
+                continue
+        except OSError:
+            pass
         try:
             load_manifest(folder)
         except ManifestError as e:
             fail(f"earlier run folder is unusable: {e}",
                  f"nothing was changed; repair or move {folder} aside, then rerun")
+        folders.append(folder)
     return folders
+
+
+def new_manifest(make: Callable[[], RunManifest | None]) -> RunManifest | None:
+    """``make()`` (a new run folder with its manifest); a full disk or an unwritable folder exits 2."""
+    try:
+        return make()
+    except OSError as e:
+        fail(f"cannot create the run folder: {e.strerror or e}", _disk_hint(e))
+
+
+def open_latest_run(out: Path, rid: str, argv: list[str], **facts: Any) -> RunManifest:
+    """The latest run folder of ``rid`` (``nsa-run stage X`` goes there), or a new one. Two
+    ``stage`` commands into an empty ``--out`` at once end up in the same folder."""
+    while True:
+        folders = check_earlier_runs(out, rid)
+        if folders:
+            try:
+                return RunManifest.open(folders[-1], argv)
+            except ManifestError as e:
+                fail(f"earlier run folder is unusable: {e}",
+                     f"nothing was changed; repair or move {folders[-1]} aside, then rerun")
+            except OSError as e:
+                fail(f"cannot update {folders[-1]}: {e.strerror or e}", _disk_hint(e))
+        made = new_manifest(lambda: RunManifest.new(out, rid, argv, only_first=True, **facts))
+        if made is not None:
+            return made  # else another nsa-run created it a moment ago: open that one
+
+
+def set_aside(manifest: RunManifest, name: str) -> Path | None:
+    try:
+        return manifest.set_aside(name)
+    except ManifestBusy as e:
+        fail(str(e), "nothing was changed")
+    except ManifestError as e:
+        fail(f"run folder is unusable: {e}", "nothing was changed")
+    except OSError as e:
+        fail(f"cannot set the earlier {name} result aside: {e.strerror or e}", _disk_hint(e))
+
+
+def _disk_hint(e: OSError) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full: free some space, then rerun (earlier runs are untouched)"
+    return "check the --out folder's permissions and free space"
 
 
 def parse_stage_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
@@ -134,14 +197,18 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             records = execute(plan, manifest, settings, machine, obs)
     except RunInterrupted as intr:
         interrupted, records = True, intr.records
+    except (OSError, ManifestError) as e:  # e.g. the disk filled up: the run cannot be recorded
+        run_broke(manifest, e)
     finally:
         signal.signal(signal.SIGTERM, previous)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
     finish_run(manifest, err)
     if after is not None and not interrupted:
         code = after(code)
-    manifest.data["exit_code"] = code  # make reports 2 for any failure: the CLI's own code stays here
-    manifest.write()
+    try:  # make reports 2 for any failure: the CLI's own code stays here
+        manifest.set_fields(exit_code=code)
+    except (OSError, ManifestError) as e:
+        run_broke(manifest, e)
     payload = {
         "schema_version": 1,
         "run_id": manifest.data["run_id"],
@@ -161,6 +228,21 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
            title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")
     sys.stdout.flush()
     raise typer.Exit(code)
+
+
+def run_broke(manifest: RunManifest, e: Exception) -> None:
+    """The runner itself could not go on (a full disk, a manifest someone broke): put back a
+    rerun's earlier result, mark the run incomplete where the disk still allows it, exit 2.
+    The manifest on disk is always a complete earlier version (atomic writes), so a later run
+    is never blocked by this one."""
+    manifest.abandon()
+    what = f"{e.strerror or e}" if isinstance(e, OSError) else str(e)
+    try:
+        manifest.set_fields(incomplete=f"the runner stopped: {what}", finished=None)
+    except (OSError, ManifestError):
+        pass
+    fail(f"run {manifest.dir.name} is incomplete: {what}",
+         _disk_hint(e) if isinstance(e, OSError) else "nothing else was changed")
 
 
 def finish_run(manifest: RunManifest, err) -> None:

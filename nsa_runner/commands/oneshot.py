@@ -50,12 +50,11 @@ def oneshot(
     out = c.check_out(out)
     rid = c.current_run_id()
     c.check_earlier_runs(out, rid)
-    from nsa_runner.artifacts import new_run_folder
-
-    folder = new_run_folder(out, rid)
-    manifest = RunManifest.create(folder, rid, sys.argv, device=machine.device, profile=profile,
-                                  strict=strict, selection={"only": only, "skip": skip},
-                                  command="oneshot")
+    # the folder appears with its manifest in it: any number of oneshots may start at once
+    manifest = c.new_manifest(lambda: RunManifest.new(out, rid, sys.argv, device=machine.device, profile=profile,
+                                                      strict=strict, selection={"only": only, "skip": skip},
+                                                      command="oneshot"))
+    folder = manifest.dir
     # report.html (+ the baseline check) once the stages are done; the run's own code is kept
     c.run_and_report(plan, manifest, machine, profile, timeout, strict, as_json,
                      after=lambda code: report_cmd.finish_oneshot(folder, code, base))

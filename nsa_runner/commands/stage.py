@@ -1,8 +1,9 @@
 """``nsa-run stage NAME [stage options]``: one stage into this code's run folder.
 
 The run folder is the latest ``<out>/<run-id>[.N]/`` (created when there is none). When the
-stage already has a result there, its files and log move to ``history/<stage>-<time>/`` and
-its manifest entry to the manifest's ``history``; nothing is deleted.
+stage already has a result there, its files and log move to ``history/<stage>-<time>/`` and,
+once the new result is recorded, its manifest entry to the manifest's ``history``; a rerun that
+is interrupted or whose runner dies puts the earlier result back. Nothing is deleted.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from pathlib import Path
 import typer
 
 from nsa_runner._ui import err_console, fail, out_console
-from nsa_runner.artifacts import new_run_folder
 from nsa_runner.commands import _common as c
 from nsa_runner.commands import report as report_cmd
-from nsa_runner.manifest import RunManifest
 from nsa_runner.registry import discover
 
 
@@ -47,15 +46,11 @@ def stage(
     options = c.parse_stage_options(entry, list(ctx.args))
     out = c.check_out(out)
     rid = c.current_run_id()
-    folders = c.check_earlier_runs(out, rid)
-    if folders:
-        manifest = RunManifest.open(folders[-1], sys.argv)
-        moved = manifest.set_aside(name)
-        if moved is not None:
-            err_console().print(f"earlier {name} result moved to {moved}")
-    else:
-        manifest = RunManifest.create(new_run_folder(out, rid), rid, sys.argv, device=machine.device,
-                                      profile=profile, strict=strict, command="stage")
+    manifest = c.open_latest_run(out, rid, sys.argv, device=machine.device, profile=profile, strict=strict,
+                                 command="stage")
+    moved = c.set_aside(manifest, name)
+    if moved is not None:
+        err_console().print(f"earlier {name} result set aside in {moved} (put back if this run does not finish)")
     c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json,
                      after=lambda code: report_cmd.refresh_report(manifest.dir, code))
 

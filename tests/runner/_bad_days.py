@@ -1,0 +1,114 @@
+"""Shared by the ``test_bad_days_*`` tests: a plugin whose stages misbehave on demand, and the
+nsa-run CLI as a separate process with a pinned run id (the shared checkout changes while tests
+run, which would change the id between two commands)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# every stage reads what to do from its environment (set per test on the CLI process)
+BEHAVE = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+from nsa_runner import Stage, StageResult, Status
+
+def _act(ctx, name):
+    mark = os.environ.get("BD_MARK")
+    if os.environ.get("BD_SETSID"):  # a grandchild in a session of its own (a daemon)
+        p = subprocess.Popen(["setsid", "sleep", "1000"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        Path(os.environ["BD_SETSID"]).write_text(str(p.pid))
+    if os.environ.get("BD_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    text = os.environ.get("BD_TEXT", "v1")
+    (ctx.dir / f"{name}.txt").write_text(text)
+    print(f"{name} wrote {text}", flush=True)
+    if mark:
+        Path(mark).write_text(str(os.getpid()))
+    time.sleep(float(os.environ.get(f"BD_SLEEP_{name.upper()}", os.environ.get("BD_SLEEP", "0"))))
+    return StageResult(Status.PASS, f"{name} {text}", files=[f"{name}.txt"])
+
+class X(Stage):
+    name, order, timeout_s = "x", 10, 120.0
+    def run(self, ctx):
+        return _act(ctx, "x")
+
+class Y(Stage):
+    name, order, timeout_s = "y", 11, 120.0
+    def run(self, ctx):
+        return _act(ctx, "y")
+
+class Z(Stage):
+    name, order, timeout_s = "z", 12, 120.0
+    def run(self, ctx):
+        return _act(ctx, "z")
+"""
+
+ENTRIES = {"x": "bd_mod:X", "y": "bd_mod:Y", "z": "bd_mod:Z"}
+
+PINNED = ("import sys; from nsa_runner.commands import _common as c; c.current_run_id = lambda: 'testrun'; "
+          "from nsa_runner.cli import app; app(prog_name='nsa-run')")
+
+
+def make(plugins) -> dict[str, str]:
+    plugins.make("bd-plugin", "bd_mod", BEHAVE, ENTRIES)
+    env = plugins.env()
+    env.pop("BD_MARK", None)
+    return env
+
+
+def cli_cmd(*args) -> list[str]:
+    return [sys.executable, "-c", PINNED, *map(str, args)]
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "testrun" / "manifest.json").read_text())
+
+
+def wait_for(path: Path, timeout: float = 60.0, proc=None) -> str:
+    """The text of ``path`` once it exists and is not empty (the stage got that far)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and path.stat().st_size:
+            return path.read_text()
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the CLI ended (rc {proc.returncode}) before {path.name} appeared")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def env_with(env: dict[str, str], **kw) -> dict[str, str]:
+    e = dict(env)
+    e.update({k: str(v) for k, v in kw.items()})
+    return e
+
+
+def dead_pid() -> int:
+    """A pid that belonged to a process that has exited."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
