@@ -39,7 +39,7 @@ to the central mean of the instrumented pass; the check is that sum / the median
 uninstrumented whole: |ratio - 1| <= ``--parts-tol`` (10%). Off by more: FAIL on CUDA; on CPU
 a warning (CPU timings of tiny shapes on a shared machine; ``--parts-check`` sets it).
 
-On CPU the default ``--backend auto`` becomes ``score=triton`` (other branches auto) when
+On CPU the default backend is ``score=triton`` (other branches auto) rather than ``auto`` when
 ``TRITON_INTERPRET=1`` (the executor sets it): the fused selection scoring kernel then runs in the
 interpreter, so CI exercises it through the stage.
 
@@ -736,8 +736,9 @@ class PrefillBench(Stage):
         Option("--dv", _pos, None, "value head dim (default CUDA 128, CPU 32)"),
         Option("--nsa", parse_nsa, None, f"NSA geometry (default CUDA {PAPER_NSA}; CPU l=16,d=8,l_sel=32,n_sel=4,"
                "w=64)"),
-        Option("--backend", parse_backend, "auto", "nsa_attention backend: auto, or e.g. "
-               "cmp=flash,slc=triton,win=flash,score=triton (unnamed: auto)"),
+        Option("--backend", parse_backend, None, "nsa_attention backend: auto, or e.g. "
+               "cmp=flash,slc=triton,win=flash,score=triton (unnamed: auto). Default: auto; on CPU under "
+               "TRITON_INTERPRET=1 score=triton (the fused scoring kernel in the interpreter)"),
         Option("--baselines", _list_of(BASELINES), list(BASELINES), "full attention / peer paths to time "
                f"({','.join(BASELINES)}; those that cannot run here are skipped with the reason)"),
         Option("--passes", _list_of(PASSES), list(PASSES), "fwd, fwd+bwd"),
@@ -757,19 +758,21 @@ class PrefillBench(Stage):
         dev = "cuda" if str(ctx.device).startswith("cuda") else "cpu"
         prof = "full" if ctx.profile == "full" else "quick"
         o = dict(DEFAULTS[(dev, prof)])
-        o.update(backend="auto", baselines=list(BASELINES), passes=list(PASSES), warmup_ms=25.0, iters=None,
+        o.update(backend=None, baselines=list(BASELINES), passes=list(PASSES), warmup_ms=25.0, iters=None,
                  parts_tol=0.10, parts_check="auto", seed=0)
         for k, v in (ctx.options or {}).items():
             if v is not None:
                 o[k] = v
         if isinstance(o["nsa"], str):
             o["nsa"] = parse_nsa(o["nsa"])
+        if o["backend"] is None:
+            # the default: "auto"; on CPU "auto" scores with the torch reference, so under the
+            # interpreter (the executor sets it) the fused Triton scoring kernel runs instead and a
+            # CPU run exercises that kernel (an explicit --backend auto keeps auto)
+            interp = dev == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+            o["backend"] = "score=triton" if interp else "auto"
         if isinstance(o["backend"], str) and o["backend"] != "auto":
             o["backend"] = parse_backend(o["backend"])
-        if dev == "cpu" and o["backend"] == "auto" and os.environ.get("TRITON_INTERPRET") == "1":
-            # on CPU "auto" scores with the torch reference; under the interpreter (the executor sets
-            # it) the fused Triton scoring kernel runs instead, so a CPU run exercises that kernel
-            o["backend"] = parse_backend("score=triton")
         if o["dtype"] not in DTYPES:
             raise ValueError(f"prefill-bench: --dtype must be one of {', '.join(DTYPES)}, got {o['dtype']!r}")
         if o["heads"] % o["groups"]:

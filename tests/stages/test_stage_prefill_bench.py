@@ -5,11 +5,15 @@ timing rows; the parts-add-up check and the selection check can fail; bad option
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (the default backend uses it)
 
 from nsa_runner.stage import Status
 from stages import prefill_bench as pb
@@ -109,7 +113,7 @@ def test_planted_wrong_branch_fails_the_gate_with_no_timing_rows(tmp_path, monke
     monkeypatch.setattr(F, "sliding_attention", wrong)
     timed = []
     monkeypatch.setattr(pb, "measure_T", lambda *a, **k: timed.append(a) or ([], [], []))
-    res = PrefillBench().run(_ctx(tmp_path, **SMALL))
+    res = PrefillBench().run(_ctx(tmp_path, **SMALL, backend="auto"))
     assert res.status == Status.FAIL and "parity gate failed" in res.reason and "[auto] o:" in res.reason
     assert timed == []  # nothing was timed
     df = pd.read_csv(tmp_path / "prefill.csv")
@@ -131,7 +135,7 @@ def test_planted_wrong_selection_fails_the_gate(tmp_path, monkeypatch):
         return real(scores, t_pos, cfg)
 
     monkeypatch.setattr(sref, "topn_blocks", wrong)
-    res = PrefillBench().run(_ctx(tmp_path, **SMALL))
+    res = PrefillBench().run(_ctx(tmp_path, **SMALL, backend="auto"))  # auto on CPU: the torch top-n
     assert res.status == Status.FAIL and "selection" in res.reason and "not near-ties" in res.reason
     assert len(pd.read_csv(tmp_path / "prefill.csv")) == 0
 
@@ -270,3 +274,31 @@ def test_gpu_quick_profile(tmp_path):
     assert {"nsa", "sdpa-flash", "full-fastest"} <= set(df.path) and set(df.dtype) == {"bf16"}
     nsa = df[(df.path == "nsa") & (df.part == "whole")]
     assert nsa.speedup_vs_sdpa_flash.notna().all() and (nsa.parts_ratio.sub(1).abs() <= 0.1).all()
+
+
+def test_cpu_default_runs_the_fused_scoring_kernel_and_its_bugs_fail(tmp_path, monkeypatch):
+    """On CPU under the interpreter the default backend scores with the fused Triton kernel (so CI
+    runs it through the stage); an off-by-one planted in that kernel's call FAILs the gate."""
+    import importlib
+
+    from nsa_core.selection import scoring
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour (the interpreter)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if type(scoring._score_kernel).__name__ != "InterpretedFunction":  # triton imported before the env var
+        importlib.reload(scoring)
+    assert PrefillBench().resolve(_ctx(tmp_path, **SMALL))["backend"]["score"] == "triton"
+    assert PrefillBench().resolve(_ctx(tmp_path, **SMALL, backend="auto"))["backend"] == "auto"
+    real = scoring.fused_select_blocks
+    calls = []
+
+    def off_by_one(q, kc, S, cfg, *a, **kw):  # the kernel believes every query sits one position later
+        calls.append(S)
+        return real(q, kc, S + 1, cfg, *a, **kw)
+
+    monkeypatch.setattr(scoring, "fused_select_blocks", off_by_one)
+    monkeypatch.setattr(pb, "measure_T", lambda *a, **k: ([], [], []))
+    res = PrefillBench().run(_ctx(tmp_path, **SMALL))
+    assert calls, "the fused scoring kernel did not run"
+    assert res.status == Status.FAIL and "selection" in res.reason, res.reason
