@@ -12,6 +12,7 @@ import ctypes
 import importlib.metadata as md
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -24,8 +25,12 @@ FLASH_MODULES = (
     ("flash_attn_interface", "FA-3", ("flash-attn-3", "flash_attn_3", "flashattn-hopper"),
      "Hopper only: build flash-attention/hopper (cd hopper && python setup.py install)"),
     ("flash_attn.cute", "FA-4", ("flash-attn-4", "flash-attn-cute"),
-     "Hopper/Blackwell: pip install flash-attn-4"),
+     "sm_90+: pip install --pre 'flash-attn-4[cu13]' (offline: bench/prepare_fa4.sh)"),
 )
+# the nsa_core.flash adapter path that drives each module
+FLASH_PATH = {"flash_attn": "fa2", "flash_attn_interface": "fa3", "flash_attn.cute": "fa4"}
+# "+cu12torch2.7cxx11abiTRUE": the local version tag of flash-attn's prebuilt wheels
+_WHEEL_TAG = re.compile(r"\+cu(?P<cuda>\d+)torch(?P<torch>\d+\.\d+)(?:cxx11abi(?P<abi>TRUE|FALSE))?", re.I)
 
 
 def dist_version(*names: str) -> str | None:
@@ -207,8 +212,96 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
             tail = " | ".join(stderr.strip().splitlines()[-3:])
             rec = {"module": mod, "ok": False, "not_installed": False,
                    "error": f"{why} ({status}) {tail}".strip()}
-        rec.update({"what": what, "hint": hint, "dist_version": dist_version(*dists)})
+        rec.update({"what": what, "hint": hint, "dist_version": dist_version(*dists), "path": FLASH_PATH[mod]})
+        try:
+            rec["build"] = flash_build(dists)
+        except Exception as e:  # noqa: BLE001 - facts are best effort, never a crash
+            rec["build"] = {"error": f"{type(e).__name__}: {e}"}
         out.append(rec)
+    return out
+
+
+def cuda_major(tag: str | None) -> int | None:
+    """'12' / '124' / '12.4' / '118' -> 12 / 12 / 12 / 11 (CUDA majors are 10..13)."""
+    if not tag:
+        return None
+    digits = tag.split(".")[0] if "." in tag else tag[:2]
+    return int(digits) if digits.isdigit() else None
+
+
+def needed_libs(path) -> tuple[list[str], str]:
+    """The shared libraries a compiled extension asks for: (names, method). ``readelf -d`` when
+    it is installed (the DT_NEEDED entries), else the ``lib*.so*`` names in the file's first
+    32 MiB (the dynamic string table sits near the start of an ELF file)."""
+    exe = shutil.which("readelf")
+    if exe:
+        try:
+            r = subprocess.run([exe, "-d", str(path)], capture_output=True, text=True, timeout=60)
+            if r.returncode == 0 and "Dynamic section" in r.stdout:
+                return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout), "readelf -d"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        with open(path, "rb") as f:
+            data = f.read(32 << 20)
+    except OSError as e:
+        return [], f"unreadable: {e}"
+    names = {m.decode() for m in re.findall(rb"(lib[A-Za-z0-9_+\-]+\.so(?:\.[0-9]+)*)\x00", data)}
+    return sorted(names), "strings in the file (no readelf)"
+
+
+def flash_build(dists: tuple[str, ...]) -> dict:
+    """What an installed flash package was built for, from facts on disk (no import):
+    the distribution's version and its wheel tag (``+cu12torch2.7cxx11abiTRUE`` in the version or
+    in direct_url.json), the CUDA runtime / torch libraries its compiled extensions link, and for
+    FA-4 the CUDA flavour of the CuTe DSL libraries (nvidia-cutlass-dsl-libs-cu12 / -cu13)."""
+    dist = None
+    for n in dists:
+        try:
+            dist = md.distribution(n)
+            break
+        except md.PackageNotFoundError:
+            continue
+    if dist is None:
+        return {}
+    out: dict = {"dist": dist.metadata["Name"], "version": dist.version, "wheel_tag": None,
+                 "extensions": [], "cuda_needed": [], "links_torch": False}
+    direct = dist.read_text("direct_url.json") or ""
+    m = _WHEEL_TAG.search(dist.version) or _WHEEL_TAG.search(direct)
+    if m:
+        out["wheel_tag"] = {"text": m.group(0), "cuda": m["cuda"], "torch": m["torch"], "cxx11abi": m["abi"]}
+    for f in dist.files or []:
+        if not (f.name.endswith(".so") or ".so." in f.name):
+            continue
+        p = f.locate()
+        if not p.is_file():
+            continue
+        libs, how = needed_libs(p)
+        out["extensions"].append({"file": str(f), "needed": libs, "method": how})
+        for lib in libs:
+            cm = re.match(r"libcudart\.so\.(\d+)", lib)
+            if cm and int(cm[1]) not in out["cuda_needed"]:
+                out["cuda_needed"].append(int(cm[1]))
+            if re.match(r"lib(c10|torch)(_cuda|_cpu|_python)?\.so", lib):
+                out["links_torch"] = True
+    libs_flavour = {fl: v for fl in ("cu12", "cu13") if (v := dist_version(f"nvidia-cutlass-dsl-libs-{fl}"))}
+    if out["dist"].lower().replace("_", "-").startswith("flash-attn-4"):
+        out["cutlass_dsl_libs"] = libs_flavour
+        out["related"] = {n: dist_version(n) for n in ("nvidia-cutlass-dsl", "quack-kernels", "apache-tvm-ffi",
+                                                       "torch-c-dlpack-ext")}
+    parts = []
+    if out["wheel_tag"]:
+        t = out["wheel_tag"]
+        parts.append(f"torch {t['torch']}, CUDA {cuda_major(t['cuda'])} (wheel tag {t['text']})")
+    if out["extensions"]:
+        linked = sorted({lib for e in out["extensions"] for lib in e["needed"]
+                         if lib.startswith(("libcudart", "libc10", "libtorch"))})
+        parts.append("extension links " + (", ".join(linked) or "no CUDA runtime / torch library"))
+    if out.get("cutlass_dsl_libs") is not None:
+        fl = out["cutlass_dsl_libs"]
+        parts.append("pure Python, JIT through the CuTe DSL; its libraries for "
+                     + (", ".join(f"CUDA {k[2:]} ({v})" for k, v in fl.items()) or "no CUDA (libs missing)"))
+    out["built_for"] = "; ".join(parts) or "no build facts found (no wheel tag, no compiled extension)"
     return out
 
 

@@ -5,8 +5,13 @@ The verdict comes from facts, never from a hand-written version table:
 - a real tiny Triton launch (the interpreter on CPU, compiled on GPU);
 - a real tiny CUDA op, and the driver's CUDA version vs torch's CUDA runtime;
 - real imports of flash_attn (FA-2), flash_attn_interface (FA-3), flash_attn.cute (FA-4), in a
-  child process. "Not installed" is reported with an install hint and is not a failure; an
-  import that fails (e.g. an undefined symbol: built for another torch) is a FAIL.
+  child process, and each package's build facts read from disk (envinfo.flash_build: version,
+  wheel tag ``+cu12torch2.7``, the libcudart / libc10 its extension links, FA-4's CuTe DSL
+  library flavour). "Not installed" is reported with an install hint and is not a failure; an
+  import that fails (e.g. an undefined symbol: built for another torch) is a FAIL, and so is a
+  package that imports but whose build facts name another torch major.minor or CUDA major
+  (an ABI mismatch that imported by luck). Each line says whether nsa-run's adapter for the
+  package ran on a GPU (``adapters.GPU_VERIFIED``).
 Writes env.txt (for people) and env.json (schema_version 1).
 """
 
@@ -116,21 +121,79 @@ def _cuda_checks(facts: dict) -> list[dict]:
     return checks
 
 
-def _flash_checks(probes: list[dict], torch_version: str | None) -> list[dict]:
+def _mm(version: str | None) -> tuple[int, int] | None:
+    try:
+        a, b = (version or "").split("+")[0].split(".")[:2]
+        return int(a), int(b)
+    except ValueError:
+        return None
+
+
+def _abi_mismatch(build: dict, torch_version: str | None, torch_cuda: str | None) -> tuple[list[str], list[str]]:
+    """(hard, soft): reasons a flash package does not fit this torch / CUDA, from its build facts.
+    hard (FAIL): a compiled extension made for another torch major.minor (wheel tag) or another
+    CUDA major (wheel tag, or the libcudart it links). soft (info): FA-4's CuTe DSL libraries are
+    not the CUDA flavour of torch (it compiles its kernels itself; the matching flavour is the
+    one its [cu13] extra installs)."""
+    hard, soft = [], []
+    from nsa_runner.envinfo import cuda_major
+
+    tmaj = cuda_major(torch_cuda)
+    tag = build.get("wheel_tag")
+    if tag:
+        if _mm(tag["torch"]) and _mm(torch_version) and _mm(tag["torch"]) != _mm(torch_version):
+            hard.append(f"wheel tag {tag['text']} = built for torch {tag['torch']}, installed torch {torch_version}")
+        if tmaj and cuda_major(tag["cuda"]) != tmaj:
+            hard.append(f"wheel tag {tag['text']} = built for CUDA {cuda_major(tag['cuda'])}, "
+                        f"torch runs CUDA {torch_cuda}")
+    other = [c for c in build.get("cuda_needed") or [] if tmaj and c != tmaj]
+    if other:
+        hard.append(f"its extension links libcudart.so.{other[0]} (CUDA {other[0]}), torch runs CUDA {torch_cuda}")
+    libs = build.get("cutlass_dsl_libs")
+    if libs is not None and tmaj and f"cu{tmaj}" not in libs:
+        soft.append(f"CuTe DSL libraries for {', '.join(libs) or 'no CUDA'} while torch runs CUDA {torch_cuda} "
+                    f"(pip install 'nvidia-cutlass-dsl[cu{tmaj}]')")
+    return hard, soft
+
+
+def _verified(p: dict) -> str:
+    try:
+        from nsa_core.flash.adapters import verified_label
+
+        return "nsa-run adapter " + verified_label(p.get("path", ""))
+    except Exception as e:  # noqa: BLE001 - nsa_core broken: the other stages say why
+        return f"nsa-run adapter: unknown ({type(e).__name__})"
+
+
+def _flash_checks(probes: list[dict], torch_version: str | None, torch_cuda: str | None = None) -> list[dict]:
     checks = []
     for p in probes:
         label = f"{p['module']} ({p['what']})"
+        b = p.get("build") or {}
+        # the distribution's version: FA-4's own __version__ reads a distribution "fa4" and says 0.0.0
+        v = b.get("version") or p.get("dist_version") or p.get("version") or "unknown version"
+        built = f"built for: {b['built_for']}" if b.get("built_for") else ""
+        hard, soft = _abi_mismatch(b, torch_version, torch_cuda)
         if p["ok"]:
-            v = p.get("version") or p.get("dist_version") or "unknown version"
-            checks.append(_check(p["module"], OK, f"{label} {v} imports"))
+            if hard:
+                checks.append(_check(p["module"], FAIL, f"{p['module']} {v} imports but does not fit torch "
+                                     f"{torch_version}: ABI mismatch ({'; '.join(hard)}); a call can crash — "
+                                     f"install a build for this torch + CUDA ({p.get('hint', '')})"))
+            else:
+                note = f"; note: {'; '.join(soft)}" if soft else ""
+                checks.append(_check(p["module"], INFO if soft else OK,
+                                     f"{label} {v} imports; {built or 'no build facts'}; {_verified(p)}{note}"))
         elif p.get("not_installed"):
-            checks.append(_check(p["module"], INFO, f"{label} not installed (fix: {p['hint']})"))
+            checks.append(_check(p["module"], INFO, f"{label} not installed (fix: {p['hint']}); {_verified(p)}"))
         elif "undefined symbol" in p["error"]:
             sym = p["error"].split("undefined symbol:")[-1].strip()[:120]
             checks.append(_check(p["module"], FAIL, f"{p['module']}: undefined symbol — built for another torch "
-                                 f"(installed torch {torch_version}; symbol {sym})"))
+                                 f"(installed torch {torch_version}, CUDA {torch_cuda or '-'}; symbol {sym}); "
+                                 f"{p['module']} {v}" + (f", {built}" if built else "")
+                                 + (f"; ABI mismatch: {'; '.join(hard)}" if hard else "")))
         else:
-            checks.append(_check(p["module"], FAIL, f"{p['module']}: import failed: {p['error'][:400]}"))
+            checks.append(_check(p["module"], FAIL, f"{p['module']} {v}: import failed: {p['error'][:400]}"
+                                 + (f" ({built})" if built else "")))
     return checks
 
 
@@ -141,6 +204,9 @@ def _paths(facts: dict, checks: dict[str, dict], device: str) -> dict[str, str]:
                                     if tri.get("status") == OK else f"no: {tri.get('detail', '')}"),
         "flash-attn (FA-2) varlen": ("yes" if checks.get("flash_attn", {}).get("status") == OK
                                      and facts["gpu"]["cuda_available"] else "no"),
+        "flash-attn-4 (FA-4)": ("yes" if checks.get("flash_attn.cute", {}).get("status") in (OK, INFO)
+                                          and "imports" in checks.get("flash_attn.cute", {}).get("detail", "")
+                                          and facts["gpu"]["cuda_available"] else "no"),
         "torch SDPA": "yes",
     }
     try:
@@ -205,9 +271,13 @@ def _render(env: dict) -> str:
     for d in gpu["devices"]:
         lines.append(f"GPU {d['index']}         {d['name']}  capability {d['capability']}  {d['memory_gib']} GiB")
     for p in env["flash"]:
-        state = (p.get("version") or "ok") if p["ok"] else ("not installed" if p.get("not_installed")
-                                                            else "BROKEN: " + p["error"][:200])
-        lines.append(f"{p['what']:<13} {p['module']}: {state}")
+        b = p.get("build") or {}
+        v = b.get("version") or p.get("dist_version") or p.get("version")
+        state = (v or "ok") if p["ok"] else ("not installed" if p.get("not_installed")
+                                             else f"BROKEN ({v or 'unknown version'}): " + p["error"][:200])
+        lines.append(f"{p['what']:<13} {p['module']}: {state}  [{_verified(p)}]")
+        if b.get("built_for"):
+            lines.append(f"{'':<13}   built for: {b['built_for']}")
     lines += ["", "checks:"]
     lines += [f"  [{c['status']:<4}] {c['check']:<22} {c['detail']}" for c in env["checks"]]
     lines += ["", "what can run here:"]
@@ -241,7 +311,7 @@ class EnvPairing(Stage):
             checks += _triton_checks(facts, ctx.device)
             checks += _cuda_checks(facts)
         flash = probe_flash()
-        checks += _flash_checks(flash, facts["torch"].get("version"))
+        checks += _flash_checks(flash, facts["torch"].get("version"), facts["torch"].get("cuda_runtime"))
         fails = [c["detail"] for c in checks if c["status"] == FAIL]
         status = Status.FAIL if fails else Status.PASS
         if fails:

@@ -3,7 +3,9 @@ compressed and sliding branches match the reference, and from which length do th
 
 1. Probe (``nsa_runner.measure.flash_probe``): flash_attn (FA-2), flash_attn_interface (FA-3),
    flash_attn.cute (FA-4), torch ``varlen_attn``, SDPA flash / cuDNN / memory-efficient —
-   present? version? a real tiny call works? and the reason + install command when not.
+   present? version? a real tiny call through nsa_core's adapter works? and the reason + install
+   command when not. Each flash-attn adapter is labelled GPU-verified or not
+   (``adapters.GPU_VERIFIED``): FA-2 / FA-3 are not (CPU tests through fake modules at most).
 2. Parity (fa2_varlen.csv): every available path, both branches, fp16 + bf16, forward and
    backward (dq, dk, dv) against the float64 reference over the case matrix
    (``_flash_bench.parity_cases``). Any row over tolerance -> FAIL.
@@ -13,11 +15,15 @@ compressed and sliding branches match the reference, and from which length do th
    routing thresholds file (docs/routing.md; ``--thresholds none`` to skip that).
 
 No CUDA -> SKIP with the reason and the install hint (the probe table is still written).
+Wall time per part (probe, parity, bench) is in fa2_probe.json ``wall_s`` and fa2_probe.txt; each
+parity row has ``wall_s`` (its fwd+bwd, a JIT compile included: FA-4 compiles per head dims / GQA
+ratio / mask kind / dtype), each bench row ``bench_s`` (the time spent timing it).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 
 from nsa_runner.artifacts import write_csv, write_json, write_text
@@ -38,6 +44,8 @@ def _fmt_probe(rows: list[dict]) -> str:
         works = {True: "yes", False: "NO", None: "-"}[r["works"]]
         lines.append(f"{r['name']:30} {'yes' if r['present'] else 'NO':8} {str(r['version'] or '-'):16} "
                      f"{works:6} {r['reason']}")
+        if r.get("gpu_verified"):
+            lines.append(f"{'':30} nsa-run adapter: {r['gpu_verified']}")
     return "\n".join(lines)
 
 
@@ -50,7 +58,9 @@ class Fa2Probe(Stage):
     name = "fa2-probe"
     order = 50
     requires = ()  # decides itself: a CPU run must show SKIP with the reason, never PASS
-    description = "flash kernels present/working; cmp/win flash-path parity vs fp64; speed vs SDPA -> thresholds"
+    description = ("flash kernels present/working; cmp/win flash-path parity vs fp64; speed vs SDPA -> thresholds. "
+                   "flash-attn adapters: FA-2 and FA-3 not GPU-verified (FA-2: CPU tests through a fake "
+                   "module only); FA-4 (flash_attn.cute) as its probe row says")
     timeout_s = 1200.0
     options = (
         Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),
@@ -69,15 +79,19 @@ class Fa2Probe(Stage):
         d = Path(ctx.dir)
         opts = dict(ctx.options or {})
         device = str(ctx.device)
+        t0 = time.perf_counter()
         probe = _flash_probe.probe(device)
+        wall = {"probe": round(time.perf_counter() - t0, 2)}
         doc = {"schema_version": SCHEMA_VERSION, "device": device, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "probe": probe}
+               "cuda": torch.version.cuda, "probe": probe, "wall_s": wall}
         txt = [f"fa2-probe on {device} (torch {torch.__version__}, CUDA {torch.version.cuda})", "",
                _fmt_probe(probe), ""]
         files = ["fa2_probe.txt", "fa2_probe.json"]
 
         def finish(result: StageResult) -> StageResult:
             doc["status"], doc["reason"] = result.status.value, result.reason
+            wall["total"] = round(time.perf_counter() - t0, 2)
+            txt.append("wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in wall.items()))
             txt.append(f"{result.status.value}: {result.reason}")
             if result.hint:
                 txt.append(f"hint: {result.hint}")
@@ -110,7 +124,9 @@ class Fa2Probe(Stage):
         replay = seeds.announce(ctx, self.name, seed, bench="no")
         doc["seed"], doc["replay"] = seed, replay
         txt.append(f"seed {seed}; replay the parity with: {replay}")
+        t0 = time.perf_counter()
         rows = _flash_bench.parity(device, paths, [torch.float16, torch.bfloat16], cases, cfg, seed=seed)
+        doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 2)
         par = pd.DataFrame(rows)
         par["seed"] = seed
         write_csv(d / "fa2_varlen.csv", par)
@@ -135,9 +151,13 @@ class Fa2Probe(Stage):
             S_list = opts.get("S_list") or (FULL_S if ctx.profile == "full" else QUICK_S)
             reason += "; " + self._bench(ctx, d, device, good, S_list, doc, txt, files, metrics, opts, cfg)
         probe = {r["name"]: r for r in doc["probe"]}
-        fa2 = probe.get("flash_attn (FA-2)", {})
-        if not fa2.get("present"):
+        pk = [n for n in ("flash_attn (FA-2)", "flash_attn_interface (FA-3)", "flash_attn.cute (FA-4)")
+              if probe.get(n, {}).get("present")]
+        if not pk:
             reason += "; flash_attn (FA-2) NOT installed: only torch-bundled paths were tested"
+        else:
+            reason += "; flash-attn packages tested: " + ", ".join(pk) + "".join(
+                "" if n in pk else f"; {n} NOT installed" for n in ("flash_attn (FA-2)",))
         return StageResult(Status.FAIL if n_fail else Status.PASS, reason, metrics=metrics)
 
     def _bench(self, ctx, d, device, good, S_list, doc, txt, files, metrics, opts, cfg) -> str:
@@ -147,7 +167,9 @@ class Fa2Probe(Stage):
         from nsa_core import routing
         from nsa_runner.measure import flash_bench as _flash_bench
 
+        t0 = time.perf_counter()
         rows, timer = _flash_bench.bench(device, good, list(S_list), cfg)
+        doc.setdefault("wall_s", {})["bench"] = round(time.perf_counter() - t0, 2)
         thr = _flash_bench.thresholds(rows)
         if not thr:  # every path ran out of memory (or none was timed): nothing to recommend
             write_csv(d / "fa2_bench.csv", pd.DataFrame(rows))

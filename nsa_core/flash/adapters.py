@@ -64,10 +64,16 @@ LSE_PATHS = ("fa4",)
 _imported: dict[str, object] = {}
 
 
+# what exercises each adapter on CPU (tests/_fake_flash.py)
+CPU_TESTED = {"fa2": "CPU tests through a fake flash_attn with the 2.8 signature only",
+              "fa4": "CPU tests through a fake flash_attn.cute with the 4.0.0b36 signature only",
+              "fa3": "no test runs it (no fake of flash_attn_interface either)"}
+
+
 def verified_label(path: str) -> str:
-    """'GPU-verified (<run>)' or 'not GPU-verified (CPU tests through a fake module only)'."""
+    """'GPU-verified (<run>)' or 'not GPU-verified (<what tests it on CPU>)'."""
     v = GPU_VERIFIED.get(path)
-    return f"GPU-verified ({v})" if v else "not GPU-verified (CPU tests through a fake module only)"
+    return f"GPU-verified ({v})" if v else f"not GPU-verified ({CPU_TESTED.get(path, 'untested')})"
 
 
 class PathUnavailable(RuntimeError):
@@ -293,10 +299,15 @@ def _fa4(q, k, v, scale, window, return_lse=False):
     score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None, aux_scalars=None,
     block_sparse_tensors=None, block_sparse_tensors_bwd=None, return_lse=False, ...)
     -> (out [B, Lq, H, Dv], lse [B, H, Lq] float32 natural log, or None without return_lse and
-    without grad). Causal / window are bottom-right (seqlen_k - seqlen_q offset), as FA-2."""
+    without grad). Causal / window are bottom-right (seqlen_k - seqlen_q offset), as FA-2.
+
+    Always called with return_lse=True: FA-4 JIT-compiles one kernel per configuration and
+    "lse is None" is part of its compile key, so a no-grad call without it would compile a second
+    kernel for every shape that training (which allocates lse) already compiled; the lse costs
+    B*H*Lq floats next to an output of B*Lq*H*Dv."""
     mod = _import("fa4")
     causal = window == (-1, 0)
-    kw = {"softmax_scale": scale, "causal": causal, "return_lse": return_lse}
+    kw = {"softmax_scale": scale, "causal": causal, "return_lse": True}
     if not causal and window != (-1, -1):
         kw["window_size"] = window
     out, lse = mod.flash_attn_func(q, k, v, **kw)

@@ -11,6 +11,7 @@ smallest S from which a path stays >= 1.2x faster than SDPA (or None: never in t
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -103,8 +104,12 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
                 for path in paths.get(branch, []):
                     row = {"case": c.id(dtype, cfg.w), "branch": branch, "path": path, "dtype": DTYPE_NAMES[dtype],
                            "B": c.B, "T": c.T, "Tq": c.Tq or c.T, "HQ": c.HQ, "G": c.G, "D": c.D, "why": c.why}
+                    t0 = time.perf_counter()
                     try:
                         o, gs = _grads(_branch_fns(branch, cfg, S, path), [x.to(dtype) for x in leaves], do)
+                        if str(device).startswith("cuda"):
+                            torch.cuda.synchronize()
+                        row["wall_s"] = round(time.perf_counter() - t0, 3)  # fwd+bwd, JIT compile included
                     except PathUnavailable as e:
                         rows.append({**row, "status": "N/A", "note": str(e)[:200]})
                         continue
@@ -144,11 +149,12 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
     timer, tname = _timer(device)
     rows = []
     for S in S_list:
-        g = torch.Generator(device="cpu").manual_seed(seed + S)
-        q = torch.randn(B, S, HQ, D, generator=g).to(device, dtype)
-        k = torch.randn(B, S, G, D, generator=g).to(device, dtype)
-        v = torch.randn(B, S, G, D, generator=g).to(device, dtype)
-        do = torch.randn(B, S, HQ, D, generator=g).to(device, dtype)
+        # drawn on the device: at S=64K these are 570M normals (B*S*(2*HQ+2*G)*D), seconds of
+        # single-threaded CPU randn plus a 2.3 GB copy per S if drawn on the host (timing inputs:
+        # their values do not matter, only that they are random and seeded)
+        g = torch.Generator(device=device).manual_seed(seed + S)
+        q, do = (torch.randn(B, S, HQ, D, generator=g, device=device, dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(B, S, G, D, generator=g, device=device, dtype=dtype) for _ in range(2))
         kc, vc = F.compress(k, cfg), F.compress(v, cfg)
         for branch in ("cmp", "win"):
             leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
@@ -163,6 +169,7 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
             for name, fn in cands:
                 row = {"branch": branch, "kind": "baseline" if name == "sdpa" else "flash", "path": name, "S": S,
                        "B": B, "HQ": HQ, "G": G, "D": D, "dtype": DTYPE_NAMES[dtype]}
+                t0 = time.perf_counter()
                 try:
                     fw = timer(lambda fn=fn, lv=leaves: fn(*lv))
                     lv = [x.detach().requires_grad_(True) for x in leaves]
@@ -177,7 +184,7 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
                     torch.cuda.empty_cache()
                     continue
                 row.update(fwd_ms=fw[0], fwd_p20=fw[1], fwd_p80=fw[2], fwdbwd_ms=fbw[0], fwdbwd_p20=fbw[1],
-                           fwdbwd_p80=fbw[2], note="")
+                           fwdbwd_p80=fbw[2], note="", bench_s=round(time.perf_counter() - t0, 3))
                 if name == "sdpa":
                     base = row
                 if base is not None:
@@ -210,9 +217,10 @@ def _score_rows(timer, q, kc, S, cfg, shape) -> list[dict]:
          "selection scores as nsa_core computes them (fp32)"),
         ("q.k^T only (floor with lse)", qk_only, "what returning the kernel's lse would still leave to compute"),
     ):
+        t0 = time.perf_counter()
         t = timer(fn)
         out.append({"branch": "cmp", "kind": "scores", "path": name, "S": S, **shape, "fwd_ms": t[0], "fwd_p20": t[1],
-                    "fwd_p80": t[2], "note": note})
+                    "fwd_p80": t[2], "note": note, "bench_s": round(time.perf_counter() - t0, 3)})
     return out
 
 

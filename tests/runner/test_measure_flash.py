@@ -77,3 +77,21 @@ def test_probe_exercises_the_fa4_adapter_and_its_lse_on_fake_modules(monkeypatch
     fa4 = rows["flash_attn.cute (FA-4)"]
     assert fa4["present"] and fa4["works"] is None and "not CUDA" in fa4["reason"]
     assert fa4["gpu_verified"] == K.verified_label("fa4")
+
+
+def test_bench_times_each_path_against_sdpa_and_records_what_it_cost():
+    """bench() on CPU with the math twin: every (branch, path, S) row has median / p20 / p80 for
+    fwd and fwd+bwd, the speedup vs the sdpa baseline of the same S, and bench_s (time spent)."""
+    cfg = NSAConfig(w=32)
+    rows, tname = _flash_bench.bench("cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}, [96, 160], cfg,
+                                     B=1, HQ=4, G=2, D=16, dtype=torch.float32)
+    assert tname == "nsa_runner.measure.timing.bench"
+    timed = [r for r in rows if r["kind"] in ("flash", "baseline")]
+    assert {(r["branch"], r["path"], r["S"]) for r in timed} == {
+        (b, p, S) for b in ("cmp", "win") for p in ("sdpa", "sdpa-math") for S in (96, 160)}
+    for r in timed:
+        assert 0 < r["fwd_p20"] <= r["fwd_ms"] <= r["fwd_p80"]
+        assert 0 < r["fwdbwd_p20"] <= r["fwdbwd_ms"] <= r["fwdbwd_p80"]
+        assert r["bench_s"] > 0 and r["speedup_fwd"] > 0
+    assert sum(r["kind"] == "scores" for r in rows) == 2 * 2  # block_scores + q.k^T floor, per S
+    assert set(_flash_bench.thresholds(rows)) == {"cmp", "win"}

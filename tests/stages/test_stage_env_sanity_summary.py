@@ -235,3 +235,75 @@ def test_sanity_gqa_checks_pass_and_catch_a_head_order_dependent_selection(monke
 
     monkeypatch.setattr(F, "block_scores", first_head_only)
     assert not run_checks()["select GQA: head order within a group"]
+
+
+def _fake_flash_dist(site, version: str, init: str, so_bytes: bytes) -> None:
+    """A FAKE flash_attn install as pip leaves it: the package, a compiled-extension file (not a
+    real ELF: its bytes only carry the library names, read by envinfo.needed_libs' fallback when
+    readelf refuses the file) and a dist-info whose RECORD lists it."""
+    pkg = site / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(init)
+    so = "flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so"
+    (site / so).write_bytes(so_bytes)
+    info = site / f"flash_attn-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flash_attn\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"flash_attn/__init__.py,,\n{so},,\n{info.name}/METADATA,,\n")
+
+
+def test_env_pairing_reports_the_flash_build_and_fails_on_an_abi_mismatch(plugins, cli, tmp_path, monkeypatch):
+    """A FAKE broken flash_attn 2.8.3 built for torch 2.7 + CUDA 12: the real child import fails
+    with an undefined symbol; env-pairing names the version, what it was built for (wheel tag,
+    linked libraries read from disk) and the mismatch with the installed torch."""
+    _fake_flash_dist(plugins.site, "2.8.3+cu12torch2.7cxx11abiTRUE",
+                     'raise ImportError("/site/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: '
+                     'undefined symbol: _ZN3c104cuda9SetDeviceEi")\n',
+                     b"not an ELF file\x00libcudart.so.12\x00libc10.so\x00libtorch_cuda.so\x00")
+    monkeypatch.setenv("PYTHONPATH", str(plugins.site))
+    import torch
+
+    r = cli("stage", "env-pairing", "--out", tmp_path, "--device", "cpu")
+    assert r.exit_code == 1
+    (e,) = load_manifest(tmp_path / "testrun")["stages"]
+    assert e["status"] == "FAIL"
+    assert "flash_attn: undefined symbol — built for another torch" in e["reason"]
+    assert "flash_attn 2.8.3+cu12torch2.7cxx11abiTRUE" in e["reason"]
+    assert "built for: torch 2.7, CUDA 12 (wheel tag +cu12torch2.7cxx11abiTRUE)" in e["reason"]
+    assert "libcudart.so.12" in e["reason"] and "libc10.so" in e["reason"]
+    assert f"ABI mismatch: wheel tag +cu12torch2.7cxx11abiTRUE = built for torch 2.7, installed torch " \
+           f"{torch.__version__}" in e["reason"]
+    env = json.loads((tmp_path / "testrun" / "env.json").read_text())
+    fa2 = next(p for p in env["flash"] if p["module"] == "flash_attn")
+    assert fa2["build"]["cuda_needed"] == [12] and fa2["build"]["links_torch"] is True
+    txt = (tmp_path / "testrun" / "env.txt").read_text()
+    assert "BROKEN (2.8.3+cu12torch2.7cxx11abiTRUE)" in txt and "not GPU-verified" in txt
+
+
+def test_flash_checks_fail_on_a_mismatch_that_imported_and_pass_a_matching_build():
+    from stages import env_pairing as ep
+
+    def probe(build, ok=True, module="flash_attn", what="FA-2", path="fa2"):
+        return {"module": module, "what": what, "hint": "pip install flash-attn", "ok": ok, "not_installed": False,
+                "error": "", "version": "2.8.3", "path": path, "build": build}
+
+    tag = {"text": "+cu12torch2.11cxx11abiTRUE", "cuda": "12", "torch": "2.11", "cxx11abi": "TRUE"}
+    bad = ep._flash_checks([probe({"version": "2.8.3", "wheel_tag": tag, "cuda_needed": [12],
+                                   "built_for": "torch 2.11, CUDA 12"})], "2.11.0+cu130", "13.0")
+    assert bad[0]["status"] == "FAIL" and "imports but does not fit torch 2.11.0+cu130" in bad[0]["detail"]
+    assert "built for CUDA 12, torch runs CUDA 13.0" in bad[0]["detail"]
+    assert "links libcudart.so.12" in bad[0]["detail"]
+    good = ep._flash_checks([probe({"version": "2.8.3", "wheel_tag": {**tag, "cuda": "13"}, "cuda_needed": [13],
+                                    "built_for": "torch 2.11, CUDA 13"})], "2.11.0+cu130", "13.0")
+    assert good[0]["status"] == "ok" and "2.8.3 imports; built for: torch 2.11, CUDA 13" in good[0]["detail"]
+    assert "not GPU-verified" in good[0]["detail"]
+    # FA-4: pure Python; the CuTe DSL library flavour is advice, not a failure; the version is the
+    # distribution's (flash_attn.cute.__version__ says 0.0.0)
+    fa4 = {"version": "4.0.0b36", "cutlass_dsl_libs": {"cu12": "4.8.1"}, "built_for": "pure Python"}
+    row = ep._flash_checks([probe(fa4, module="flash_attn.cute", what="FA-4", path="fa4") | {"version": "0.0.0"}],
+                           "2.11.0+cu130", "13.0")[0]
+    assert row["status"] == "info" and "4.0.0b36 imports" in row["detail"]
+    assert "nvidia-cutlass-dsl[cu13]" in row["detail"]
+    fa4["cutlass_dsl_libs"] = {"cu13": "4.8.1"}
+    row = ep._flash_checks([probe(fa4, module="flash_attn.cute", what="FA-4", path="fa4")], "2.11.0+cu130", "13.0")[0]
+    assert row["status"] == "ok"

@@ -87,3 +87,26 @@ def test_parity_part_fails_on_a_broken_packing(tmp_path, monkeypatch):
     assert "FAILED" in r.reason and "cmp/sdpa-math" in r.reason
     df = pd.read_csv(tmp_path / "fa2_varlen.csv")
     assert set(df["status"]) == {"FAIL"}
+
+
+def test_parity_part_runs_the_fa4_path_on_a_fake_module(tmp_path, monkeypatch):
+    """The FA-4 path's parity rows through the stage, on CPU, with the FAKE flash_attn.cute
+    (tests/_fake_flash.py: the 4.0.0b36 signature, float64 math): fp16 and bf16, both branches,
+    every row PASS with its wall time. Not GPU evidence (bench/gpu_fa4_run.sh is)."""
+    from nsa_runner.measure import flash_bench as _flash_bench
+    from tests import _fake_flash as fake
+
+    fake.install(monkeypatch)
+    fake.present_on_cpu(monkeypatch)
+    small = [_flash_bench.Case(2, 70, 4, 2, 16, why="h=2, B=2"), _flash_bench.Case(1, 90, 4, 1, 16, Tq=5, why="Tq < T")]
+    monkeypatch.setattr(_flash_bench, "parity_cases", lambda profile: small)
+    st = Fa2Probe()
+    doc = {"probe": [{"name": "flash_attn (FA-2)", "present": False},
+                     {"name": "flash_attn.cute (FA-4)", "present": True}]}
+    ctx = _ctx(tmp_path)
+    r = st._measure(ctx, tmp_path, ctx.options, "cpu", {"cmp": ["fa4"], "win": ["fa4"]}, doc, [], [])
+    assert r.status == Status.PASS, r.reason
+    assert "flash-attn packages tested: flash_attn.cute (FA-4)" in r.reason and "FA-2) NOT installed" in r.reason
+    df = pd.read_csv(tmp_path / "fa2_varlen.csv")
+    assert len(df) == 2 * 2 * 2 and set(df["path"]) == {"fa4"} and set(df["status"]) == {"PASS"}
+    assert (df["wall_s"] > 0).all() and doc["wall_s"]["parity"] > 0
