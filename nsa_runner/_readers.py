@@ -361,10 +361,12 @@ class Run:
         return self._cached(f"csv:{name}", load)
 
     def parity(self, name: str):
-        """triton_fwd.csv / triton_bwd.csv, validated; duplicate case ids are an error."""
+        """triton_fwd.csv / triton_bwd.csv, validated; duplicate case ids are an error (per
+        implementation, when the table has an ``impl`` column: the same case runs per impl)."""
         df = self.csv(name, PARITY_REQUIRED, PARITY_NUMERIC, "status")
         if df is not None:
-            dup = df["case"][df["case"].duplicated()]
+            keys = ["impl", "case"] if "impl" in df.columns else ["case"]
+            dup = df["case"][df.duplicated(subset=keys)]
             if len(dup):
                 raise ArtifactError(f"{self.dir / name}: case {dup.iloc[0]!r} appears more than once")
         return df

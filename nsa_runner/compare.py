@@ -356,8 +356,8 @@ def _parity_rows(A: Run, B: Run, name: str, comparable: bool, factor: float) -> 
         return [Row("parity", name, "-", "rel_err", mark="x", note=f"{name} not in {'A' if da is None else 'B'}")]
     definition = [c for c in PARITY_REQUIRED if c not in ("case", "max_abs", "rel_err", "status")]
     definition += [c for c in da.columns if c in db.columns and c not in definition and c in ("n", "l_sel", "tf32")]
-    ra = {r["case"]: r for r in da.to_dict("records")}
-    rb = {r["case"]: r for r in db.to_dict("records")}
+    ra = {_parity_key(r): r for r in da.to_dict("records")}
+    rb = {_parity_key(r): r for r in db.to_dict("records")}
     rows = []
     for case in dict.fromkeys([*ra, *rb]):
         a, b = ra.get(case), rb.get(case)
@@ -370,6 +370,15 @@ def _parity_rows(A: Run, B: Run, name: str, comparable: bool, factor: float) -> 
                                changed, a_note=str((a or {}).get("note", "") or "")[:120],
                                b_note=str((b or {}).get("note", "") or "")[:120]))
     return rows
+
+
+def _parity_key(r: dict) -> str:
+    """A parity row's key: the case id, prefixed "impl:" for an implementation other than the built-in
+    (rows of runs from before the ``impl`` column are nsa_core's and keep their bare key)."""
+    impl = r.get("impl")
+    if not isinstance(impl, str) or not impl or impl == "nsa_core":
+        return str(r["case"])
+    return f"{impl}:{r['case']}"
 
 
 def _same(x: Any, y: Any) -> bool:

@@ -368,6 +368,25 @@ def _declared(run: Run) -> set[str]:
     return {f for s in run.stages for f in (s.get("files") or [])}
 
 
+def _side_by_side(name: str, recs: list[dict], impls: list[str]) -> str:
+    """One row per case, per implementation its status and rel_err (a SKIP's reason in the note)."""
+    by_case: dict[str, dict] = {}
+    for r in recs:
+        row = by_case.setdefault(str(r["case"]), {"case": r["case"], "tol": r.get("tol")})
+        impl = str(r["impl"])
+        row[f"{impl} status"] = r["status"]
+        row[f"{impl} rel_err"] = r.get("rel_err")
+        if r["status"] != "PASS" and isinstance(r.get("note"), str) and r["note"]:
+            row["note"] = "; ".join(filter(None, [row.get("note"), r["note"]]))
+        if isinstance(r.get("tol"), float) and not math.isnan(r["tol"]):
+            row["tol"] = r["tol"]
+    cols = ["case"] + [f"{i} {w}" for i in impls for w in ("status", "rel_err")] + ["tol", "note"]
+    body = _table(list(by_case.values()), cols)
+    for st in ("PASS", "FAIL", "SKIP", "ERROR", "TIMEOUT"):  # status cells as badges
+        body = body.replace(f"<td>{st}</td>", f"<td>{badge(st)}</td>")
+    return f"<h3>{_e(name)}: implementations side by side ({_e(', '.join(impls))})</h3>" + body
+
+
 def _parity_html(run: Run) -> str:
     panels, tables = [], []
     for name in run.parity_files() or PARITY_FILES:
@@ -376,9 +395,13 @@ def _parity_html(run: Run) -> str:
             tables.append(_absent(name))
             continue
         recs = df.to_dict("records")
-        panels.append((name, [{"case": r["case"], "status": r["status"], "rel_err": r["rel_err"], "tol": r["tol"]}
-                              for r in recs]))
-        cols = [c for c in ("case", "status", "dtype", "max_abs", "rel_err", "tol", "worst", "rel_dq", "rel_dk",
+        impls = list(dict.fromkeys(str(r["impl"]) for r in recs)) if "impl" in df.columns else []
+        many = len(impls) > 1
+        panels.append((name, [{"case": f"{r['impl']}: {r['case']}" if many else r["case"], "status": r["status"],
+                               "rel_err": r["rel_err"], "tol": r["tol"]} for r in recs]))
+        if many:
+            tables.append(_side_by_side(name, recs, impls))
+        cols = [c for c in ("impl", "case", "status", "dtype", "max_abs", "rel_err", "tol", "worst", "rel_dq", "rel_dk",
                             "rel_dv", "note") if c in df.columns]
         bad = sum(r["status"] in FAILED for r in recs)
         skip = sum(r["status"] == "SKIP" for r in recs)

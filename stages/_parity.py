@@ -4,9 +4,15 @@ The case matrix, fresh random inputs with realistic block indices (``F.select_bl
 float64 reference (``nsa_core.selection.reference.selection_attention``; gradients by autograd through
 it, chunked over queries so paper-scale cases fit on a GPU) and the CSV/txt writers.
 
-Test hook: the stages call :func:`kernel`, which returns ``KERNEL`` when a test has set it (a
-function with the signature of ``nsa_core.selection.attention.selection_attention``), else the real
-Triton kernel. A deliberately wrong kernel injected there must turn both stages FAIL.
+Implementations under test (``--impl a,b``, DESIGN §5): the same named cases run against the
+``selection_attention`` part of each implementation (``nsa_runner.impls``; default the built-in
+``nsa_core``, whose part is the Triton kernel), on the same inputs (a case's seed does not depend on
+the implementation); every row carries an ``impl`` column. A case outside an implementation's
+constraints is a SKIP row naming the constraint; a broken adapter makes its rows ERROR.
+
+Test hook: for ``nsa_core`` the stages call :func:`kernel`, which returns ``KERNEL`` when a test has
+set it (a function with the signature of ``nsa_core.selection.attention.selection_attention``), else
+the real Triton kernel. A deliberately wrong kernel injected there must turn both stages FAIL.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from . import _seed
 KERNEL = None  # test hook (see module docstring)
 
 INSTALL_HINT = "pip install triton   (CPU runs use the Triton interpreter, TRITON_INTERPRET=1)"
-COLUMNS = ["case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", "rel_err", "tol", "status"]
+COLUMNS = ["impl", "case", "B", "T", "HQ", "G", "dk", "dv", "dtype", "max_abs", "rel_err", "tol", "status"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,46 @@ def kernel():
     from nsa_core.selection import attention as triton_sel
 
     return triton_sel.selection_attention
+
+
+def impl_option():
+    from nsa_runner.impls import BUILTIN
+    from nsa_runner.impls.discovery import impl_option_value
+
+    return Option("--impl", impl_option_value, BUILTIN, "implementations under test, comma-separated "
+                  "(see `nsa-run list --impls`; default nsa_core)")
+
+
+def impl_entries(ctx) -> list:
+    """The ImplEntry of every implementation named by ``--impl`` (default the built-in)."""
+    from nsa_runner.impls import BUILTIN
+    from nsa_runner.impls.discovery import load
+
+    text = (getattr(ctx, "options", None) or {}).get("impl") or BUILTIN
+    return [load(n) for n in dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip())]
+
+
+def impl_case(case: Case, device: str):
+    """The ``nsa_runner.impls.Case`` an implementation's constraints are checked against."""
+    from nsa_runner.impls import Case as ImplCase
+
+    return ImplCase(B=case.B, T=case.T, HQ=case.HQ, G=case.G, dk=case.dk, dv=case.dv, dtype=case.dtype,
+                    device=device, cfg=case.cfg, empty_rows=case.ragged)
+
+
+def kernel_for(entry, case: Case):
+    """A callable with the Triton kernel's signature ``(q, k, v, idx, cnt, block_size, **kw)`` for the
+    ``selection_attention`` part of ``entry`` (``nsa_core``: :func:`kernel`, so the test hook works)."""
+    from nsa_runner.impls import BUILTIN
+
+    if entry.name == BUILTIN and entry.impl is not None and entry.dist.lower().replace("_", "-") == "nsa-run":
+        return kernel()
+    part, cfg = entry.impl.parts["selection_attention"], case.cfg
+
+    def call(q, k, v, block_idx, block_count, block_size, **_kw):
+        return part(q, k, v, block_idx, block_count, cfg)
+
+    return call
 
 
 def preflight(ctx) -> StageResult | None:
@@ -230,35 +276,54 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     if not cases:
         return StageResult(Status.FAIL, f"--cases {opts.get('cases')!r} matches no case of the {ctx.profile} profile")
     stage = f"triton-{which}"
-    replay = _seed.announce(ctx, stage, seed, cases=opts.get("cases"))
+    impl_text = opts.get("impl")
+    replay = _seed.announce(ctx, stage, seed, cases=opts.get("cases"),
+                            impl=impl_text if impl_text not in (None, "nsa_core") else None)
     # a case's inputs depend on the base seed and its place in the whole profile, not on --cases:
     # `--seed N --cases ID` replays exactly that case of a full run
     position = {c.id: i for i, c in enumerate(cases_for(ctx.profile))}
+    entries = impl_entries(ctx)
     rows = []
-    for case in cases:
-        base = {"case": case.id, "B": case.B, "T": case.T, "HQ": case.HQ, "G": case.G, "dk": case.dk,
-                "dv": case.dv, "dtype": case.dtype, "seed": seed}
-        if case.gpu_only and device != "cuda":
-            rows.append({**base, "max_abs": float("nan"), "rel_err": float("nan"), "tol": float("nan"),
-                         "status": "SKIP", "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
-            print(f"[SKIP] {case.id}: needs CUDA", flush=True)
-            continue
-        t0 = time.perf_counter()
-        try:
-            m = measure(case, device, seed + 1000 * position[case.id])
-            status = "PASS" if m.pop("ok") else "FAIL"
-            row = {**base, **m, "status": status}
-        except Exception as e:  # noqa: BLE001 - the kernel under test failed on this case
-            traceback.print_exc()
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            row = {**base, "max_abs": float("nan"), "rel_err": float("nan"), "tol": float("nan"),
-                   "status": "ERROR", "note": f"{type(e).__name__}: {first}"}
-        row["seconds"] = round(time.perf_counter() - t0, 2)
-        rows.append(row)
-        print(f"[{row['status']}] {case.id}: max_abs={row['max_abs']:.3e} rel_err={row['rel_err']:.3e} "
-              f"tol={row['tol']:.0e} ({row['seconds']} s)", flush=True)
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    nan = float("nan")
+    for entry in entries:
+        impl = entry.impl
+        if impl is not None and impl.note:
+            print(f"# {entry.name}: {impl.note}", flush=True)
+        for case in cases:
+            base = {"impl": entry.name, "case": case.id, "B": case.B, "T": case.T, "HQ": case.HQ, "G": case.G,
+                    "dk": case.dk, "dv": case.dv, "dtype": case.dtype, "seed": seed}
+            unmeasured = {**base, "max_abs": nan, "rel_err": nan, "tol": nan}
+            if impl is None:
+                rows.append({**unmeasured, "status": "ERROR", "note": f"{entry.name}: broken adapter: {entry.error}"})
+                print(f"[ERROR] {entry.name} {case.id}: {entry.error}", flush=True)
+                continue
+            if case.gpu_only and device != "cuda":
+                rows.append({**unmeasured, "status": "SKIP",
+                             "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
+                print(f"[SKIP] {entry.name} {case.id}: needs CUDA", flush=True)
+                continue
+            why = impl.excluded(impl_case(case, device), "selection_attention")
+            if why:
+                rows.append({**unmeasured, "status": "SKIP", "note": why})
+                print(f"[SKIP] {case.id}: {why}", flush=True)
+                continue
+            t0 = time.perf_counter()
+            try:
+                m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))
+                status = "PASS" if m.pop("ok") else "FAIL"
+                row = {**base, **m, "status": status}
+            except Exception as e:  # noqa: BLE001 - the kernel under test failed on this case
+                traceback.print_exc()
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                row = {**unmeasured, "status": "ERROR", "note": f"{type(e).__name__}: {first}"}
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            if impl.note:
+                row["note"] = "; ".join(filter(None, [row.get("note"), impl.note]))
+            rows.append(row)
+            print(f"[{row['status']}] {entry.name} {case.id}: max_abs={row['max_abs']:.3e} "
+                  f"rel_err={row['rel_err']:.3e} tol={row['tol']:.0e} ({row['seconds']} s)", flush=True)
+            if device == "cuda":
+                torch.cuda.empty_cache()
 
     import pandas as pd
 
@@ -270,25 +335,42 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     ran = df[df.status != "SKIP"]
     bad = ran[ran.status != "PASS"]
     skipped = df[df.status == "SKIP"]
-    head = [f"triton-{which}: Triton selection kernel vs float64 reference (DESIGN §7 tolerances; fp32 uses",
-            "IEEE fp32 dots, no tf32, so fp32 tol = 1e-5)",
+    names = [e.name for e in entries]
+    head = [f"triton-{which}: selection attention of {', '.join(names)} vs float64 reference (DESIGN §7 "
+            "tolerances; nsa_core's Triton fp32 uses IEEE fp32 dots, no tf32, so fp32 tol = 1e-5)",
             f"device={device} profile={ctx.profile} seed={seed} cases run={len(ran)} failed={len(bad)} "
-            f"skipped={len(skipped)}", f"replay: {replay}   (one case: add --cases CASE)", ""]
+            f"skipped={len(skipped)}", f"replay: {replay}   (one case: add --cases CASE)"]
+    head += [f"{e.name}: {e.impl.differences['selection_attention']}" for e in entries
+             if e.impl is not None and "selection_attention" in e.impl.differences]
+    head += [f"{e.name}: {e.impl.note}" for e in entries if e.impl is not None and e.impl.note] + [""]
     write_text(ctx.dir / f"{stem}.txt", "\n".join(head) + df.to_string(index=False) + "\n")
     files = [f"{stem}.csv", f"{stem}.txt"]
     metrics = {"cases": int(len(ran)), "failed": int(len(bad)), "skipped": int(len(skipped)), "seed": seed,
-               "worst_rel_err": float(ran.rel_err.max()) if len(ran) and ran.rel_err.notna().all() else None}
-    skip_note = f"; {len(skipped)} paper-scale case(s) not run here (need CUDA)" if len(skipped) else ""
+               "worst_rel_err": float(ran.rel_err.max()) if len(ran) and ran.rel_err.notna().all() else None,
+               "impls": names}
+    gpu_skips = skipped[skipped.note.astype(str).str.startswith("paper-scale")] if len(skipped) else skipped
+    skip_note = f"; {len(gpu_skips)} paper-scale case(s) not run here (need CUDA)" if len(gpu_skips) else ""
+    other = skipped.drop(gpu_skips.index)
+    if len(other):
+        skip_note += f"; {len(other)} outside an implementation's constraints: " + "; ".join(
+            dict.fromkeys(str(n) for n in other.note))[:600]
+    default_only = names == ["nsa_core"]
+    label = (lambda r: r.case) if default_only else (lambda r: f"{r.impl}:{r.case}")
     if not len(ran):
         return StageResult(Status.SKIP, f"no case of the selection runs on {device}{skip_note}", files, metrics,
                            hint="run on a CUDA GPU with --profile full")
     if len(bad):
-        names = ", ".join(f"{r.case} ({r.status}, rel_err={r.rel_err:.2e} tol={r.tol:.0e})" for r in bad.itertuples())
-        first = _seed.replay_command(ctx, stage, seed, cases=bad.case.iloc[0])
+        names_ = ", ".join(f"{label(r)} ({r.status}, rel_err={r.rel_err:.2e} tol={r.tol:.0e}"
+                           + (f": {r.note}" if r.status == "ERROR" and isinstance(r.note, str) else "") + ")"
+                           for r in bad.itertuples())
+        first = _seed.replay_command(ctx, stage, seed, cases=bad.case.iloc[0],
+                                     impl=None if default_only else bad.impl.iloc[0])
         print(f"replay the first failing case with: {first}", flush=True)
-        return StageResult(Status.FAIL, f"{len(bad)}/{len(ran)} case(s) failed: {names}{skip_note}", files, metrics,
-                           hint=f"replay: {first}")
-    return StageResult(Status.PASS, f"{len(ran)}/{len(ran)} cases within tolerance "
+        return StageResult(Status.FAIL, f"{len(bad)}/{len(ran)} case(s) failed: {names_}{skip_note}"[:2000], files,
+                           metrics, hint=f"replay: {first}")
+    per_impl = "" if default_only else " (" + ", ".join(
+        f"{n}: {int((ran.impl == n).sum())} run" for n in names) + ")"
+    return StageResult(Status.PASS, f"{len(ran)}/{len(ran)} cases within tolerance{per_impl} "
                                     f"(worst rel_err {metrics['worst_rel_err']:.2e}){skip_note}", files, metrics)
 
 
@@ -300,10 +382,11 @@ class ParityStage(Stage):
     options = (
         Option("--cases", str, None, "only cases whose id contains one of these comma-separated substrings"),
         _seed.option(0, "the random inputs (case i of the profile uses seed + 1000 i)"),
+        impl_option(),
     )
 
     @staticmethod
-    def measure(case, device: str, seed: int) -> dict:  # pragma: no cover - interface
+    def measure(case, device: str, seed: int, kernel=None) -> dict:  # pragma: no cover - interface
         raise NotImplementedError
 
     def run(self, ctx) -> StageResult:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from nsa_runner.artifacts import now_iso, write_json, write_text
 from nsa_runner.stage import Stage, StageResult, Status
 
-from . import _seed
+from . import _parity, _seed
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,17 @@ def _run_branch(F, branch, q, k, v, sel, cfg, backend):
     return F.sliding_attention(q, k, v, cfg, backend)
 
 
-def _check_branch(c: _Checks, F, testing, branch, backend, s: Shape, cfg, gen, device, sel_q, sel_k):
+def _check_branch(c: _Checks, F, testing, branch, backend, s: Shape, cfg, gen, device, sel_q, sel_k,
+                  label: str | None = None, tf32: bool | None = None):
     import torch
 
     dtype = torch.bfloat16 if backend == "flash" else torch.float32
-    tf32 = device == "cuda" and backend in ("triton", "flash") and dtype == torch.float32
+    if tf32 is None:
+        tf32 = device == "cuda" and backend in ("triton", "flash") and dtype == torch.float32
     q, k, v = _branch_inputs(branch, s, gen, device, dtype)
     # the selection every slc run uses: from independent queries / raw compression keys
     sel = F.select_blocks(sel_q.to(dtype), sel_k.to(dtype), cfg) if branch == "slc" else None
-    name = f"{branch}/{backend}"
+    name = label or f"{branch}/{backend}"
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     o = _run_branch(F, branch, *leaves, sel, cfg, backend)
     want = (s.B, s.T, s.HQ, s.dv)
@@ -195,6 +197,144 @@ def _check_selection(c: _Checks, F, s: Shape, cfg, gen, device):
               f"group 0 unchanged={same0} when other groups' queries change (they changed={changed})")
 
 
+# ---- implementations under test (--impl; nsa_runner.impls) ------------------------------------
+# The shared-K/V case every implementation runs (its nsa_attention and select parts): one K/V for the
+# three branches and l = d = l' (Eq. 9 is the identity), the semantics an implementation such as
+# fla's parallel_nsa shares with DESIGN §2; the window gate is 0 (fla's window needs flash-attn).
+# T spans more selection blocks than n, so top-n really chooses.
+SHARED = {
+    "quick": Shape(B=1, T=96, HQ=16, G=1, dk=16, dv=16, dim=0, cfg=dict(l=16, d=16, l_sel=16, n_sel=4, w=16)),
+    "full": Shape(B=1, T=2048, HQ=16, G=1, dk=64, dv=64, dim=0, cfg=dict(l=64, d=64, l_sel=64, n_sel=16, w=512)),
+}
+BRANCH_PART = {"cmp": "compressed_attention", "slc": "selection_attention", "win": "sliding_attention"}
+
+
+class _ImplF:
+    """``nsa_core.functional``-shaped view of an implementation for :func:`_check_branch`: backend
+    "reference" is nsa_core's float64 reference; any other backend is the implementation's part.
+    ``select_blocks`` is always OURS: the slc branch is checked given our block indices."""
+
+    def __init__(self, impl):
+        from nsa_core import functional as F
+
+        self.impl, self.F = impl, F
+
+    def select_blocks(self, q, k, cfg):
+        return self.F.select_blocks(q, k, cfg)
+
+    def compressed_attention(self, q, k, v, cfg, backend):
+        if backend == "reference":
+            return self.F.compressed_attention(q, k, v, cfg, "reference")
+        return self.impl.parts["compressed_attention"](q, k, v, cfg)
+
+    def selection_attention(self, q, k, v, idx, cnt, cfg, backend):
+        if backend == "reference":
+            return self.F.selection_attention(q, k, v, idx, cnt, cfg, "reference")
+        return self.impl.parts["selection_attention"](q, k, v, idx, cnt, cfg)
+
+    def sliding_attention(self, q, k, v, cfg, backend):
+        if backend == "reference":
+            return self.F.sliding_attention(q, k, v, cfg, "reference")
+        return self.impl.parts["sliding_attention"](q, k, v, cfg)
+
+
+def _impl_case(s: Shape, cfg, device: str, dtype: str, **flags):
+    from nsa_runner.impls import Case
+
+    return Case(B=s.B, T=s.T, HQ=s.HQ, G=s.G, dk=s.dk, dv=s.dv, dtype=dtype, device=device, cfg=cfg, **flags)
+
+
+def _check_impl_branches(c: _Checks, skips: list, impl, testing, s: Shape, cfg, gen, device, sel_q, sel_k):
+    """The branch checks of nsa_core's routed backends, on an implementation's parts (same shape)."""
+    F = _ImplF(impl)
+    for branch, part in BRANCH_PART.items():
+        if part not in impl.parts:
+            continue
+        why = impl.excluded(_impl_case(s, cfg, device, "fp32"), part)
+        if why:
+            skips.append({"check": f"{impl.name} {branch}", "reason": why})
+            print(f"[SKIP] {impl.name} {branch}: {why}", flush=True)
+            continue
+        c.guard(f"{impl.name} {branch}", lambda b=branch: _check_branch(
+            c, F, testing, b, impl.name, s, cfg, gen, device, sel_q, sel_k, label=f"{impl.name} {b}",
+            tf32=device == "cuda"))
+
+
+def _check_impl_shared(c: _Checks, skips: list, impl, testing, profile: str, gen, device):
+    """nsa_attention and select of one implementation on the shared-K/V case vs the float64 reference."""
+    import torch
+
+    from nsa_core import NSAConfig
+    from nsa_core import functional as F
+
+    s = SHARED[profile]
+    cfg = NSAConfig(**s.cfg)
+    dtype_name = "bf16" if device == "cuda" else "fp32"
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    q = _rand(gen, s.B, s.T, s.HQ, s.dk, device=device, dtype=dtype)
+    k = _rand(gen, s.B, s.T, s.G, s.dk, device=device, dtype=dtype)
+    v = _rand(gen, s.B, s.T, s.G, s.dv, device=device, dtype=dtype)
+    case = _impl_case(s, cfg, device, dtype_name, shared_kv=True, window=False)
+    shape = f"B={s.B} T={s.T} HQ={s.HQ} G={s.G} dk={s.dk} dv={s.dv} {dtype_name} l=d=l'={cfg.l_sel} n={cfg.n_sel}"
+    if "nsa_attention" in impl.parts:
+        why = impl.excluded(case, "nsa_attention")
+        if why:
+            skips.append({"check": f"{impl.name} nsa_attention (shared K/V)", "reason": why})
+        else:
+            c.guard(f"{impl.name} nsa_attention (shared K/V)",
+                    lambda: _nsa_vs_reference(c, impl, testing, F, q, k, v, cfg, gen, device, dtype, shape))
+    if "select" in impl.parts:
+        why = impl.excluded(case, "select")
+        if why:
+            skips.append({"check": f"{impl.name} select (shared K/V case)", "reason": why})
+        else:
+            c.guard(f"{impl.name} select", lambda: _select_vs_reference(c, impl, F, q, k, cfg, shape))
+
+
+def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, dtype, shape):
+    import torch
+
+    B, T, HQ, _ = q.shape
+    gates = torch.rand(B, T, HQ, 3, generator=gen).to(device=device, dtype=dtype)
+    gates[..., 2] = 0  # window branch off (see SHARED)
+    name = f"{impl.name} nsa_attention (shared K/V, window gate 0)"
+    qq, kk, vv = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    o = impl.parts["nsa_attention"](qq, kk, vv, kk, vv, kk, vv, gates, cfg)
+    want = (B, T, HQ, v.shape[-1])
+    if not c.add(f"{name} shape", tuple(o.shape) == want, f"{tuple(o.shape)} (want {want}) [{shape}]"):
+        return
+    do = _rand(gen, *o.shape, device=device, dtype=dtype)
+    o.backward(do)
+    r = [x.detach().to(torch.float64).requires_grad_(True) for x in (q, k, v)]
+    ref = F.nsa_attention(r[0], r[1], r[2], r[1], r[2], r[1], r[2], gates.to(torch.float64), cfg, "reference")
+    ref.backward(do.to(torch.float64))
+    tf32 = device == "cuda" and dtype == torch.float32
+    cmp = testing.compare(o, ref, dtype, tf32=tf32)
+    c.add(f"{name} forward vs fp64 reference", cmp.ok, f"{cmp} [{shape}]", rel_err=cmp.rel_err, tol=cmp.tol)
+    for label, got, want_ in zip(("dq", "dk", "dv"), (qq, kk, vv), r, strict=True):
+        if got.grad is None:
+            c.add(f"{name} {label}", False, "no gradient reached this input")
+            continue
+        g = testing.compare(got.grad, want_.grad, dtype, tf32=tf32)
+        c.add(f"{name} {label} vs fp64 reference", g.ok, str(g), rel_err=g.rel_err, tol=g.tol)
+
+
+def _select_vs_reference(c: _Checks, impl, F, q, k, cfg, shape):
+    """Structure (selection-map's checks) and the same blocks as the float64 reference, a differing
+    (t, group) row accepted only as a near-tie (DESIGN §7: the two sets' reference scores within 1e-5)."""
+    from .selection_map import against_reference, check_selection
+
+    idx, cnt = impl.parts["select"](q, k, cfg)
+    rows = check_selection(idx, cnt, cfg)
+    bad = [r for r in rows if not r["ok"]]
+    c.add(f"{impl.name} select structure", not bad, "; ".join(f"{r['check']}: {r['detail']}" for r in bad)
+          or f"ascending, -1 padded, forced blocks present, causal, counts min(n, t//l'+1) [{shape}]")
+    if bad:
+        return
+    d = against_reference(idx, cnt, q, k, cfg)
+    c.add(f"{impl.name} select vs fp64 reference", d["ok"], f"{d['detail']} [{shape}]")
+
+
 def _check_module(c: _Checks, NSAAttention, NSAConfig, s: Shape, cfg, gen, device, backends):
     import torch
 
@@ -234,8 +374,9 @@ def _render(doc: dict) -> str:
     lines += [f"  {b:<4} {r['backend']:<9} {r['reason']}" for b, r in doc["routing"].items()]
     lines += ["", "checks:"]
     lines += [f"  [{'ok' if r['ok'] else 'FAIL':<4}] {r['check']:<40} {r['detail']}" for r in doc["checks"]]
+    lines += [f"  [SKIP] {r['check']:<40} {r['reason']}" for r in doc.get("skipped", [])]
     n_fail = sum(not r["ok"] for r in doc["checks"])
-    lines += ["", f"{len(doc['checks']) - n_fail} ok, {n_fail} failed"]
+    lines += ["", f"{len(doc['checks']) - n_fail} ok, {n_fail} failed, {len(doc.get('skipped', []))} skipped"]
     return "\n".join(lines) + "\n"
 
 
@@ -245,7 +386,7 @@ class Sanity(Stage):
     requires = ()
     description = "every branch and NSAAttention: forward + backward, finite, shapes, causal, GQA-consistent"
     timeout_s = 900.0
-    options = (_seed.option(None),)
+    options = (_seed.option(None), _parity.impl_option())
 
     def run(self, ctx) -> StageResult:
         import torch
@@ -264,23 +405,40 @@ class Sanity(Stage):
         write_json(ctx.dir / "routing.json", rj)
         backends = {b: r.backend(b, S=shape.T) for b in ("cmp", "slc", "win")}
         seed = _seed.resolve(ctx)  # --seed, else fresh per run; recorded + replay command printed
-        replay = _seed.announce(ctx, self.name, seed)
+        impl_text = (ctx.options or {}).get("impl")
+        replay = _seed.announce(ctx, self.name, seed, impl=impl_text if impl_text not in (None, "nsa_core") else None)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         c = _Checks()
+        skips: list[dict] = []
         sel_q = _rand(gen, shape.B, shape.T, shape.HQ, shape.dk, device=device, dtype=torch.float32)
         sel_k = _rand(gen, shape.B, shape.T, shape.G, shape.dk, device=device, dtype=torch.float32)
-        for branch in ("cmp", "slc", "win"):
-            c.guard(f"{branch}/{backends[branch]}",
-                    lambda b=branch: _check_branch(c, F, testing, b, backends[b], shape, cfg, gen, device,
-                                                   sel_q, sel_k))
-        c.guard("select", lambda: _check_selection(c, F, shape, cfg, gen, device))
-        c.guard("module", lambda: _check_module(c, NSAAttention, NSAConfig, shape, cfg, gen, device, backends))
+        entries = _parity.impl_entries(ctx)
+        names = [e.name for e in entries]
+        if "nsa_core" in names:  # the built-in: its routed backends, selection and the module
+            for branch in ("cmp", "slc", "win"):
+                c.guard(f"{branch}/{backends[branch]}",
+                        lambda b=branch: _check_branch(c, F, testing, b, backends[b], shape, cfg, gen, device,
+                                                       sel_q, sel_k))
+            c.guard("select", lambda: _check_selection(c, F, shape, cfg, gen, device))
+            c.guard("module", lambda: _check_module(c, NSAAttention, NSAConfig, shape, cfg, gen, device, backends))
+        for e in entries:  # every implementation: its parts on the same shapes
+            if e.impl is None:
+                c.add(f"{e.name} adapter", False, f"broken adapter: {e.error}")
+                continue
+            if e.impl.note:
+                print(f"# {e.name}: {e.impl.note}", flush=True)
+            if e.name != "nsa_core":
+                _check_impl_branches(c, skips, e.impl, testing, shape, cfg, gen, device, sel_q, sel_k)
+            _check_impl_shared(c, skips, e.impl, testing, ctx.profile, gen, device)
+        for sk in skips:
+            print(f"[SKIP] {sk['check']}: {sk['reason']}", flush=True)
         doc = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": device,
                "profile": ctx.profile, "seed": seed, "replay": replay,
                "shape": {k: v for k, v in vars(shape).items() if k != "cfg"}, "cfg": cfg.to_dict(),
                "backends": backends,
                "routing": {b: {"backend": backends[b], "reason": rj["branches"][b]["reason"]} for b in backends},
-               "checks": c.rows}
+               "checks": c.rows, "skipped": skips, "impls": names,
+               "shared_case": {k: v for k, v in vars(SHARED[ctx.profile]).items() if k != "dim"}}
         if device == "cuda":
             doc["gpu"] = torch.cuda.get_device_name(0)
         write_json(ctx.dir / "sanity.json", doc)
@@ -290,10 +448,16 @@ class Sanity(Stage):
         worst = max((r_.get("rel_err", 0.0) / r_["tol"] for r_ in c.rows if r_.get("tol")
                      and math.isfinite(r_.get("rel_err", math.nan))), default=None)
         metrics = {"checks": len(c.rows), "failed": len(failed), "backends": backends,
-                   "worst_err_over_tol": worst, "seed": seed}
+                   "worst_err_over_tol": worst, "seed": seed, "impls": names, "skipped": len(skips)}
+        skip_note = (f"; {len(skips)} not run (outside an implementation's constraints: "
+                     + "; ".join(dict.fromkeys(f"{sk['reason']}" for sk in skips))[:500] + ")") if skips else ""
         if failed:
             print(f"replay with: {replay}", flush=True)
-            return StageResult(Status.FAIL, f"{len(failed)}/{len(c.rows)} checks failed: " + "; ".join(failed[:3]),
-                               files=files, metrics=metrics, hint=f"replay: {replay}")
+            return StageResult(Status.FAIL, f"{len(failed)}/{len(c.rows)} checks failed: " + "; ".join(failed[:3])
+                               + skip_note, files=files, metrics=metrics, hint=f"replay: {replay}")
+        if not c.rows:
+            return StageResult(Status.SKIP, f"no check runs here{skip_note}", files=files, metrics=metrics)
+        impl_note = "" if names == ["nsa_core"] else f"; implementations {', '.join(names)}"
         return StageResult(Status.PASS, f"{len(c.rows)} checks ok on {device} (backends "
-                           + ", ".join(f"{b}={be}" for b, be in backends.items()) + ")", files=files, metrics=metrics)
+                           + ", ".join(f"{b}={be}" for b, be in backends.items()) + ")" + impl_note + skip_note,
+                           files=files, metrics=metrics)

@@ -29,6 +29,7 @@ import traceback
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
+from . import _parity
 from . import _seed as seeds
 
 SCHEMA_VERSION = 1
@@ -134,6 +135,47 @@ def check_selection(block_idx, block_count, cfg) -> list[dict]:
     return rows
 
 
+def against_reference(block_idx, block_count, q, k, cfg) -> dict:
+    """Does a selection equal the float64 reference's (``select_blocks(backend="reference")`` on the
+    same q, k)? A differing (b, t, g) row is accepted only as a near-tie: the reference scores of the
+    two block sets within 1e-5 relative (DESIGN §7), and near-ties at most 0.1% of rows (at least 1).
+    Returns ``{"ok", "rows", "differ", "near_ties", "detail"}``."""
+    import torch
+
+    from nsa_core import functional as F
+
+    q64, k64 = q.detach().double(), k.detach().double()
+    ref_idx, ref_cnt = F.select_blocks(q64, k64, cfg, backend="reference")
+    nb = cfg.num_sel_blocks(q.shape[1])
+
+    def member(ix, ct):  # [B, T, G, NB] bool: block j chosen
+        ix, ct = ix.to(ref_idx.device).long(), ct.to(ref_idx.device).long()
+        live = (torch.arange(ix.shape[-1], device=ix.device) < ct[..., None]) & (ix >= 0) & (ix < nb)
+        m = torch.zeros(*ix.shape[:-1], nb + 1, dtype=torch.bool, device=ix.device)
+        m.scatter_(-1, torch.where(live, ix, torch.full_like(ix, nb)), True)
+        return m[..., :nb]
+
+    a, b = member(block_idx, block_count), member(ref_idx, ref_cnt)
+    differ = (a != b).any(-1)  # [B, T, G]
+    rows, n_diff = differ.numel(), int(differ.sum())
+    near = torch.zeros_like(differ)
+    if n_diff:
+        scores = F.block_scores(q64, F.compress(k64, cfg), q.shape[1], cfg)  # [B, T, G, NB]
+        sa, sb = (scores * a).sum(-1), (scores * b).sum(-1)
+        near = (sa - sb).abs() <= 1e-5 * sb.abs().clamp_min(1e-30)
+    ties = int((near & differ).sum())
+    far = n_diff - ties
+    ok = far == 0 and ties <= max(1, rows // 1000)
+    detail = f"{rows - n_diff}/{rows} (t, group) rows identical, {ties} near-tie(s) accepted, {far} differ"
+    if far:
+        bb, tt, gg = (int(x) for x in (differ & ~near).nonzero()[0][:3])
+        detail += (f"; first at b={bb} t={tt} g={gg}: {block_idx[bb, tt, gg].tolist()} vs reference "
+                   f"{ref_idx[bb, tt, gg].tolist()}")
+    elif not ok:
+        detail += " (near-ties over 0.1% of rows)"
+    return {"ok": ok, "rows": rows, "differ": n_diff, "near_ties": ties, "detail": detail}
+
+
 def selection_image(block_idx, block_count, cfg, b: int = 0, g: int = 0):
     """uint8 [T, NB] picture codes (FUTURE, NOT_SELECTED, SELECTED, FORCED_INITIAL, FORCED_LOCAL)."""
     import numpy as np
@@ -222,6 +264,7 @@ class SelectionMap(Stage):
     options = (
         Option("--T", _positive_int, default=None, help="sequence length (default 2048 on CUDA, 512 on CPU)"),
         Option("--seed", _seed, default=0, help="seed of the random sample input (default 0)"),
+        _parity.impl_option(),
     )
     timeout_s = 600.0
 
@@ -229,7 +272,6 @@ class SelectionMap(Stage):
         import torch
 
         from nsa_core import NSAConfig
-        from nsa_core import functional as F
 
         shape = SHAPES["cuda" if ctx.device == "cuda" else "cpu"]
         T = int(ctx.options.get("T") or shape["T"])
@@ -242,17 +284,33 @@ class SelectionMap(Stage):
         what = (f"sample input: seeded random q, k (seed {seed}), B={B} T={T} HQ={HQ} G={G} dk={dk}, fp32, "
                 f"device {ctx.device}; cfg l={cfg.l} d={cfg.d} l'={cfg.l_sel} n={cfg.n_sel}")
         print(what, flush=True)
-        replay = seeds.announce(ctx, self.name, seed, T=ctx.options.get("T"))
-        try:
-            block_idx, block_count = F.select_blocks(q, k, cfg)
-        except Exception as e:  # noqa: BLE001 - the code under test broke: a failed check
-            traceback.print_exc()
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            return StageResult(Status.FAIL, f"select_blocks raised {type(e).__name__}: {first}")
-        if tuple(block_idx.shape) != (B, T, G, cfg.n_sel) or tuple(block_count.shape) != (B, T, G):
-            return StageResult(Status.FAIL, f"select_blocks returned shapes {tuple(block_idx.shape)} / "
-                                            f"{tuple(block_count.shape)}, want {(B, T, G, cfg.n_sel)} / {(B, T, G)}")
+        impl_text = ctx.options.get("impl")
+        replay = seeds.announce(ctx, self.name, seed, T=ctx.options.get("T"),
+                                impl=impl_text if impl_text not in (None, "nsa_core") else None)
+        entries = _parity.impl_entries(ctx)
+        runs, others, skips = self._per_impl(entries, q, k, cfg, ctx.device)
+        for name, why in skips:
+            print(f"[SKIP] {name}: {why}", flush=True)
+        if not runs:
+            failed = [f"{n}: {why}" for n, why, broken in others if broken]
+            if failed:
+                return StageResult(Status.FAIL, "; ".join(failed)[:1000])
+            return StageResult(Status.SKIP, "no implementation's select runs on this sample: "
+                               + "; ".join(w for _, w in skips)[:800])
+        primary, block_idx, block_count = runs[0]
         checks = check_selection(block_idx, block_count, cfg)
+        if primary != "nsa_core" or len(entries) > 1:
+            checks = [{**c, "check": f"{primary}: {c['check']}"} for c in checks]
+        for name, idx_, cnt_ in runs[1:]:
+            checks += [{**c, "check": f"{name}: {c['check']}"} for c in check_selection(idx_, cnt_, cfg)]
+        for name, _, _ in runs:
+            if name == "nsa_core":
+                continue  # nsa_core's own select is the library under test, its reference is its oracle
+            idx_, cnt_ = next((i, c_) for n, i, c_ in runs if n == name)
+            d = against_reference(idx_, cnt_, q, k, cfg)
+            checks.append({"check": f"{name}: same blocks as the float64 reference", "ok": d["ok"],
+                           "violations": d["differ"] - d["near_ties"], "detail": d["detail"]})
+        checks += [{"check": f"{n}: select", "ok": False, "violations": 1, "detail": why} for n, why, _ in others]
         for c in checks:
             print(f"[{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}", flush=True)
         lines = jsonl_lines(block_idx, block_count, cfg)
@@ -261,7 +319,9 @@ class SelectionMap(Stage):
         plot(images, cfg, f"NSA block selection per query (Fig. 2 right) — {ctx.run_id}\n{what}",
              ctx.dir / "selection.png")
         bad = [c for c in checks if not c["ok"]]
-        text = [f"nsa-run selection-map  run {ctx.run_id}  {now_iso()}", what, f"replay: {replay}", "",
+        text = [f"nsa-run selection-map  run {ctx.run_id}  {now_iso()}", what, f"replay: {replay}",
+                f"implementations: {', '.join(e.name for e in entries)}; picture and sel_ranges.jsonl: {primary}",
+                *[f"  [SKIP] {n}: {why}" for n, why in skips], "",
                 f"sel_ranges.jsonl: {len(lines)} lines (batch 0, every {max(1, T // MAX_LINES_T)}-th query, "
                 f"all {G} groups)", "", "checks:"]
         text += [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}" for c in checks]
@@ -269,10 +329,46 @@ class SelectionMap(Stage):
         files = ["sel_ranges.jsonl", "selection.png", "selection_map.txt"]
         metrics = {"T": T, "seed": seed, "cfg": cfg.to_dict(), "groups": G, "lines": len(lines),
                    "checks": len(checks), "failed": len(bad),
-                   "mean_count": round(float(block_count.float().mean()), 3)}
+                   "mean_count": round(float(block_count.float().mean()), 3),
+                   "impls": [e.name for e in entries], "skipped": [f"{n}: {w}" for n, w in skips]}
+        skip_note = ("; not run: " + "; ".join(w for _, w in skips))[:600] if skips else ""
         if bad:
-            return StageResult(Status.FAIL, "; ".join(f"{c['check']}: {c['detail']}" for c in bad)[:1000],
+            return StageResult(Status.FAIL, ("; ".join(f"{c['check']}: {c['detail']}" for c in bad) + skip_note)[:1000],
                                files=files, metrics=metrics, hint=f"replay: {replay}")
-        return StageResult(Status.PASS, f"{len(checks)} selection checks hold over {B * T * G} (t, group) rows "
-                                        f"(T={T}, n={cfg.n_sel}, l'={cfg.l_sel}; seeded sample, seed {seed})",
-                           files=files, metrics=metrics)
+        ran = "" if [n for n, _, _ in runs] == ["nsa_core"] else f" of {', '.join(n for n, _, _ in runs)}"
+        return StageResult(Status.PASS, f"{len(checks)} selection checks{ran} hold over {B * T * G} (t, group) rows "
+                                        f"(T={T}, n={cfg.n_sel}, l'={cfg.l_sel}; seeded sample, seed {seed})"
+                                        + skip_note, files=files, metrics=metrics)
+
+    @staticmethod
+    def _per_impl(entries, q, k, cfg, device):
+        """Run each implementation's ``select`` on the sample: (runs [(name, idx, cnt)], failures
+        [(name, why, broken)], skips [(name, why)]). A part that raises or returns the wrong shapes is a
+        failure naming it; a sample outside its constraints is a skip naming the constraint."""
+        from nsa_runner.impls import Case
+
+        B, T, HQ, dk = q.shape
+        G = k.shape[2]
+        case = Case(B=B, T=T, HQ=HQ, G=G, dk=dk, dv=dk, dtype="fp32", device=device, cfg=cfg)
+        runs, others, skips = [], [], []
+        for e in entries:
+            if e.impl is None:
+                others.append((e.name, f"broken adapter: {e.error}", True))
+                continue
+            why = e.impl.excluded(case, "select")
+            if why:
+                skips.append((e.name, why))
+                continue
+            try:
+                idx, cnt = e.impl.parts["select"](q, k, cfg)
+            except Exception as ex:  # noqa: BLE001 - the code under test broke: a failed check
+                traceback.print_exc()
+                first = (str(ex).strip().splitlines() or [""])[0][:300]
+                others.append((e.name, f"select raised {type(ex).__name__}: {first}", True))
+                continue
+            if tuple(idx.shape) != (B, T, G, cfg.n_sel) or tuple(cnt.shape) != (B, T, G):
+                others.append((e.name, f"select returned shapes {tuple(idx.shape)} / {tuple(cnt.shape)}, want "
+                                       f"{(B, T, G, cfg.n_sel)} / {(B, T, G)}", True))
+                continue
+            runs.append((e.name, idx, cnt))
+        return runs, others, skips

@@ -12,24 +12,29 @@ from __future__ import annotations
 from . import _parity
 
 
-def _grads(q, k, v, idx, cnt, do, l_sel):
+def _grads(q, k, v, idx, cnt, do, l_sel, kernel=None):
     qq, kk, vv = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    o = _parity.kernel()(qq, kk, vv, idx, cnt, l_sel, deterministic=True)
+    o = (kernel or _parity.kernel())(qq, kk, vv, idx, cnt, l_sel, deterministic=True)
+    if tuple(o.shape) != tuple(do.shape):
+        raise ValueError(f"output shape {tuple(o.shape)}, want {tuple(do.shape)} [B, T, HQ, dv]")
     o.backward(do)
+    for name, x in (("q", qq), ("k", kk), ("v", vv)):
+        if x.grad is None:
+            raise ValueError(f"no gradient reached {name} (the output is not differentiable in it)")
     return qq.grad, kk.grad, vv.grad
 
 
-def _measure(case, device, seed):
+def _measure(case, device, seed, kernel=None):
     import torch
 
     from nsa_core.testing import DTYPES_BY_NAME, compare
 
     q, k, v, idx, cnt, do = _parity.make_inputs(case, device, seed)
     dt = DTYPES_BY_NAME[case.dtype]
-    got = _grads(q, k, v, idx, cnt, do, case.l_sel)
+    got = _grads(q, k, v, idx, cnt, do, case.l_sel, kernel)
     repeat = "-"
     if device == "cuda":
-        again = _grads(q, k, v, idx, cnt, do, case.l_sel)
+        again = _grads(q, k, v, idx, cnt, do, case.l_sel, kernel)
         repeat = "yes" if all(torch.equal(a, b) for a, b in zip(got, again, strict=True)) else "NO"
         del again
     _, rdq, rdk, rdv = _parity.reference(q, k, v, idx, cnt, case.l_sel, do=do)

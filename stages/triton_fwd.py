@@ -1,4 +1,5 @@
-"""Stage ``triton-fwd``: the Triton selection forward matches the float64 reference (DESIGN §5).
+"""Stage ``triton-fwd``: the Triton selection forward matches the float64 reference (DESIGN §5);
+with ``--impl a,b`` the selection attention of each implementation under test (``_parity``).
 
 Case matrix per profile (``stages._parity``): quick = tiny shapes in the Triton interpreter on
 CPU (fp32/fp16); full = the quick matrix plus paper-scale cases on CUDA (HQ=64, G=4, dk=192,
@@ -12,14 +13,18 @@ from __future__ import annotations
 from . import _parity
 
 
-def _measure(case, device, seed):
+def _measure(case, device, seed, kernel=None):
     import torch
 
     from nsa_core.testing import DTYPES_BY_NAME, compare
 
     q, k, v, idx, cnt, _ = _parity.make_inputs(case, device, seed)
     with torch.no_grad():
-        o = _parity.kernel()(q, k, v, idx, cnt, case.l_sel)
+        o = (kernel or _parity.kernel())(q, k, v, idx, cnt, case.l_sel)
+    want = (case.B, case.T, case.HQ, case.dv)
+    if not isinstance(o, torch.Tensor) or tuple(o.shape) != want:
+        got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
+        raise ValueError(f"output shape {got}, want {want} [B, T, HQ, dv]")
     ref = _parity.reference(q, k, v, idx, cnt, case.l_sel)
     c = compare(o, ref, DTYPES_BY_NAME[case.dtype])
     return {"max_abs": c.max_abs, "rel_err": c.rel_err, "tol": c.tol, "ok": c.ok, "n": case.n, "l_sel": case.l_sel}

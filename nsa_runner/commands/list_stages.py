@@ -1,7 +1,11 @@
 """``nsa-run list``: stages known here (built-in and plugins), order, requirements, options,
 where each comes from, and whether it can run on this machine (and why not).
 
-Exit 1 when a plugin is broken (it would fail ``oneshot``), else 0.
+``nsa-run list --impls``: the implementations under test instead (entry-point group
+``nsa_runner.impls``, loaded in a child process): the parts each provides, its constraints, where
+its semantics differ, and whether it can run here (and why not).
+
+Exit 1 when a plugin (stage or implementation) is broken (it would fail ``oneshot``), else 0.
 """
 
 from __future__ import annotations
@@ -62,9 +66,15 @@ def list_stages(
     name: str = typer.Argument(None, help="Show one stage in detail: description and its options."),
     device: str = c.DEVICE,
     as_json: bool = c.JSON,
+    impls: bool = typer.Option(False, "--impls", help="List the implementations under test (--impl) instead: "
+                               "their parts, constraints and whether each can run here."),
 ) -> None:
     """List the registered stages and whether each can run on this machine (NAME: one stage's options)."""
     machine, _ = c.resolve_machine(device, None, None)
+    if impls:
+        if name is not None:
+            fail("nsa-run list --impls takes no stage NAME")
+        _list_impls(machine.device, as_json)
     rows = [_row(e, machine) for e in discover()]
     broken = [r["name"] for r in rows if r["why_not"].startswith("broken:")]
     if name is not None:
@@ -89,6 +99,34 @@ def list_stages(
             t.add_row("-" if r["order"] is None else str(r["order"]), r["name"],
                       ", ".join(r["requires"]) or "-", escape(r["source"]),
                       " ".join(o["flag"] for o in r["options"]) or "-", runs)
+        out_console().print(t)
+    raise typer.Exit(1 if broken else 0)
+
+
+def _list_impls(device: str, as_json: bool) -> None:
+    from nsa_runner.impls.discovery import describe_all
+
+    rows = describe_all(device)
+    broken = [r["name"] for r in rows if r["broken"]]
+    if as_json:
+        print(json.dumps({"schema_version": 1, "device": device, "impls": rows}, indent=2, default=str))
+    else:
+        t = Table(title=f"nsa-run implementations under test (device={device}; use with --impl)")
+        for col in ("impl", "source", "parts", "constraints", "runs here"):
+            t.add_column(col, overflow="fold", no_wrap=col == "impl")
+        for r in rows:
+            cons = r["constraints"] or {}
+            text = ", ".join(filter(None, [
+                f"dtypes {'/'.join(cons['dtypes'])}" if cons.get("dtypes") else "",
+                f"head dim <= {cons['max_head_dim']}" if cons.get("max_head_dim") else "",
+                f"heads/group {cons['heads_per_group']}" if cons.get("heads_per_group", "any") != "any" else "",
+                "needs CUDA" if cons.get("needs_cuda") else "", str(cons.get("more") or "")]))
+            diffs = "; ".join(f"{p}: {d}" for p, d in (r.get("differences") or {}).items())
+            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {escape(r['why_not'])}"
+            if r.get("note"):
+                runs += f" ({escape(r['note'])})"
+            t.add_row(r["name"], escape(r["source"]), ", ".join(r["parts"]) or "-",
+                      escape(text + (f" | differs: {diffs}" if diffs else "")) or "-", runs)
         out_console().print(t)
     raise typer.Exit(1 if broken else 0)
 

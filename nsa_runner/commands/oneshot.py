@@ -27,6 +27,25 @@ def _names(text: str | None, flag: str, known: list[str]) -> list[str]:
     return names
 
 
+def _impls(text: str | None) -> str | None:
+    """``--impl a,b`` checked against the registered implementations' names (nothing imported)."""
+    if text is None:
+        return None
+    from nsa_runner.impls.discovery import parse_names
+
+    try:
+        return ",".join(parse_names(text))
+    except ValueError as e:
+        fail(f"--impl: {e}")
+
+
+def _with_impl(entry, options: dict, impls: str | None) -> dict:
+    """Hand ``--impl`` to every stage that takes it (the parity and bench stages)."""
+    if impls is not None and any(o.flag == "--impl" for o in entry.options):
+        options["impl"] = impls
+    return options
+
+
 def oneshot(
     out: Path = c.OUT,
     only: str = typer.Option(None, "--only", help="Run only these stages (comma-separated)."),
@@ -37,14 +56,17 @@ def oneshot(
     timeout: float = c.TIMEOUT,
     as_json: bool = c.JSON,
     baseline: Path = report_cmd.BASELINE,
+    impl: str = typer.Option(None, "--impl", help="Implementations under test, comma-separated (default "
+                             "nsa_core): the parity stages run their cases against each (see `nsa-run list --impls`)."),
 ) -> None:
     """Run every registered stage in order (built-ins and plugins) on this machine."""
     machine, profile = c.resolve_machine(device, profile, timeout)
+    impls = _impls(impl)
     base = report_cmd.load_baseline(baseline)
     entries = discover()
     known = [e.name for e in entries]
     selected = set(_names(only, "--only", known) or known) - set(_names(skip, "--skip", known))
-    plan = [(e, c.default_options(e)) for e in entries if e.name in selected]
+    plan = [(e, _with_impl(e, c.default_options(e), impls)) for e in entries if e.name in selected]
     if not plan:
         fail("nothing to run: --only/--skip leave no stage", f"known stages: {', '.join(known)}")
     out = c.check_out(out)

@@ -138,7 +138,7 @@ def test_registered_at_order_25():
     if e is None:
         pytest.skip("nsa-run not installed in this environment (pip install -e .): entry points not visible")
     assert e.stage is not None and e.order == 25 and e.builtin
-    assert [o.flag for o in e.options] == ["--T", "--seed"]
+    assert [o.flag for o in e.options] == ["--T", "--seed", "--impl"]
 
 
 def test_report_embeds_the_real_selection_picture(tmp_path):

@@ -1,0 +1,173 @@
+"""Implementations under test (DESIGN §5 "Implementations under test"): the plugin point that
+makes the kernel the parity stages check pluggable, the way stages are.
+
+An implementation is an :class:`Impl`: a name, the parts it provides (callables with the DESIGN §3
+signatures, see :data:`PARTS`), its :class:`Constraints`, and notes on where its semantics differ
+from DESIGN §2. It is found through the entry-point group ``nsa_runner.impls``; the entry point
+names an ``Impl`` or a zero-argument callable returning one (a factory can import an optional
+dependency and say it is missing instead of failing to import). ``nsa_core`` is registered in this
+project's pyproject.toml exactly like a third-party one::
+
+    [project.entry-points."nsa_runner.impls"]
+    mykernel = "my_kernel:IMPL"
+
+Discovery (``nsa_runner.impls.discovery``) never raises: an entry point that fails to import, does
+not give an ``Impl``, or declares a part that is not one of :data:`PARTS` or not callable is listed
+as broken; a part that raises or returns the wrong shape is that case's ERROR / FAIL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP = "nsa_runner.impls"
+BUILTIN = "nsa_core"
+
+# part -> its DESIGN §3 signature (what the callable receives; cfg is an nsa_core.NSAConfig)
+PARTS: dict[str, str] = {
+    "select": "select(q, k_cmp, cfg) -> (block_idx [B,T,G,n] int32 ascending -1 padded, block_count [B,T,G] int32)",
+    "selection_attention": "selection_attention(q, k, v, block_idx, block_count, cfg) -> o [B,T,HQ,dv]",
+    "compressed_attention": "compressed_attention(q, k_cmp, v_cmp, cfg) -> o [B,T,HQ,dv]   (raw keys in)",
+    "sliding_attention": "sliding_attention(q, k, v, cfg) -> o [B,T,HQ,dv]",
+    "nsa_attention": "nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg) -> o [B,T,HQ,dv]",
+    "decode_step": "decode_step(module, x_t, cache) -> (y_t, cache)   (NSAAttention-compatible decode)",
+}
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a stage is about to ask of an implementation (one named case).
+
+    ``cfg`` is the NSAConfig of the case (None where the part does not depend on it);
+    ``empty_rows``: some queries select no block (ragged selections); ``shared_kv``: the three
+    branches get the same K/V; ``window``: the window branch is on (its gate is not zero).
+    """
+
+    B: int
+    T: int
+    HQ: int
+    G: int
+    dk: int
+    dv: int
+    dtype: str
+    device: str = "cpu"
+    cfg: Any = None
+    empty_rows: bool = False
+    varlen: bool = False
+    shared_kv: bool = False
+    window: bool = True
+
+    @property
+    def h(self) -> int:
+        return self.HQ // self.G if self.G else 0
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Declared limits of an implementation; :meth:`Impl.excluded` turns them into a SKIP reason.
+
+    ``check`` (optional) is a function ``(case, part) -> str | None`` for what the fields cannot
+    say (e.g. "needs l = d = l'"); it returns the reason the case is outside the constraints.
+    """
+
+    dtypes: tuple[str, ...] = DTYPES
+    max_head_dim: int | None = None  # dk and dv
+    min_heads_per_group: int = 1
+    heads_per_group_pow2: bool = False
+    varlen: bool = True  # accepts variable-length batches
+    needs_cuda: bool = False
+    check: Callable[[Case, str], str | None] | None = None
+
+    def why_not(self, case: Case, part: str) -> str | None:
+        if self.needs_cuda and case.device != "cuda":
+            return "needs CUDA"
+        if case.dtype not in self.dtypes:
+            return f"dtype {case.dtype} not supported (supports {', '.join(self.dtypes)})"
+        if self.max_head_dim is not None and max(case.dk, case.dv) > self.max_head_dim:
+            return f"head dim must be <= {self.max_head_dim} (case has dk={case.dk}, dv={case.dv})"
+        h = case.h
+        if self.heads_per_group_pow2 and not _pow2(h) or h < self.min_heads_per_group:
+            need = "a power of two" if self.heads_per_group_pow2 else "an integer"
+            if self.min_heads_per_group > 1:
+                need += f" >= {self.min_heads_per_group}"
+            return f"heads per group must be {need} (case has HQ/G = {case.HQ}/{case.G} = {h})"
+        if case.varlen and not self.varlen:
+            return "no variable-length (varlen) support"
+        if self.check is not None:
+            return self.check(case, part)
+        return None
+
+    def describe(self) -> dict:
+        return {"dtypes": list(self.dtypes), "max_head_dim": self.max_head_dim,
+                "heads_per_group": ("power of two" if self.heads_per_group_pow2 else "any")
+                + (f" >= {self.min_heads_per_group}" if self.min_heads_per_group > 1 else ""),
+                "varlen": self.varlen, "needs_cuda": self.needs_cuda,
+                "more": getattr(self.check, "__doc__", None) or ("yes" if self.check else None)}
+
+
+@dataclass
+class Impl:
+    """One implementation under test.
+
+    name          the entry-point name (a plain word)
+    parts         {part: callable} for the parts it provides (keys from PARTS)
+    constraints   declared limits (dtypes, head dims, heads per group, varlen, CUDA)
+    differences   {part: text}: where its semantics differ from DESIGN §2 and what the stages
+                  compare instead; shown next to its results
+    unavailable   why it cannot run on this machine (e.g. "fla is not installed"); '' when it can
+    hint          the fix for ``unavailable``
+    note          a label shown wherever its results show (e.g. "untested on this machine")
+    """
+
+    name: str
+    parts: dict[str, Callable]
+    constraints: Constraints = field(default_factory=Constraints)
+    description: str = ""
+    differences: dict[str, str] = field(default_factory=dict)
+    unavailable: str = ""
+    hint: str = ""
+    note: str = ""
+
+    def problems(self) -> list[str]:
+        """What is wrong with the declaration (empty when it can be used)."""
+        out = []
+        if not isinstance(self.name, str) or not self.name:
+            out.append(f"name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.parts, dict) or not self.parts:
+            return out + ["parts must be a non-empty dict {part: callable}"]
+        unknown = [p for p in self.parts if p not in PARTS]
+        if unknown:
+            out.append(f"unknown part(s) {unknown} (known: {', '.join(PARTS)})")
+        bad = [p for p, f in self.parts.items() if not callable(f)]
+        if bad:
+            out.append(f"part(s) {bad} are not callable")
+        if not isinstance(self.constraints, Constraints):
+            out.append(f"constraints must be an nsa_runner.impls.Constraints, got {type(self.constraints).__name__}")
+        elif any(d not in DTYPES for d in self.constraints.dtypes):
+            out.append(f"constraints.dtypes must be among {DTYPES}, got {self.constraints.dtypes}")
+        if not isinstance(self.differences, dict):
+            out.append("differences must be a dict {part: text}")
+        return out
+
+    def excluded(self, case: Case, part: str) -> str | None:
+        """Why ``case`` cannot run on ``part`` of this implementation (the SKIP reason), else None.
+
+        The reason always starts with the implementation's name, e.g. "fla: heads per group must
+        be a power of two >= 16 (case has HQ/G = 4/2 = 2)".
+        """
+        if part not in self.parts:
+            return f"{self.name}: does not provide {part}"
+        if self.unavailable:
+            return f"{self.name}: {self.unavailable}" + (f" (fix: {self.hint})" if self.hint else "")
+        why = self.constraints.why_not(case, part)
+        return f"{self.name}: {why}" if why else None
+
+
+__all__ = ["BUILTIN", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl"]
