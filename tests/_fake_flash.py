@@ -176,6 +176,8 @@ def install(monkeypatch, which=("fa2", "fa4")) -> dict:
     else:
         monkeypatch.delitem(sys.modules, "flash_attn.cute", raising=False)
     monkeypatch.setattr(adapters, "_imported", {})
+    for var in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)  # adapters._import("fa4") sets them; undone after the test
     return mods
 
 

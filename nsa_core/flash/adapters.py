@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 
 import torch
 import torch.nn.functional as F
@@ -84,8 +85,22 @@ class PathUnavailable(RuntimeError):
 # availability (cheap: import checks and capability, no kernel call)
 
 
+def fa4_jit_cache_dir():
+    """Where FA-4's persistent JIT cache goes unless the user chose (per-user cache dir)."""
+    from platformdirs import user_cache_path
+
+    return user_cache_path("nsa-run", appauthor=False) / "fa4_jit"
+
+
 def _import(path: str):
     if path not in _imported:
+        if path == "fa4":
+            # FA-4 JIT-compiles every kernel configuration (2-3 s each on an H100; fa2-probe's
+            # parity needs ~20 forward + ~20 backward ones). Its own persistent cache (keyed by
+            # its sources, cutlass / tvm-ffi / Python versions) makes a second process or run
+            # reuse them; read once at its import. An explicit setting of the user's wins.
+            os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+            os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(fa4_jit_cache_dir()))
         mod = importlib.import_module(_MODULES[path])
         _imported[path] = mod
     return _imported[path]

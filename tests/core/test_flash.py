@@ -341,3 +341,16 @@ def test_fa4_absent_or_on_cpu_says_why(monkeypatch):
     with pytest.raises(K.PathUnavailable, match="CUDA"):
         win_fast.sliding_attention(q, q, q, 4, path="fa4")
     assert "not GPU-verified" in K.verified_label("fa2")
+
+
+def test_fa4_import_turns_on_its_persistent_jit_cache_unless_the_user_chose(monkeypatch):
+    import os
+
+    fake.install(monkeypatch)
+    K._import("fa4")
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(K.fa4_jit_cache_dir())
+    fake.install(monkeypatch)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
+    K._import("fa4")
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"
