@@ -58,9 +58,10 @@ class Fa2Probe(Stage):
     name = "fa2-probe"
     order = 50
     requires = ()  # decides itself: a CPU run must show SKIP with the reason, never PASS
+    # keep the "not GPU-verified:" list equal to nsa_core.flash.adapters.GPU_VERIFIED (a test checks)
     description = ("flash kernels present/working; cmp/win flash-path parity vs fp64; speed vs SDPA -> thresholds. "
-                   "flash-attn adapters: FA-2 and FA-3 not GPU-verified (FA-2: CPU tests through a fake "
-                   "module only); FA-4 (flash_attn.cute) as its probe row says")
+                   "flash-attn adapters not GPU-verified: FA-2, FA-3, FA-4 (FA-2, FA-4: CPU tests through fake "
+                   "modules with the real signatures; FA-3: none)")
     timeout_s = 1200.0
     options = (
         Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),

@@ -110,3 +110,14 @@ def test_parity_part_runs_the_fa4_path_on_a_fake_module(tmp_path, monkeypatch):
     df = pd.read_csv(tmp_path / "fa2_varlen.csv")
     assert len(df) == 2 * 2 * 2 and set(df["path"]) == {"fa4"} and set(df["status"]) == {"PASS"}
     assert (df["wall_s"] > 0).all() and doc["wall_s"]["parity"] > 0
+
+
+def test_description_lists_exactly_the_adapters_not_gpu_verified():
+    """`nsa-run list fa2-probe` shows the description: its "not GPU-verified" list must match
+    nsa_core.flash.adapters.GPU_VERIFIED (update both when a GPU run verifies an adapter)."""
+    import re
+
+    from nsa_core.flash import adapters
+
+    clause = Fa2Probe.description.split("not GPU-verified:")[1].split("(")[0]
+    assert set(re.findall(r"FA-\d", clause)) == {f"FA-{p[2]}" for p, v in adapters.GPU_VERIFIED.items() if not v}
