@@ -11,11 +11,16 @@ set -euo pipefail
 LIBS=${FA4_LIBS:-/tmp/fa4_libs}
 T0=$(date +%s.%N)
 rm -rf "$LIBS" && mkdir -p "$LIBS"
-xz -dc .devcarry/fa4_libs/libs.tar.xz | tar -xf - -C "$LIBS"
+if command -v xz > /dev/null; then
+  xz -dc .devcarry/fa4_libs/libs.tar.xz | tar -xf - -C "$LIBS"
+else  # no xz binary: Python's lzma
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" \
+    .devcarry/fa4_libs/libs.tar.xz "$LIBS"
+fi
 T1=$(date +%s.%N)
 echo "unpacked $(du -sb "$LIBS" | cut -f1) bytes into $LIBS in $(python3 -c "print(round($T1-$T0,1))") s:"
 find "$LIBS" -name '*.so' -printf '  %P %s\n'
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
-torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_capability())" || true
 echo "now device call 2 (bench/gpu_fa4_run.sh) within the machine's 30 s warm period"
