@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsa_runner.artifacts import MANIFEST_NAME, ManifestError, load_manifest
+from nsa_runner.artifacts import (
+    MANIFEST_NAME,
+    ManifestError,
+    UnsafeFileError,
+    load_manifest,
+    read_limited,
+    read_text_limited,
+)
 from nsa_runner.results import (  # the schema's owner; re-exported for report / compare / baseline
     DECODE_FILE,
     DECODE_REQUIRED,
@@ -113,10 +120,23 @@ def resolve_run(arg: str, out: Path) -> Path:
 
 
 def _read_text(path: Path) -> str:
+    """UTF-8 text of a file, refused by type and size before reading (no FIFO, device, 10 GB file)."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_text_limited(path)
+    except UnsafeFileError as e:
+        raise ArtifactError(str(e)) from None
     except UnicodeDecodeError as e:
         raise ArtifactError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def read_bytes_checked(path: Path) -> bytes:
+    """The bytes of a file, refused by type and size before reading. Raises ArtifactError."""
+    try:
+        return read_limited(path)
+    except UnsafeFileError as e:
+        raise ArtifactError(str(e)) from None
     except OSError as e:
         raise ArtifactError(f"{path}: cannot read ({e.strerror or e})") from None
 
@@ -128,6 +148,8 @@ def read_json(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) ->
         raise ArtifactError(f"{path}: empty file (truncated?)")
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ArtifactError(f"{path}: not usable JSON (nested too deeply)") from None
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({e.msg} at line {e.lineno} "
                             f"column {e.colno})") from None
@@ -155,6 +177,8 @@ def read_jsonl(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -
             continue
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise ArtifactError(f"{path}: line {i} is not usable JSON (nested too deeply)") from None
         except json.JSONDecodeError as e:
             raise ArtifactError(f"{path}: line {i} is not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
@@ -213,6 +237,61 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
             raise ArtifactError(f"{path}: column {status_col!r} line {i + 2}: {vals[i]!r} is not one of "
                                 f"{', '.join(STATUSES)}")
     return df
+
+
+# the types readers rely on in the built-in JSON artifacts: "a.b" is key b of object a; "a.*" is
+# every value of object a; "a[]" every item of list a. A missing key is fine (absent, not wrong).
+JSON_SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "env.json": {"facts": dict, "facts.gpu": dict, "facts.torch": dict, "facts.triton": dict,
+                 "facts.gpu.devices": list},
+    "routing.json": {"branches": dict},
+    "sanity.json": {"checks": list},
+}
+
+
+def check_shape(path: Path, data: dict, shape: dict) -> None:
+    """Raise ArtifactError naming the first field of ``data`` whose type is not ``shape``'s."""
+    for spec, types in shape.items():
+        for where, value in _walk(data, spec):
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
+                want = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in _tuple(types))
+                raise ArtifactError(f"{path}: {where!r} must be {want}, got {type(value).__name__}")
+
+
+_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+               type(None): "null"}
+
+
+def _tuple(t) -> tuple:
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _walk(data: Any, spec: str, where: str = ""):
+    """(where, value) pairs that ``spec`` names in ``data`` (only where the parents are right)."""
+    head, _, rest = spec.partition(".")
+    items = head.endswith("[]")
+    key = head[:-2] if items else head
+    if not isinstance(data, dict):
+        return
+    if key == "*":
+        pairs = [(f"{where}.{k}" if where else str(k), v) for k, v in data.items()]
+    elif key in data:
+        pairs = [(f"{where}.{key}" if where else key, data[key])]
+    else:
+        return
+    for w, v in pairs:
+        if items:
+            if not isinstance(v, list):
+                continue  # the list itself is checked by its own entry
+            for i, x in enumerate(v):
+                if rest:
+                    yield from _walk(x, rest, f"{w}[{i}]")
+                else:
+                    yield f"{w}[{i}]", x
+        elif rest:
+            yield from _walk(v, rest, w)
+        else:
+            yield w, v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,10 +420,15 @@ class Run:
         return self._cache[key]
 
     def json(self, name: str) -> dict | None:
-        """A JSON artifact, or None when it is not in this run."""
+        """A JSON artifact, or None when it is not in this run. The built-in files readers walk
+        (env.json, routing.json, sanity.json) are checked for the types they use (``JSON_SHAPES``)."""
         def load():
             p = self._present(name)
-            return None if p is None else read_json(p)
+            if p is None:
+                return None
+            data = read_json(p)
+            check_shape(p, data, JSON_SHAPES.get(name, {}))
+            return data
         return self._cached(f"json:{name}", load)
 
     def jsonl(self, name: str) -> list[dict] | None:
@@ -379,9 +463,9 @@ class Run:
     def _header(self, name: str) -> list[str] | None:
         """The CSV header of ``name`` (None when absent or unreadable: the full reader says why)."""
         try:
-            with open(self.dir / name, newline="", encoding="utf-8") as fh:
-                return next(csv.reader(fh), None)
-        except (OSError, UnicodeDecodeError, csv.Error):
+            text = read_text_limited(self.dir / name)
+            return next(csv.reader(io.StringIO(text)), None)
+        except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error):
             return None
 
     def parity_files(self) -> list[str]:

@@ -139,7 +139,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_limited(path: str | os.PathLike, limit: int = MAX_READ_BYTES) -> bytes:
+def read_limited(path: str | os.PathLike, limit: int | None = None) -> bytes:
     """The bytes of ``path``, refused by type and size before reading (``UnsafeFileError``).
 
     A FIFO, a device (e.g. a symlink to /dev/zero), a socket or a folder is refused by its type;
@@ -148,6 +148,7 @@ def read_limited(path: str | os.PathLike, limit: int = MAX_READ_BYTES) -> bytes:
     (missing, no permission) passes through.
     """
     path = Path(path)
+    limit = MAX_READ_BYTES if limit is None else limit
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFileError(f"{path}: is {_kind(st.st_mode)}, not a regular file; refused")
@@ -173,7 +174,7 @@ def read_limited(path: str | os.PathLike, limit: int = MAX_READ_BYTES) -> bytes:
         os.close(fd)
 
 
-def read_text_limited(path: str | os.PathLike, limit: int = MAX_READ_BYTES, errors: str = "strict") -> str:
+def read_text_limited(path: str | os.PathLike, limit: int | None = None, errors: str = "strict") -> str:
     """``read_limited`` decoded as UTF-8 (UnicodeDecodeError with ``errors="strict"``)."""
     return read_limited(path, limit).decode("utf-8", errors=errors)
 

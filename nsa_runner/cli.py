@@ -49,7 +49,23 @@ for _module in COMMANDS:
 
 
 def main() -> None:
-    app()
+    """The ``nsa-run`` script. Bad input is reported by each command (one line, exit 2); this is the
+    last net: an error nothing anticipated is one line naming it, exit 2, and the traceback only
+    with ``--debug`` (anywhere on the command line) or ``NSA_RUN_DEBUG=1``."""
+    import os
+    import sys
+
+    debug = "--debug" in sys.argv[1:] or os.environ.get("NSA_RUN_DEBUG", "") not in ("", "0")
+    sys.argv[1:] = [a for a in sys.argv[1:] if a != "--debug"]
+    try:
+        app()
+    except Exception as e:  # noqa: BLE001 - a traceback is for --debug only
+        if debug:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: {type(e).__name__}: {first}" + (" " if first else "")
+              + "(unexpected: rerun with --debug for the traceback)", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

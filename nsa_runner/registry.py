@@ -4,16 +4,29 @@ Built-in stages (``stages/``) are registered in this project's ``pyproject.toml`
 third-party plugin. Loading never raises: an entry point that fails to import, does not name a
 Stage, or clashes with another stage's name becomes a ``StageEntry`` with ``error`` set, which
 ``list`` shows and ``oneshot`` records as ERROR (the run fails; the CLI does not crash).
+
+Plugins are imported in a child process (``discover_group``, ``nsa_runner/_discover.py``), never
+in the CLI's own: a plugin whose import segfaults, hangs, calls ``os._exit`` or prints is listed
+as broken with the reason (or changes nothing), and the others run. The CLI gets plain
+descriptions (``StageInfo``, ``OptionInfo``); a stage's option values are parsed in a child too
+(``parse_options``). ``discover_group(group, describe)`` serves any entry-point group.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import json
 import math
+import os
 import re
+import subprocess
+import sys
+import tempfile
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from nsa_runner.stage import Option, Stage
 
@@ -41,7 +54,7 @@ class StageEntry:
     value: str  # "module:attr"
     dist: str  # distribution name that declares it
     dist_version: str
-    stage: Stage | None = None
+    stage: StageInfo | Stage | None = None  # what the discovery child saw (a Stage when built in-process)
     error: str = ""  # one line: why it is unusable
     traceback: str = ""
 
@@ -64,6 +77,33 @@ class StageEntry:
     @property
     def options(self) -> tuple[Option, ...]:
         return tuple(self.stage.options) if self.stage is not None else ()
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """A stage option as the discovery child described it (its ``parse`` stays in the child)."""
+
+    flag: str
+    default: Any = None
+    help: str = ""
+    choices: tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass
+class StageInfo:
+    """A stage as the discovery child described it: what the CLI needs, no plugin code."""
+
+    name: str
+    order: int
+    requires: tuple[str, ...] = ()
+    description: str = ""
+    options: tuple[OptionInfo, ...] = ()
+    timeout_s: float = 900.0
+    key: str = field(default="", repr=False)  # the entry point (for parse_options)
 
 
 # a stage name is a plain word: it names a log file, a history folder and a CLI argument, and is
@@ -108,58 +148,272 @@ def _problems(stage: Stage, ep_name: str) -> list[str]:
     return problems
 
 
-def _load(ep: md.EntryPoint, dist_name: str, dist_version: str) -> StageEntry:
-    # an entry-point name that is not a plain word is shown (and recorded) by a harmless stand-in:
-    # it may hold rich markup or '/', and ':' keeps it from ever equalling a real stage's name
-    shown = ep.name if NAME_RE.fullmatch(ep.name) else "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", ep.name)
-    entry = StageEntry(shown, ep.value, dist_name, dist_version)
+class OptionError(ValueError):
+    """A stage option on the command line that cannot be used: ``.hint`` says what would."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str]) -> dict[str, Any]:
+    """Parse ``--flag value`` / ``--flag=value`` against a stage's options; defaults filled in."""
+    opts = {o.flag: o for o in options}
+    values: dict[str, Any] = {o.dest: o.default for o in options}
+    known = ", ".join(opts) or "none"
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise OptionError(f"unexpected argument {arg!r} for stage {stage_name}", f"its options: {known}")
+        flag, eq, text = arg.partition("=")
+        if flag not in opts:
+            raise OptionError(f"unknown option {flag} for stage {stage_name}", f"its options: {known}")
+        if not eq:
+            if i + 1 >= len(args):
+                raise OptionError(f"option {flag} of stage {stage_name} needs a value")
+            i += 1
+            text = args[i]
+        try:
+            values[opts[flag].dest] = opts[flag].convert(text)
+        except (ValueError, TypeError) as e:
+            raise OptionError(f"invalid value {text!r} for {flag} of stage {stage_name}: {e}") from None
+        i += 1
+    return values
+
+
+def _json_ok(v: Any) -> bool:
     try:
-        obj = ep.load()
-    except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        entry.error = f"failed to import {ep.value}: {type(e).__name__}: {e}".strip()
-        entry.traceback = traceback.format_exc()
-        return entry
+        json.dumps(v, allow_nan=False)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -> dict:
+    """(In the discovery child) a loaded entry point -> ``{"stage": {...}}`` or ``{"error": ...}``;
+    with ``args``, also the parsed option values (``"parsed"``) or ``"option_error"``."""
     try:
         stage = obj() if isinstance(obj, type) else obj
     except Exception as e:  # noqa: BLE001
-        entry.error = f"{ep.value}: constructing the stage raised {type(e).__name__}: {e}"
-        entry.traceback = traceback.format_exc()
-        return entry
+        return {"error": f"{ep.value}: constructing the stage raised {type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()}
     if not isinstance(stage, Stage):
-        entry.error = f"{ep.value} is a {type(stage).__name__}, not an nsa_runner.Stage subclass"
-        return entry
+        return {"error": f"{ep.value} is a {type(stage).__name__}, not an nsa_runner.Stage subclass"}
     try:
         problems = _problems(stage, ep.name)
+        if not problems:
+            bad = [o.flag for o in stage.options if not _json_ok(o.default)]
+            if bad:
+                problems.append(f"option default(s) of {', '.join(bad)} must be JSON values (numbers, strings, "
+                                "lists, null)")
     except Exception as e:  # noqa: BLE001 - a hostile attribute (e.g. a property that raises)
         problems = [f"attributes cannot be read: {type(e).__name__}: {e}"]
     if problems:
-        entry.error = f"{ep.value}: stage " + "; ".join(problems)
+        return {"error": f"{ep.value}: stage " + "; ".join(problems)}
+    out: dict[str, Any] = {"stage": {
+        "name": stage.name, "order": stage.order, "requires": list(stage.requires),
+        "description": stage.description, "timeout_s": float(stage.timeout_s),
+        "options": [{"flag": o.flag, "default": o.default, "help": str(o.help or ""),
+                     "choices": [str(c) for c in o.choices]} for o in stage.options],
+    }}
+    if args is not None:
+        try:
+            values = parse_args(stage.name, tuple(stage.options), list(args))
+        except OptionError as e:
+            out["option_error"], out["option_hint"] = str(e), e.hint
+        else:
+            bad = [k for k, v in values.items() if not _json_ok(v)]
+            if bad:
+                out["option_error"] = (f"stage {stage.name}: option value(s) for {', '.join(bad)} are not JSON "
+                                       "values (the plugin's parse returned an object)")
+                out["option_hint"] = ""
+            else:
+                out["parsed"] = values
+    return out
+
+
+DESCRIBE_STAGE = "nsa_runner.registry:describe_stage"
+
+
+def _timeout() -> float:
+    try:
+        t = float(os.environ.get("NSA_RUN_DISCOVERY_TIMEOUT", DISCOVERY_TIMEOUT_S))
+        return t if math.isfinite(t) and t > 0 else DISCOVERY_TIMEOUT_S
+    except ValueError:
+        return DISCOVERY_TIMEOUT_S
+
+
+DISCOVERY_TIMEOUT_S = 60.0  # one entry point's import (a plugin may import torch on a loaded machine)
+STARTUP_S = 120.0  # the child's own start-up, before it imports any plugin
+MAX_CHILDREN = 32  # a new child per plugin that kills the child; more than this: the rest are broken too
+
+
+def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float) -> str:
+    if timed_out:
+        return f"its import did not finish within {limit:g}s (hangs?); stopped"
+    rc = proc.returncode
+    if rc is not None and rc < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"importing it killed the discovery process ({name})"
+    return f"importing it ended the discovery process (exit code {rc}, e.g. os._exit or sys.exit in C)"
+
+
+def discover_group(group: str, describe: str, *, only: str | None = None,
+                   parse: dict | None = None) -> list[dict]:
+    """Import every entry point of ``group`` in a child process; one record per entry point:
+    ``{"key", "name", "value", "dist", "version"}`` plus what ``describe`` ("module:function",
+    called in the child as ``describe(obj, ep, args)``) returned, or ``"error"`` (and
+    ``"traceback"``). A child that dies or hangs (``NSA_RUN_DISCOVERY_TIMEOUT`` seconds per entry
+    point, default 60) marks the entry point it was importing as broken; a new child goes on
+    with the rest. One child serves every entry point in the normal case."""
+    records: dict[str, dict] = {}
+    order: list[str] = []
+    skip: set[str] = set()
+    limit = _timeout()
+    for _ in range(MAX_CHILDREN):
+        with tempfile.TemporaryDirectory(prefix=f"nsa-run-discover-{os.getpid()}-") as tmp:
+            result = os.path.join(tmp, "result.jsonl")
+            log = os.path.join(tmp, "child.log")
+            req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
+                   "only": only, "parse": parse}
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [_pkg_parent(), env.get("PYTHONPATH", "")]))
+            with open(log, "wb") as logf:
+                proc = subprocess.Popen([sys.executable, "-m", "nsa_runner._discover", result],
+                                        stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+            try:
+                proc.stdin.write(json.dumps(req).encode())
+                proc.stdin.close()
+            except OSError:
+                pass
+            loading, done, timed_out, talked = None, False, False, False
+            pos, last = 0, time.monotonic()
+            try:
+                while True:
+                    exited = proc.poll() is not None
+                    pos, lines = _read_new(result, pos)
+                    for line in lines:
+                        last, talked = time.monotonic(), True
+                        if "loading" in line:
+                            loading = line["loading"]
+                        elif "entry" in line and isinstance(line["entry"], dict):
+                            rec = line["entry"]
+                            records[rec["key"]] = rec
+                            order.append(rec["key"])
+                            skip.add(rec["key"])
+                            loading = None
+                        elif line.get("done"):
+                            done = True
+                    if done or exited:
+                        break
+                    # the child's own start-up (python, nsa_runner) may take long on a loaded machine
+                    waited = time.monotonic() - last
+                    if waited > (limit if talked else max(limit, STARTUP_S)):
+                        timed_out = True
+                        break
+                    time.sleep(0.02)
+            finally:
+                _stop(proc)
+            if done:
+                break
+            if loading is None:  # died outside any plugin's import: nothing to blame, nothing to retry
+                tail = _tail(log)
+                key = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))
+                records[key] = {"key": key, "name": "invalid:discovery", "value": "nsa_runner._discover",
+                                "dist": "nsa-run", "version": "?", "traceback": tail,
+                                "error": "the discovery process failed: " + (_describe_end(proc, timed_out, limit)
+                                                                             .replace("importing it ", ""))}
+                order.append(key)
+                break
+            dist, ep_name, value = (loading.split("\t") + ["?", "?", "?"])[:3]
+            records[loading] = {"key": loading, "name": ep_name, "value": value, "dist": dist, "version": "?",
+                                "error": f"{value}: {_describe_end(proc, timed_out, limit)}",
+                                "traceback": _tail(log)}
+            order.append(loading)
+            skip.add(loading)
+            if only is not None:
+                break
+    return [records[k] for k in dict.fromkeys(order)]
+
+
+def _pkg_parent() -> str:
+    import nsa_runner
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(nsa_runner.__file__)))
+
+
+def _read_new(path: str, pos: int) -> tuple[int, list[dict]]:
+    """Complete JSON lines appended to ``path`` since byte ``pos``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(pos)
+            data = f.read()
+    except FileNotFoundError:
+        return pos, []
+    end = data.rfind(b"\n") + 1
+    out = []
+    for raw in data[:end].splitlines():
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return pos + end, out
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The discovery child and anything its plugins started: gone (its own session)."""
+    try:  # the group too: a plugin may have started processes while it was imported
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _entry_of(rec: dict) -> StageEntry:
+    ep_name = rec.get("name") or "?"
+    shown = ep_name if NAME_RE.fullmatch(ep_name) else "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", ep_name)
+    entry = StageEntry(shown, rec.get("value", "?"), rec.get("dist", "?"), rec.get("version", "?"))
+    info = rec.get("stage")
+    if rec.get("error") or not isinstance(info, dict):
+        entry.error = str(rec.get("error") or "the discovery process described it wrongly")
+        entry.traceback = str(rec.get("traceback") or "")
         return entry
-    entry.stage = stage
+    entry.stage = StageInfo(
+        name=info["name"], order=info["order"], requires=tuple(info["requires"]), description=info["description"],
+        options=tuple(OptionInfo(o["flag"], o["default"], o["help"], tuple(o["choices"])) for o in info["options"]),
+        timeout_s=float(info["timeout_s"]), key=rec["key"])
     return entry
 
 
 def discover() -> list[StageEntry]:
     """Every stage of the entry-point group, sorted by (order, name); broken ones first.
 
-    Two usable entries with the same name are both marked broken ("duplicate"): which one would
-    run must never depend on install order.
+    Imported in a child process (``discover_group``). Two usable entries with the same name are
+    both marked broken ("duplicate"): which one would run must never depend on install order.
     """
-    entries: list[StageEntry] = []
-    seen: set[tuple[str, str]] = set()
-    for dist in md.distributions():
-        dist_name = dist.metadata["Name"] or "?"
-        key_dist = _norm(dist_name)
-        for ep in dist.entry_points:
-            if ep.group != GROUP:
-                continue
-            key = (key_dist, ep.name)
-            if key in seen:  # the same distribution found twice on sys.path: first one wins
-                continue
-            seen.add(key)
-            entries.append(_load(ep, dist_name, dist.version or "?"))
+    entries = [_entry_of(r) for r in discover_group(GROUP, DESCRIBE_STAGE)]
     by_name: dict[str, list[StageEntry]] = {}
     for e in entries:
         by_name.setdefault(e.name, []).append(e)
@@ -170,6 +424,24 @@ def discover() -> list[StageEntry]:
                 e.error = f"duplicate stage name {name!r}: declared by {where}"
                 e.stage = None
     return sorted(entries, key=lambda e: (e.stage is not None, e.order or 0, e.name))
+
+
+def parse_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
+    """The values of ``entry``'s options for command-line ``args``, parsed by the stage's own
+    ``Option.parse`` in a child process (defaults filled in). Raises OptionError."""
+    info = entry.stage
+    if not args:
+        return {o.dest: o.default for o in entry.options}
+    key = getattr(info, "key", "")
+    if not key:  # a Stage built in-process (embedded use)
+        return parse_args(entry.name, tuple(entry.options), list(args))
+    recs = discover_group(GROUP, DESCRIBE_STAGE, only=key, parse={"key": key, "args": list(args)})
+    rec = recs[0] if recs else {"error": "the stage was not found again"}
+    if "parsed" in rec:
+        return rec["parsed"]
+    if "option_error" in rec:
+        raise OptionError(rec["option_error"], rec.get("option_hint") or "")
+    raise OptionError(f"stage {entry.name}: its options could not be parsed: {rec.get('error', '?')}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from nsa_runner._readers import (
     is_spread,
     is_time,
     key_columns,
+    read_bytes_checked,
     spread_columns,
 )
 from nsa_runner.artifacts import now_iso, write_text
@@ -467,7 +468,7 @@ def _images_html(run: Run) -> str:
         if not p.is_file():
             out.append(_absent(f"{name} ({title})"))
             continue
-        data = p.read_bytes()
+        data = read_bytes_checked(p)  # refused by type and size before reading
         if not data.startswith(b"\x89PNG\r\n\x1a\n"):
             raise ArtifactError(f"{p}: not a PNG file (truncated or corrupt)")
         out.append(f"<h3>{_e(title)}</h3>" + _img(base64.b64encode(data).decode("ascii"), title))
@@ -481,15 +482,22 @@ def _env_html(run: Run) -> str:
     p = run.dir / "env.txt"
     if not p.is_file():
         return _absent("env.txt")
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise ArtifactError(f"{p}: cannot read ({e})") from None
+    text = read_bytes_checked(p).decode("utf-8", errors="replace")  # refused by type and size first
     return f"<details><summary>env.txt</summary><pre>{_e(text)}</pre></details>"
 
 
 def render(run: Run) -> str:
-    """The report.html text for a run folder. Raises ArtifactError on a broken artifact."""
+    """The report.html text for a run folder. Raises ArtifactError on a broken artifact.
+
+    Plot labels are plain text: a CSV key such as ``$\\foo$`` is drawn as written, never parsed
+    as matplotlib mathtext (which raises on unknown symbols)."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _render(run)
+
+
+def _render(run: Run) -> str:
     m = run.manifest
     c = counts(m["stages"])
     body = [

@@ -17,7 +17,14 @@ from nsa_runner._ui import ProgressObserver, err_console, fail, report
 from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
 from nsa_runner.executor import RunInterrupted, Settings, execute, exit_code
 from nsa_runner.manifest import ManifestBusy, RunManifest
-from nsa_runner.registry import Machine, StageEntry, cuda_available, triton_installed
+from nsa_runner.registry import (
+    Machine,
+    OptionError,
+    StageEntry,
+    cuda_available,
+    parse_options,
+    triton_installed,
+)
 from nsa_runner.results import counts
 from nsa_runner.results.reports import write_run_reports
 
@@ -143,29 +150,13 @@ def _disk_hint(e: OSError) -> str:
 
 
 def parse_stage_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
-    """Parse ``--flag value`` / ``--flag=value`` against the stage's options; defaults filled in."""
-    opts = {o.flag: o for o in entry.options}
-    values: dict[str, Any] = {o.dest: o.default for o in entry.options}
-    known = ", ".join(opts) or "none"
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--"):
-            fail(f"unexpected argument {arg!r} for stage {entry.name}", f"its options: {known}")
-        flag, eq, text = arg.partition("=")
-        if flag not in opts:
-            fail(f"unknown option {flag} for stage {entry.name}", f"its options: {known}")
-        if not eq:
-            if i + 1 >= len(args):
-                fail(f"option {flag} of stage {entry.name} needs a value")
-            i += 1
-            text = args[i]
-        try:
-            values[opts[flag].dest] = opts[flag].convert(text)
-        except (ValueError, TypeError) as e:
-            fail(f"invalid value {text!r} for {flag} of stage {entry.name}: {e}")
-        i += 1
-    return values
+    """Parse ``--flag value`` / ``--flag=value`` against the stage's options; defaults filled in.
+
+    The stage's own ``Option.parse`` runs in a child process (plugin code never runs in the CLI)."""
+    try:
+        return parse_options(entry, list(args))
+    except OptionError as e:
+        fail(str(e), e.hint)
 
 
 def default_options(entry: StageEntry) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
+from nsa_runner.artifacts import UnsafeFileError, read_text_limited
 from nsa_runner.results import CASE_COLUMNS, FAILED, STATUSES
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -44,10 +45,9 @@ def case_rows(folder: Path, stage: dict) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     tables = [f for f in stage.get("files") or [] if str(f).endswith(".csv")]
     for name in tables:
-        try:
-            with open(folder / name, newline="", encoding="utf-8") as fh:
-                data = list(csv.DictReader(fh))
-        except (OSError, UnicodeDecodeError, csv.Error):
+        try:  # refused by type and size before reading (a FIFO or /dev/zero never hangs the report)
+            data = list(csv.DictReader(io.StringIO(read_text_limited(folder / name), newline="")))
+        except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error):
             continue
         if not data or any(c not in data[0] for c in CASE_COLUMNS):
             continue

@@ -1,0 +1,92 @@
+"""Child-process side of plugin discovery: ``python -m nsa_runner._discover RESULT`` (private).
+
+The parent (``nsa_runner.registry.discover_group``) writes a JSON request on stdin::
+
+    {"group": "nsa_runner.stages", "describe": "module:function", "sys_path": [...],
+     "skip": [key, ...], "only": key | null, "parse": {"key": key, "args": [...]} | null}
+
+For every entry point of ``group`` (except the keys in ``skip``; only ``only`` when given) the
+child appends ``{"loading": key}`` to RESULT, imports it, and appends ``{"entry": record}`` with
+what ``describe(obj, ep)`` returned (a JSON-able dict) or the error. ``{"done": true}`` ends a
+complete pass. A plugin whose import segfaults, hangs or calls ``os._exit`` leaves a ``loading``
+line without its ``entry``: the parent names that plugin as broken and starts a new child for the
+rest. The child's stdout and stderr are not the CLI's: a plugin that prints on import changes
+nothing the user sees.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import importlib.metadata as md
+import json
+import os
+import sys
+import traceback
+
+
+def entry_key(dist_name: str, ep: md.EntryPoint) -> str:
+    return "\t".join((dist_name.lower().replace("_", "-").replace(".", "-"), ep.name, ep.value))
+
+
+def _resolve(spec: str):
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def main(argv: list[str]) -> int:
+    result_path = argv[0]
+    req = json.loads(sys.stdin.read())
+    sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]
+    faulthandler.enable()
+    out = open(result_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass
+
+    def emit(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    describe = _resolve(req["describe"])
+    skip, only, parse = set(req.get("skip") or ()), req.get("only"), req.get("parse")
+    seen: set[str] = set()
+    for dist in md.distributions():
+        dist_name = dist.metadata["Name"] or "?"
+        for ep in dist.entry_points:
+            if ep.group != req["group"]:
+                continue
+            key = entry_key(dist_name, ep)
+            if key in seen:  # the same distribution found twice on sys.path: the first one wins
+                continue
+            seen.add(key)
+            if key in skip or (only is not None and key != only):
+                continue
+            emit({"loading": key})
+            rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?"}
+            try:
+                obj = ep.load()
+            except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                rec["error"] = f"failed to import {ep.value}: {type(e).__name__}: {e}".strip()
+                rec["traceback"] = traceback.format_exc()
+                emit({"entry": rec})
+                continue
+            try:
+                rec.update(describe(obj, ep, parse["args"] if parse and parse.get("key") == key else None))
+            except BaseException as e:  # noqa: BLE001
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                rec["error"] = f"{ep.value}: describing it raised {type(e).__name__}: {e}"
+                rec["traceback"] = traceback.format_exc()
+            try:
+                emit({"entry": rec})
+            except (TypeError, ValueError) as e:
+                emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version")}
+                      | {"error": f"{ep.value}: its description is not JSON ({e})"}})
+    emit({"done": True})
+    out.close()
+    sys.stdout.flush()
+    os._exit(0)  # a plugin's atexit handlers or threads never hold the CLI up
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
