@@ -2,9 +2,12 @@
 
 Compressed token c is visible to t iff ``c*d + l - 1 <= t``: the d consecutive queries
 ``t = l-1 + m*d .. l-1 + m*d + d-1`` all see exactly the compressed tokens ``0..m``. Folding
-those d queries into the head axis (``[B, T, HQ, D] -> [B, Tc, d*HQ, D]``, group-major so GQA
-still maps head -> group) turns the pattern into plain causal attention over Tc = T/d rows
-and Tc keys: any causal flash kernel runs it, with GQA, batch, and its own backward.
+those d queries into the head axis (``[B, T, HQ, D] -> [B, Tc, d*HQ, D]``, row-major: a *view*
+of q, no copy) turns the pattern into plain causal attention over Tc = T/d rows and Tc keys:
+any causal flash kernel runs it, with GQA, batch, and its own backward. Folded head
+``j*HQ + hq`` (row j of the chunk) reads KV head ``j*G + hq // h`` of the keys/values repeated d
+times along the group axis (``[B, Tc, d*G, D]``, small), so GQA maps every query head to its
+own group. Each part's output is copied once into the [B, T, HQ, dv] result.
 Queries with ``t < l - 1`` see nothing and get 0 (no NaN). ``path=None`` picks the path as
 nsa_core.flash.pick does; ``path="sdpa-math"`` runs the same packing on CPU, for tests.
 
@@ -30,32 +33,18 @@ from nsa_core.flash import adapters as _k
 from nsa_core.flash.pick import pick, zeros_out
 
 
-def fold_queries(q: torch.Tensor, S: int, cfg: NSAConfig, m0: int, n_rows: int) -> tuple[torch.Tensor, int]:
-    """Queries of visibility chunks m0 .. m0+n_rows-1, zero-padded: -> ([B, n_rows*d, HQ, D], start).
-
-    q [B, Tq, HQ, D] holds positions S-Tq .. S-1. Chunk m holds positions l-1+m*d .. l-1+m*d+d-1,
-    which all see compressed tokens 0..m. Row r of the result is query index ``start + r``
-    (positions outside q are zero rows; their outputs are dropped).
-    """
-    B, Tq, HQ, D = q.shape
-    p0 = S - Tq
-    start = cfg.l - 1 + m0 * cfg.d - p0  # query index of chunk m0's first position (may be < 0)
-    end = start + n_rows * cfg.d
-    lo, hi = max(0, start), min(Tq, end)
-    qs = F.pad(q[:, lo:hi], (0, 0, 0, 0, lo - start, end - hi))
-    return qs, start
+def _expand_groups(x: torch.Tensor, d: int) -> torch.Tensor:
+    """[B, L, G, D] -> [B, L, d*G, D]: KV head ``j*G + g`` is group g (the fold's head order below)."""
+    B, L, G, D = x.shape
+    return x.unsqueeze(2).expand(B, L, d, G, D).reshape(B, L, d * G, D)
 
 
-def _fold(qs: torch.Tensor, n_rows: int, d: int, G: int) -> torch.Tensor:
-    B, _, HQ, D = qs.shape
-    h = HQ // G
-    return qs.reshape(B, n_rows, d, G, h, D).permute(0, 1, 3, 2, 4, 5).reshape(B, n_rows, G * d * h, D)
-
-
-def _unfold(of: torch.Tensor, n_rows: int, d: int, G: int, HQ: int) -> torch.Tensor:
-    B, _, _, Dv = of.shape
-    h = HQ // G
-    return of.reshape(B, n_rows, G, d, h, Dv).permute(0, 1, 3, 2, 4, 5).reshape(B, n_rows * d, HQ, Dv)
+def _chunks(x: torch.Tensor, a: int, n: int, d: int) -> torch.Tensor:
+    """Rows a .. a+n*d-1 of x [B, T, H, *] as n chunks of d rows: [B, n, d*H, *], a view when x is
+    contiguous. Folded head ``j*H + hq`` is row j of the chunk, head hq; with H = G*h query heads
+    that is KV head ``(j*H + hq) // h = j*G + hq // h`` of ``_expand_groups``: GQA still maps each
+    query head to its own group."""
+    return x[:, a:a + n * d].reshape(x.shape[0], n, d * x.shape[2], *x.shape[3:])
 
 
 LSE_PATHS = ("sdpa-cudnn", "sdpa-flash", "sdpa-math")
@@ -125,35 +114,45 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
     if nc == 0 or Tq == 0:
         z = zeros_out(q, kc, vc, dv)
         return (z, q.new_full((B, Tq, HQ), float("-inf"), dtype=torch.float32)) if return_lse else z
-    d = cfg.d
-    # first chunk with a query in it: position S-Tq lies in chunk (S-Tq - (l-1)) // d (or before chunk 0)
-    m0 = max(0, (S - Tq - (cfg.l - 1)) // d)
-    rows = n_all - m0
-    qs, start = fold_queries(q, S, cfg, m0, rows)
-    qf = _fold(qs, rows, d, G)
-    k_, v_ = kc[:, :nc], vc[:, :nc]
-    n_causal = max(0, nc - m0)  # chunks m0 .. nc-1: chunk m sees tokens 0..m (bottom-right causal)
-    parts = []
-    if n_causal:
-        parts.append(_attend(qf[:, :n_causal], k_, v_, scale, p, True, return_lse))
-    if rows > n_causal:  # fewer tokens given than exist at S: later chunks see all nc of them
-        parts.append(_attend(qf[:, n_causal:], k_, v_, scale, p, False, return_lse))
-    of = parts[0][0] if len(parts) == 1 else torch.cat([x[0] for x in parts], dim=1)
-    o = _unfold_rows(_unfold(of, rows, d, G, HQ), start, Tq, 0.0)  # row r of the fold: query start + r
+    l, d, p0 = cfg.l, cfg.d, S - Tq
+    kx, vx = _expand_groups(kc[:, :nc], d), _expand_groups(vc[:, :nc], d)
+    out = q.new_zeros(B, Tq, HQ, dv)  # queries before chunk 0 see nothing: 0
+    lse = q.new_full((B, Tq, HQ), float("-inf"), dtype=torch.float32) if return_lse else None
+    has_lse = True
+
+    def put(a: int, n: int, o, ls) -> None:  # chunk outputs -> rows a .. a+n*d-1 (one strided copy)
+        nonlocal has_lse
+        _chunks(out, a, n, d).copy_(o)
+        if lse is not None and ls is not None:
+            _chunks(lse, a, n, d).copy_(ls)
+        has_lse = has_lse and ls is not None
+
+    # chunk m holds positions l-1+m*d .. l-1+m*d+d-1 (query index pos - p0) and sees tokens 0..m:
+    # the chunks wholly inside q are a view of q (no copy); at most a first and a last chunk are
+    # partial (decode-like queries start mid-chunk; the last chunk may end past S-1)
+    m0 = max(0, (p0 - (l - 1)) // d)  # first chunk holding a query
+    m_lo = m0 if l - 1 + m0 * d >= p0 else m0 + 1
+    m_hi = max(m_lo, min(n_all, (S - (l - 1)) // d))  # chunks m_lo .. m_hi-1 lie wholly inside q
+    row = lambda m: l - 1 + m * d - p0  # noqa: E731 - query index of chunk m's first position
+    c1 = min(m_hi, nc)
+    if c1 > m_lo:  # chunk m sees tokens 0..m: bottom-right causal against the first c1 tokens
+        o, ls = _attend(_chunks(q, row(m_lo), c1 - m_lo, d), kx[:, :c1], vx[:, :c1], scale, p, True, return_lse)
+        put(row(m_lo), c1 - m_lo, o, ls)
+    f0 = max(m_lo, nc)
+    if m_hi > f0:  # fewer tokens given than exist at S: these chunks see all nc of them
+        o, ls = _attend(_chunks(q, row(f0), m_hi - f0, d), kx, vx, scale, p, False, return_lse)
+        put(row(f0), m_hi - f0, o, ls)
+    for m in sorted({m0, n_all - 1}):
+        if m_lo <= m < m_hi or not m0 <= m < n_all:
+            continue
+        a, b = max(0, row(m)), min(Tq, row(m) + d)  # the part of chunk m inside q, zero-padded to d rows
+        qm = F.pad(q[:, a:b], (0, 0, 0, 0, a - row(m), row(m) + d - b)).reshape(B, 1, d * HQ, dk)
+        ne = min(m + 1, nc)
+        o, ls = _attend(qm, kx[:, :ne], vx[:, :ne], scale, p, False, return_lse)
+        out[:, a:b] = o.reshape(B, d, HQ, dv)[:, a - row(m): b - row(m)]
+        if lse is not None and ls is not None:
+            lse[:, a:b] = ls.reshape(B, d, HQ)[:, a - row(m): b - row(m)]
+        has_lse = has_lse and ls is not None
     if not return_lse:
-        return o
-    if parts[0][1] is None:
-        return o, None
-    lf = parts[0][1] if len(parts) == 1 else torch.cat([x[1] for x in parts], dim=1)
-    lse = _unfold(lf[..., None], rows, d, G, HQ)[..., 0]
-    return o, _unfold_rows(lse, start, Tq, float("-inf")).contiguous()
-
-
-def _unfold_rows(x: torch.Tensor, start: int, Tq: int, fill: float) -> torch.Tensor:
-    """Rows of the unfolded result for query indices 0 .. Tq-1 (row r is query start + r);
-    queries before the first chunk (start > 0) see nothing and get ``fill``."""
-    lead = max(0, start)
-    x = x[:, lead - start: lead - start + Tq - lead]
-    if lead:
-        x = torch.cat([x.new_full((x.shape[0], lead, *x.shape[2:]), fill), x], dim=1)
-    return x
+        return out
+    return out, (lse if has_lse else None)

@@ -115,14 +115,19 @@ def test_a_wrong_geometry_is_caught():
     assert not compare(win_fast.sliding_attention(q, k, v, 39, path="sdpa-math"), ref, F64).ok
 
 
-def test_folding_round_trip_is_the_identity_permutation():
+def test_folding_is_a_view_and_maps_each_head_to_its_group():
     B, Tc, d, G, h, D = 2, 5, 4, 3, 2, 1
-    x = torch.arange(B * Tc * d * G * h, dtype=F64).reshape(B, Tc * d, G * h, D)
-    f = cmp_fast._fold(x, Tc, d, G)
-    assert f.shape == (B, Tc, G * d * h, D)
-    # head index of the folded tensor: g * (d*h) + r * h + j  <->  query row m*d + r, head g*h + j
-    assert f[1, 2, 1 * d * h + 3 * h + 1, 0] == x[1, 2 * d + 3, 1 * h + 1, 0]
-    assert torch.equal(cmp_fast._unfold(f, Tc, d, G, G * h), x)
+    x = torch.arange(B * (Tc * d + 3) * G * h, dtype=F64).reshape(B, Tc * d + 3, G * h, D)
+    f = cmp_fast._chunks(x, 3, Tc, d)
+    assert f.shape == (B, Tc, d * G * h, D) and f.data_ptr() == x[:, 3:].data_ptr()  # a view: no copy
+    # folded head j*HQ + hq of chunk i is query row 3 + i*d + j, head hq
+    assert f[1, 2, 3 * G * h + 1 * h + 1, 0] == x[1, 3 + 2 * d + 3, 1 * h + 1, 0]
+    kv = torch.arange(B * Tc * G * D, dtype=F64).reshape(B, Tc, G, D)
+    kx = cmp_fast._expand_groups(kv, d)
+    # GQA of the folded problem: folded head f reads KV head f // h, which is group hq // h
+    for j in range(d):
+        for hq in range(G * h):
+            assert torch.equal(kx[:, :, (j * G * h + hq) // h], kv[:, :, hq // h])
 
 
 # ---- no flash kernel here: clear errors -------------------------------------------------------
