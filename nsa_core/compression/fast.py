@@ -14,7 +14,8 @@ nsa_core.flash.pick does; ``path="sdpa-math"`` runs the same packing on CPU, for
 ``return_lse=True`` also returns each query's log-sum-exp over its visible compressed tokens
 (natural log, [B, Tq, HQ] float32, -inf where a query sees nothing), taken from the flash
 kernel's own softmax statistics on the paths that expose them (``LSE_PATHS``: SDPA's cuDNN and
-flash kernels through their aten ops, which stay differentiable in the output; ``sdpa-math``
+flash kernels through their aten ops, which stay differentiable in the output; FA-4's
+``return_lse`` through ``flash.adapters.attention_lse``; ``sdpa-math``
 computes it explicitly, for CPU tests); other paths return ``None``. The fused selection
 scoring (nsa_core.selection.scoring) takes that lse and skips its own first pass over the
 compressed keys (docs/benchmarks.md, "Fused selection scoring").
@@ -47,7 +48,7 @@ def _chunks(x: torch.Tensor, a: int, n: int, d: int) -> torch.Tensor:
     return x[:, a:a + n * d].reshape(x.shape[0], n, d * x.shape[2], *x.shape[3:])
 
 
-LSE_PATHS = ("sdpa-cudnn", "sdpa-flash", "sdpa-math")
+LSE_PATHS = ("sdpa-cudnn", "sdpa-flash", "sdpa-math", *_k.LSE_PATHS)  # _k: flash-attn packages with an lse
 
 
 def _sdpa_lse(q, k, v, scale: float, path: str, is_causal: bool):
@@ -82,6 +83,8 @@ def _attend(qf, k, v, scale: float, path: str, causal: bool, want_lse: bool):
     """One part of the folded problem: (o, lse or None); causal is bottom-right (adapters)."""
     if not want_lse or path not in LSE_PATHS:
         return (_k.causal if causal else _k.full)(qf, k, v, scale, path), None
+    if path in _k.LSE_PATHS:  # FA-4's return_lse (bottom-right causal)
+        return _k.attention_lse(qf, k, v, scale, path, causal)
     Lq, Lk = qf.shape[1], k.shape[1]
     if not causal or Lq == 1:
         return _sdpa_lse(qf, k, v, scale, path, False)

@@ -267,6 +267,28 @@ def test_lse_from_compressed_branch(case):
         assert not torch.equal(scoring.fused_select_blocks(q, kc, S, cfg, lse=bad)[0], idx)
 
 
+def test_lse_from_compressed_branch_on_fa4_fake(monkeypatch):
+    """The FA-4 path's return_lse (through a FAKE flash_attn.cute with the real signature, fp16) is
+    unfolded like o: the float64 lse, and the scoring fed with it chooses as the reference does."""
+    from nsa_core.compression import fast as cmp_fast
+    from tests import _fake_flash as fake
+
+    fake.install(monkeypatch)
+    fake.present_on_cpu(monkeypatch)
+    cfg = NSAConfig(l=8, d=4, l_sel=16, n_sel=4)
+    for B, T, HQ, G, S in ((2, 70, 4, 2, None), (1, 13, 8, 2, 61)):
+        S = S or T
+        q, k = _inputs(B, T, HQ, G, 16, seed=S, S=S, dtype=torch.float16)
+        kc = F.compress(k, cfg)
+        o, lse = cmp_fast.compressed_attention(q, kc, torch.randn_like(kc), S, cfg, path="fa4", return_lse=True)
+        ref = _lse64(q, kc, S, cfg).to(lse.device)
+        fin = torch.isfinite(ref)
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref))
+        assert torch.allclose(lse[fin].double(), ref[fin], atol=1e-5)
+        idx, cnt = scoring.fused_select_blocks(q.float(), kc.float(), S, cfg, lse=lse)
+        check_choice(idx, cnt, q.float(), kc.float(), S, cfg)
+
+
 def test_lse_input_checks():
     cfg = NSAConfig(l=4, d=2, l_sel=8, n_sel=4)
     q, k = _inputs(1, 20, 4, 2, 8, seed=2)
