@@ -65,35 +65,35 @@ def cmd_profile(args) -> int:
     print(f"# profile: S={args.S} B={args.B} impl={args.impl} dtype={args.dtype} G={args.G} h={args.h} dk={args.dk} "
           f"dv={args.dv} dim={args.dim}, {args.steps} eager steps (no graph), device time per kernel")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
+    from nsa_core.decode.labels import label_of
+    from nsa_runner.measure import timing
+
+    replay = timing.graph_replays({"step": dec.run_step})[0]["step"]
+    part = timing.profile_partition(replay, label_of, device="cuda", passes=args.steps)
+    print(f"# one CUDA-graph replay of the step partitioned ({part.method}, {part.passes} passes, L2 flushed): "
+          f"{part.total * 1e3:.1f} us")
+    for k, v in sorted(part.parts.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:>10} {v * 1e3:8.1f} us {100 * v / part.total:6.1f} %")
+    for (lab, name), v in sorted(part.items.items(), key=lambda kv: -kv[1]):
+        print(f"  {lab:>10} {v * 1e3:8.1f} us  {name[:90]}")
     return 0
 
 
 def cmd_sweep(args) -> int:
     """Median graph-replay time of the attention part (append + branches) per split-K chunk size and
     num_warps of the compressed pass; and of the split-K full-attention baseline per chunk size."""
-    import statistics
-
     import torch
 
     from nsa_core import NSAAttention, NSAConfig
-    from nsa_core.decode.static import capture_graph
+    from nsa_runner.measure import timing
     from nsa_runner.measure.decode_baselines import FullDecode
 
     def bench(fn):
-        g = capture_graph(fn)
-        for _ in range(10):
-            g.replay()
-        ts = []
-        for _ in range(args.iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            ts.append((a, b))
-        torch.cuda.synchronize()
-        return statistics.median(a.elapsed_time(b) for a, b in ts) * 1e3
+        replay = timing.graph_replays({"f": fn})[0]["f"]
+        return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=False).ms * 1e3
 
-    print(f"# sweep: CUDA graph replays, median of {args.iters}, L2 not flushed (same buffers every replay)")
+    print(f"# sweep: CUDA graph replays (nsa_runner.measure.timing), median of {args.iters}, L2 not flushed "
+          "(same buffers every replay)")
     print(f"{'what':>10} {'S':>6} {'B':>3} {'chunk':>10} {'NCH':>4} {'BT':>3} {'warps':>5} {'us':>8}")
     for S in args.S:
         for B in args.B:

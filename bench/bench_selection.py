@@ -18,7 +18,7 @@ Parts (``--what``, comma-separated, run in the order given):
 Workload (the issue's): B=1, HQ=64, G=4, head dim 128 (dk = dv), n=16, l'=64, bf16; block
 indices = forced (block 0 + the two local blocks) + random distinct causal blocks, per
 (token, group), through nsa_core.selection.reference.topn_blocks on random scores. Times are medians of
-``triton.testing.do_bench`` (p20/p80 kept in the CSV); every kernel is warmed up (fla's
+``nsa_runner.measure.timing.bench`` (p20/p80 kept in the CSV); every kernel is warmed up (fla's
 autotuning included) before any timing.
 """
 
@@ -120,13 +120,19 @@ def inputs(T: int, seed: int = 0, dk: int = D, dv: int = D, dtype=DTYPE, style: 
 
 # ---- timing -----------------------------------------------------------------------------------
 
-def bench(fn, grad_to_none=None, expect_ms: float | None = None):
-    """(median, p20, p80) ms through triton.testing.do_bench."""
-    from triton.testing import do_bench
+def bench(fn, grad_to_none=None):
+    """(median, p20, p80) ms through the shared timer (nsa_runner.measure.timing.bench: CUDA events,
+    L2 flushed before each call); ``grad_to_none`` tensors get ``.grad = None`` before each call,
+    outside the timing (as ``triton.testing.do_bench`` does). About 200 ms of calls, at least 6."""
+    from nsa_runner.measure.timing import bench as _bench
 
-    rep = 200 if expect_ms is None else max(200, int(6 * expect_ms))
-    r = do_bench(fn, warmup=max(25, rep // 4), rep=rep, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8])
-    return tuple(float(x) for x in r)
+    def reset():
+        for x in grad_to_none or ():
+            x.grad = None
+
+    t = _bench(fn, device="cuda", warmup_ms=50, rep_ms=200, min_iters=6, max_iters=1000,
+               before=reset if grad_to_none else None)
+    return t.ms, t.p20, t.p80
 
 
 def env_info() -> dict:
@@ -410,13 +416,7 @@ def _table_T(T, args, state, flash, cudnn, rows, agree, style="forced"):
             try:
                 ctx = torch.no_grad() if label == "fwd" else _null()
                 with ctx:
-                    fn()
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    fn()
-                    torch.cuda.synchronize()
-                    est = (time.perf_counter() - t0) * 1e3
-                    med, lo, hi = bench(fn, grad_to_none=gtn, expect_ms=est)
+                    med, lo, hi = bench(fn, grad_to_none=gtn)
                 rows.append({"T": T, "indices": style, "pass": label, "impl": name, "ms": med, "p20": lo, "p80": hi})
                 log(f"T={T:6d} {style:6s} {label:8s} {name:22s} {med:9.3f} ms  (p20 {lo:.3f}, p80 {hi:.3f})")
             except Exception as e:  # noqa: BLE001
@@ -445,7 +445,7 @@ def _markdown(df, flash_state, cudnn_state) -> str:
             head += " | ours / fla"
         if "sdpa-flash" in cols:
             head += " | ours / sdpa-flash"
-        lines.append(f"**{label}** (median ms, do_bench)\n")
+        lines.append(f"**{label}** (median ms, nsa_runner.measure.timing)\n")
         lines.append(head + " |")
         lines.append("|" + "---|" * (head.count("|")))
         for T, r in d.iterrows():

@@ -9,23 +9,32 @@ length S during the step) is measured with the static decoder (``nsa_core.decode
   step    the whole layer step: projections + RoPE + gate MLP, cache append (+ compression),
           the three branches, gated combine, output projection
   attn    the attention part: cache append + three branches + gated combine (no projections)
-  cmp     the compressed branch alone
-  sel     the selected branch alone, including its scores (the compressed softmax) and top-n
-  win     the window branch alone
-  other   projections + gate MLP + cache append + output projection (no branch)
   full    full-attention decode over the same S cached tokens, same dtype: the fastest of every
           torch SDPA backend that runs (the h heads of a group as h query rows against the group's
           keys = GQA) and, on CUDA with Triton, a flash-decoding split-K kernel built from the decode
           kernels (SDPA does not split the keys of one decode query over SMs, so at B=1 it leaves
           most of the GPU idle). Each candidate is checked against float64 math; all are logged.
 
-Each part is its own function computing only its own part (never a "forced branch" that
-still runs all three), so shares of ``step`` add up to about 100%; the remainder is printed
-(the isolated ``sel`` recomputes the compressed logits the full step shares with ``cmp``, and
-each isolated part pays its own launches). speedup = full / attn (attention vs attention:
-the paper's Table 4 comparison); speedup_step = full / step also charges NSA its projections.
+Shares of the step add up to 100% by construction: ONE method partitions the timed step
+(``nsa_runner.measure.timing.profile_partition`` over ``--profile-passes`` profiled passes of the
+same function that is timed, the CUDA-graph replay on CUDA): on CUDA every kernel the pass ran
+is assigned to exactly one part by its name, on CPU every op by its ``nsa::`` scope
+(``nsa_core.decode.labels``), and what no kernel covers is printed as its own row:
 
-On CUDA every function is captured in a CUDA graph; each replay is timed with CUDA events,
+  cmp / sel / win   work of that branch only (cmp includes the compressed logits that the
+                    selection scores reuse; sel = scores, top-n and, on the torch path, the
+                    selected attention)
+  shared            attention work of several branches (append, sel+win tile kernel, gated
+                    combine, fused kernels)
+  other             projections, RoPE, gate MLP, output projection (kernels outside any label)
+  remainder         CUDA: idle time between the kernels of the pass (launch latency, serial
+                    dependencies); CPU: time outside any op or scope
+
+speedup = full / attn (attention vs attention: the paper's Table 4 comparison); speedup_step =
+full / step also charges NSA its projections.
+
+Timing is ``nsa_runner.measure.timing``: on CUDA every function is captured in a CUDA graph
+(``graph_replays``); the replays are timed round-robin (``bench_round_robin``) with CUDA events,
 L2 flushed before each (a 256 MB write outside the timed region), median over ``--iters``
 replays after ``--warmup``. On CPU: perf_counter medians (the quick profile is small S and
 small dims; its counters are real, its timings are CPU timings).
@@ -40,8 +49,6 @@ output is finite. Timings are reported, never asserted.
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
@@ -51,22 +58,27 @@ from . import _seed as seeds
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULTS = {
-    "cuda": dict(S_list=[4096, 8192, 16384, 32768, 65536], batch_list=[1, 16], iters=100, warmup=20, dtype="bf16",
-                 groups=4, heads_per_group=16, dk=192, dv=128, dim=2048, nsa="l=32,d=16,l_sel=64,n_sel=16,w=512"),
-    "cpu": dict(S_list=[256, 1024], batch_list=[1, 2], iters=15, warmup=2, dtype="fp32",
+    "cuda": dict(S_list=[4096, 8192, 16384, 32768, 65536], batch_list=[1, 16], iters=100, warmup=20, profile_passes=10,
+                 dtype="bf16", groups=4, heads_per_group=16, dk=192, dv=128, dim=2048,
+                 nsa="l=32,d=16,l_sel=64,n_sel=16,w=512"),
+    "cpu": dict(S_list=[256, 1024], batch_list=[1, 2], iters=15, warmup=2, profile_passes=3, dtype="fp32",
                 groups=2, heads_per_group=2, dk=32, dv=16, dim=64, nsa="l=16,d=8,l_sel=32,n_sel=8,w=128"),
 }
 PREFILL_MAX_S = 2048  # --fill auto: a real prefill up to this S, a direct random fill above
-PARTS = ("step", "attn", "cmp", "sel", "win", "other")
-COLUMNS = ["S", "B", "impl", "fill", "ms_step", "ms_attn", "ms_cmp", "ms_sel", "ms_win", "ms_other", "ms_full",
-           "ms_full_sdpa", "ms_full_triton", "speedup", "speedup_step", "share_cmp", "share_sel", "share_win",
-           "share_other", "share_sum", "ms_step_eager", "reads_cmp", "reads_sel", "reads_win", "reads_total",
+# the parts of the step's partition (nsa_runner.measure.timing.profile_partition): the three branches,
+# attention work shared by several (append, combine, fused kernels), everything else (projections,
+# RoPE, gate MLP, output projection) and the remainder (GPU idle between kernels; CPU time outside ops)
+SHARE_PARTS = ("cmp", "sel", "win", "shared", "other", "remainder")
+COLUMNS = ["S", "B", "impl", "fill", "ms_step", "ms_attn", *[f"ms_{k}" for k in SHARE_PARTS], "ms_full",
+           "ms_full_sdpa", "ms_full_triton", "speedup", "speedup_step", *[f"share_{k}" for k in SHARE_PARTS],
+           "share_sum", "ms_step_eager", "reads_cmp", "reads_sel", "reads_win", "reads_total",
            "reads_bound", "reads_full", "read_ratio", "GB/s", "GB/s_full", "full_backend", "parity_rel_err",
            "parity_tol", "sel_agree", "full_rel_err",
            # the spread (20th / 80th percentile) of the main timings, so `nsa-run compare` can tell noise
            "ms_step_p20", "ms_step_p80", "ms_attn_p20", "ms_attn_p80", "ms_full_p20", "ms_full_p80",
-           "ms_step_eager_p20", "ms_step_eager_p80"]
-L2_FLUSH_BYTES = 256 << 20
+           "ms_step_eager_p20", "ms_step_eager_p80",
+           # the partition: ms of one profiled pass of the step (the shares' 100%) and its method
+           "ms_profiled", "share_method"]
 
 
 def _pos(text: str) -> int:
@@ -112,79 +124,12 @@ def _sorted_selection(blk):
     return s[:, None].to(torch.int32).contiguous(), (blk >= 0).sum(-1)[:, None].to(torch.int32)
 
 
-class _Timer:
-    """Median ms per function, the functions timed round-robin (a slow moment hits all alike).
-
-    CUDA: each function captured in a CUDA graph (``graphs``), replays timed with CUDA events,
-    L2 flushed before each (outside the timed region). CPU: perf_counter.
-    """
-
-    def __init__(self, device: str, iters: int, warmup: int, graphs: bool):
-        import torch
-
-        self.cuda = device == "cuda"
-        self.iters, self.warmup, self.graphs = iters, warmup, graphs and self.cuda
-        self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if self.cuda else None
-        self.failed: dict[str, str] = {}
-        self.spread: dict[str, tuple[float, float]] = {}  # name -> (p20, p80) of the last call
-
-    def _summarise(self, times: dict[str, list]) -> dict[str, float]:
-        out = {}
-        for k, v in times.items():
-            q = statistics.quantiles(v, n=5) if len(v) > 1 else [v[0]] * 4
-            self.spread[k] = (q[0], q[3])
-            out[k] = statistics.median(v)
-        return out
-
-    def __call__(self, fns: dict, graph: bool | None = None, optional=()) -> dict[str, float]:
-        """Median ms per name; names in ``optional`` that cannot be captured are left out
-        (the reason in ``self.failed``)."""
-        import torch
-
-        use_graph = self.graphs if graph is None else (graph and self.cuda)
-        runs = {}
-        for name, fn in fns.items():
-            if use_graph:
-                from nsa_core.decode.static import capture_graph
-
-                try:
-                    runs[name] = capture_graph(fn).replay
-                except RuntimeError as e:
-                    if name not in optional:
-                        raise
-                    self.failed[name] = f"graph capture failed: {str(e).strip().splitlines()[0][:100]}"
-                    torch.cuda.synchronize()
-            else:
-                runs[name] = fn
-        for _ in range(self.warmup):
-            for run in runs.values():
-                run()
-        times: dict[str, list] = {k: [] for k in runs}
-        if not self.cuda:
-            for _ in range(self.iters):
-                for name, run in runs.items():
-                    t0 = time.perf_counter()
-                    run()
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-            return self._summarise(times)
-        for _ in range(self.iters):
-            for name, run in runs.items():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                self.flush.zero_()
-                a.record()
-                run()
-                b.record()
-                times[name].append((a, b))
-        torch.cuda.synchronize()
-        return self._summarise({k: [a.elapsed_time(b) for a, b in v] for k, v in times.items()})
-
-
-def _spread_cols(spread: dict, names: dict[str, str]) -> dict[str, float]:
-    """{"ms_step_p20": .., "ms_step_p80": ..} for each column -> timer name (NaN when not timed)."""
+def _spread_cols(timings: dict, names: dict[str, str]) -> dict[str, float]:
+    """{"ms_step_p20": .., "ms_step_p80": ..} for each column -> timed name (NaN when not timed)."""
     out = {}
     for col, name in names.items():
-        lo, hi = spread.get(name, (float("nan"), float("nan")))
-        out[f"{col}_p20"], out[f"{col}_p80"] = lo, hi
+        t = timings.get(name)
+        out[f"{col}_p20"], out[f"{col}_p80"] = (t.p20, t.p80) if t is not None else (float("nan"), float("nan"))
     return out
 
 
@@ -211,7 +156,9 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     from nsa_core import NSAAttention, NSAConfig
     from nsa_core.decode import cache as cache_mod
     from nsa_core.decode import reference as _decode
+    from nsa_core.decode.labels import label_of
     from nsa_core.testing import compare
+    from nsa_runner.measure import timing
 
     problems: list[str] = []
     dtype = getattr(torch, DTYPES[o["dtype"]])
@@ -263,7 +210,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     reads = {}
     for who, (bi, bc) in (("step", (blk, None)), ("reference", (ref_idx[:, 0], ref_cnt[:, 0]))):
         r = cache_mod.read_counts(S, bi, bc, cfg)
-        for k in ("cmp", "sel", "win"):
+        for k in cache_mod.READ_KEYS:
             bad = r[k] != want[k]
             if bool(bad.any()):
                 problems.append(f"{tag}: reads_{k} of the {who} selection {sorted(set(r[k].flatten().tolist()))} "
@@ -272,16 +219,9 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
             reads = {k: int(r[k].max()) for k in r}
 
     # -- timing ---------------------------------------------------------------------------------
-    timer = _Timer(device, o["iters"], o["warmup"], o["graphs"])
     with torch.no_grad():
         proj = dec.project(dec.x)
-        q, gates = proj[0], proj[7]
-        o_static = dec.branches(q, gates).clone()
-
-        def other():
-            pr = dec.project(dec.x)
-            dec.append(*pr[1:7])
-            dec.y.copy_(m.o_proj(o_static.reshape(B, 1, HQ * dv)))
+        q = proj[0]
 
         outs = {}
 
@@ -293,10 +233,6 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         fns = {
             "step": keep("step", dec.run_step),
             "attn": keep("attn", lambda: dec.attn(*proj)),
-            "cmp": keep("cmp", lambda: dec.branches(q, gates, cmp=True, slc=False, win=False)),
-            "sel": keep("sel", lambda: dec.branches(q, gates, cmp=False, slc=True, win=False)),
-            "win": keep("win", lambda: dec.branches(q, gates, cmp=False, slc=False, win=True)),
-            "other": other,
         }
         # -- full-attention baseline over the same S tokens: every SDPA backend that runs ----------
         qf = q.reshape(B, G, h, dk)
@@ -331,8 +267,15 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
                 problems.append(f"{tag}: Triton split-K full attention vs float64 math: {c}")
             fns["full:triton_splitk"] = full_tri
         del ref_full
-        ms = timer(fns, optional=[k for k in fns if k.startswith("full:")])
-        ms_eager = timer({"eager": dec.run_step}, graph=False)["eager"] if device == "cuda" else float("nan")
+        runs, failed = (timing.graph_replays(fns, optional=[k for k in fns if k.startswith("full:")])
+                        if device == "cuda" and o["graphs"] else (fns, {}))
+        tm, _ = timing.bench_round_robin(runs, device=device, warmup=o["warmup"], iters=o["iters"])
+        if device == "cuda":
+            tm["eager"] = timing.bench(dec.run_step, device=device, warmup=o["warmup"], iters=o["iters"])
+        ms = {k: t.ms for k, t in tm.items()}
+        ms_eager = ms.get("eager", float("nan"))
+        # -- shares: ONE method that partitions the step (profiled passes of the timed step itself) --
+        part = timing.profile_partition(runs["step"], label_of, device=device, passes=o["profile_passes"])
         for k, v in outs.items():
             if not bool(torch.isfinite(v).all()):
                 problems.append(f"{tag}: non-finite output of '{k}'")
@@ -341,7 +284,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         full_ms, full_name, by_kind = float("inf"), "", {"sdpa": float("nan"), "triton": float("nan")}
         for name, c in full_err.items():
             if f"full:{name}" not in ms:
-                tried.append(f"{name}: {timer.failed.get(f'full:{name}', 'not timed')}")
+                tried.append(f"{name}: {failed.get(f'full:{name}', 'not timed')}")
                 continue
             t = ms[f"full:{name}"]
             tried.append(f"{name}: {t:.4f} ms ({c})")
@@ -359,24 +302,29 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     total = sum(reads.values())
     nsa_bytes = B * G * total * (dk + dv) * es
     full_bytes = B * G * S * (dk + dv) * es
-    parts = ("cmp", "sel", "win", "other")
+    shares = part.shares()
     row = {
         "S": S, "B": B, "impl": o["impl"], "fill": fill,
-        **{f"ms_{k}": ms[k] for k in PARTS}, "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"],
-        "ms_full_triton": by_kind["triton"],
+        "ms_step": ms["step"], "ms_attn": ms["attn"], **{f"ms_{k}": part.parts.get(k, 0.0) for k in SHARE_PARTS},
+        "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
         "speedup": full_ms / ms["attn"], "speedup_step": full_ms / ms["step"],
-        **{f"share_{k}": 100.0 * ms[k] / ms["step"] for k in parts},
-        "share_sum": 100.0 * sum(ms[k] for k in parts) / ms["step"],
+        **{f"share_{k}": shares.get(k, 0.0) for k in SHARE_PARTS},
+        "share_sum": sum(shares.get(k, 0.0) for k in SHARE_PARTS),
         "ms_step_eager": ms_eager,
-        **_spread_cols(timer.spread, {"ms_step": "step", "ms_attn": "attn", "ms_full": f"full:{full_name}",
-                                      "ms_step_eager": "eager"}),
+        **_spread_cols(tm, {"ms_step": "step", "ms_attn": "attn", "ms_full": f"full:{full_name}",
+                            "ms_step_eager": "eager"}),
         "reads_cmp": reads.get("cmp", -1), "reads_sel": reads.get("sel", -1), "reads_win": reads.get("win", -1),
         "reads_total": total, "reads_bound": cache_mod.paper_bound(S, cfg), "reads_full": S,
         "read_ratio": S / total if total else float("nan"),
         "GB/s": nsa_bytes / (ms["attn"] * 1e-3) / 1e9, "GB/s_full": full_bytes / (full_ms * 1e-3) / 1e9,
         "full_backend": full_name, "parity_rel_err": par.rel_err, "parity_tol": par.tol, "sel_agree": agree,
-        "full_rel_err": full_rel,
+        "full_rel_err": full_rel, "ms_profiled": part.total, "share_method": part.method,
     }
+    log(f"{tag}: step partition ({part.method}, {part.passes} passes, {part.total * 1e3:.1f} us per pass): "
+        + "; ".join(f"{lab}/{name} {v * 1e3:.1f} us" for (lab, name), v in sorted(part.items.items(),
+                                                                               key=lambda kv: -kv[1])[:12]))
+    if set(part.parts) - set(SHARE_PARTS):
+        problems.append(f"{tag}: the step partition has labels outside {SHARE_PARTS}: {sorted(part.parts)}")
     return row, problems
 
 
@@ -407,15 +355,16 @@ def _env_lines(device: str) -> list[str]:
 
 def _table(rows: list[dict]) -> str:
     head = (f"{'S':>6} {'B':>3} {'impl':>6} {'fill':>7} {'step':>8} {'attn':>8} {'cmp%':>6} {'sel%':>6} {'win%':>6} "
-            f"{'other%':>6} {'sum%':>6} {'full':>8} {'speedup':>7} {'reads cmp/sel/win=total':>24} {'bound':>7} "
-            f"{'full':>6} {'full/nsa':>8}")
+            f"{'shrd%':>6} {'other%':>6} {'rem%':>6} {'sum%':>6} {'full':>8} {'speedup':>7} "
+            f"{'reads cmp/sel/win=total':>24} {'bound':>7} {'full':>6} {'full/nsa':>8}")
     out = [head, "-" * len(head)]
     for r in rows:
         reads = f"{r['reads_cmp']}/{r['reads_sel']}/{r['reads_win']}={r['reads_total']}"
         out.append(f"{r['S']:>6} {r['B']:>3} {r['impl']:>6} {r['fill']:>7} {r['ms_step']:>8.4f} {r['ms_attn']:>8.4f} "
-                   f"{r['share_cmp']:>6.1f} {r['share_sel']:>6.1f} {r['share_win']:>6.1f} {r['share_other']:>6.1f} "
-                   f"{r['share_sum']:>6.1f} {r['ms_full']:>8.4f} {r['speedup']:>7.2f} {reads:>24} "
-                   f"{r['reads_bound']:>7.0f} {r['reads_full']:>6} {r['read_ratio']:>8.2f}")
+                   f"{r['share_cmp']:>6.1f} {r['share_sel']:>6.1f} {r['share_win']:>6.1f} {r['share_shared']:>6.1f} "
+                   f"{r['share_other']:>6.1f} {r['share_remainder']:>6.1f} {r['share_sum']:>6.1f} "
+                   f"{r['ms_full']:>8.4f} {r['speedup']:>7.2f} {reads:>24} {r['reads_bound']:>7.0f} "
+                   f"{r['reads_full']:>6} {r['read_ratio']:>8.2f}")
     return "\n".join(out)
 
 
@@ -469,6 +418,7 @@ class DecodeBench(Stage):
         Option("--batch-list", int_list, None, "batch sizes (default CUDA 1,16; CPU 1,2)"),
         Option("--iters", _pos, None, "timed steps per measurement, median (default CUDA 100, CPU 5)"),
         Option("--warmup", _nonneg, None, "untimed steps first (default CUDA 20, CPU 1)"),
+        Option("--profile-passes", _pos, None, "profiled passes of the step for the shares (default CUDA 10, CPU 3)"),
         Option("--dtype", str, None, "cache/compute dtype (default CUDA bf16, CPU fp32)", choices=tuple(DTYPES)),
         Option("--groups", _pos, None, "KV groups G (default CUDA 4 = paper, CPU 2)"),
         Option("--heads-per-group", _pos, None, "query heads per group h (default CUDA 16, CPU 2)"),
@@ -494,7 +444,7 @@ class DecodeBench(Stage):
                 o[k] = v
         if isinstance(o["nsa"], str):
             o["nsa"] = parse_nsa(o["nsa"])
-        for k in ("groups", "heads_per_group", "dk", "dv", "dim", "iters"):
+        for k in ("groups", "heads_per_group", "dk", "dv", "dim", "iters", "profile_passes"):
             if not isinstance(o[k], int) or o[k] <= 0:
                 raise ValueError(f"decode-bench: --{k.replace('_', '-')} must be a positive int, got {o[k]!r}")
         if o["dk"] % 2:
@@ -576,9 +526,10 @@ class DecodeBench(Stage):
             "# times in ms, medians" + (" of CUDA-graph replays (CUDA events, L2 flushed before each)"
                                         if dev == "cuda" else " of perf_counter (CPU, torch.set_num_threads(1))"),
             "# the functions are timed round-robin (one replay of each per round)",
-            "# step = whole layer step; attn = append + 3 branches + gates; cmp/sel/win/other = each part alone",
-            "# (sel includes its scores + top-n); shares are % of step; sum% - 100 = the remainder (sel alone",
-            "# recomputes the compressed logits the full step shares with cmp; each part pays its own launches)",
+            "# step = whole layer step; attn = append + 3 branches + gates",
+            "# shares: one profiled pass of the step partitioned (each kernel / op in exactly one part; sum = 100%):",
+            "# cmp/sel/win = one branch's work; shared = attention work of several branches (append, sel+win",
+            "# tiles, combine, fused kernels); other = projections etc.; rem = idle between kernels (CPU: no op)",
             "# speedup = full / attn (attention vs attention); reads = tokens per step per KV group",
         ]
         text = "\n".join(head) + "\n\n" + (_table(rows) if rows else "(no rows)") + "\n"
@@ -612,10 +563,12 @@ class DecodeBench(Stage):
                        f"({r['speedup_step']:5.2f}x with projections)  reads {r['read_ratio']:5.1f}x fewer  "
                        f"[{r['full_backend']}]  {r['GB/s']:7.1f} GB/s NSA vs {r['GB/s_full']:7.1f} GB/s full")
         out.append("")
-        out.append("shares of the step (%): cmp / sel / win / other = sum")
+        out.append("shares of the step (%, one profiled pass partitioned): cmp / sel / win / shared / other / "
+                   "remainder = sum")
         for r in rows:
             out.append(f"  S={r['S']:>6} B={r['B']:>3}: {r['share_cmp']:5.1f} / {r['share_sel']:5.1f} / "
-                       f"{r['share_win']:5.1f} / {r['share_other']:5.1f} = {r['share_sum']:5.1f}"
+                       f"{r['share_win']:5.1f} / {r['share_shared']:5.1f} / {r['share_other']:5.1f} / "
+                       f"{r['share_remainder']:5.1f} = {r['share_sum']:5.1f}   [{r['share_method']}]"
                        + (f"   (eager, no graph: {r['ms_step_eager'] * 1e3:.1f} us)" if dev == "cuda" else ""))
         out.append("")
         out.append("timings are measurements, not checks; on CPU they are CPU timings of small shapes.")

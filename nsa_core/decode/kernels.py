@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from nsa_core._kernel_utils import dot as _dot
+from nsa_core.decode.labels import scope as _scope
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # a global a jit function may read must be a constexpr
@@ -448,8 +449,11 @@ class Workspace:
     def branches(self, q, gates, out, cmp: bool = True, slc: bool = True, win: bool = True) -> torch.Tensor:
         """Gated sum of the chosen branches for the query q [B, HQ, dk] -> out [B, HQ, dv]."""
         if cmp or slc:
-            self.cmp_partial(q, do_o=cmp, do_logits=slc)
+            with _scope("cmp"):
+                self.cmp_partial(q, do_o=cmp, do_logits=slc)
         if slc:
-            self.select()
-        ns_sel, ns_win = self.selwin(q, slc, win)
-        return self.combine(gates, out, cmp, ns_sel, ns_win)
+            with _scope("sel"):
+                self.select()
+        with _scope("shared"):
+            ns_sel, ns_win = self.selwin(q, slc, win)
+            return self.combine(gates, out, cmp, ns_sel, ns_win)

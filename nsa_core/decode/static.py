@@ -25,6 +25,9 @@ eager form; tests compare the two in float64):
 Ties in top-n: the torch path uses ``torch.topk`` (the order among exactly equal scores is not
 specified); the Triton path and the reference pick the lower block id. With random inputs
 exact ties have probability zero.
+
+Attribution (decode-bench shares): the pieces run inside ``nsa::<label>`` profiler scopes
+(nsa_core.decode.labels).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import math
 import torch
 
 from nsa_core.decode.cache import NSACache, read_counts
+from nsa_core.decode.labels import scope as _scope
 
 IMPLS = ("torch", "triton")
 
@@ -138,8 +142,12 @@ class StaticDecoder:
     @torch.no_grad()
     def append(self, kc, vc, ks, vs, kw, vw) -> None:
         """Write token pos into every cache; masked write of the compressed token that completes."""
-        if self._tri is not None:
-            return self._tri.append(kc, vc, ks, vs, kw, vw)
+        with _scope("shared"):
+            if self._tri is not None:
+                return self._tri.append(kc, vc, ks, vs, kw, vw)
+            self._append_torch(kc, vc, ks, vs, kw, vw)
+
+    def _append_torch(self, kc, vc, ks, vs, kw, vw) -> None:
         c, cfg = self.cache, self.cfg
         p1 = self.pos.view(1)
         c.K_sel.index_copy_(2, p1, ks[:, :, None])
@@ -270,12 +278,16 @@ class StaticDecoder:
             return self._tri.branches(q, gates, self.o, cmp=cmp, slc=slc, win=win)
         o_cmp = o_slc = o_win = p = None
         if cmp:
-            o_cmp, p = self.cmp(q, with_probs=True)
+            with _scope("cmp"):  # the probabilities are shared with the selection scores: counted here
+                o_cmp, p = self.cmp(q, with_probs=True)
         if slc:
-            o_slc = self.slc(q, self.select(q, p))
+            with _scope("sel"):
+                o_slc = self.slc(q, self.select(q, p))
         if win:
-            o_win = self.win(q)
-        return self.combine(o_cmp, o_slc, o_win, gates)
+            with _scope("win"):
+                o_win = self.win(q)
+        with _scope("shared"):
+            return self.combine(o_cmp, o_slc, o_win, gates)
 
     @torch.no_grad()
     def attn(self, q, kc, vc, ks, vs, kw, vw, gates) -> torch.Tensor:

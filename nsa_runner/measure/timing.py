@@ -22,6 +22,12 @@ Rules it enforces (DESIGN §7: speed is measured in benches, as ratios within on
 * **Statistics:** median, 20th and 80th percentile (linear interpolation, as ``do_bench``'s
   ``quantiles=[0.5, 0.2, 0.8]``) of the per-call samples.
 
+``graph_replays`` captures functions in CUDA graphs (the replay is what gets timed: one launch
+for the whole function, as a serving engine runs a decode step); ``before`` (bench,
+bench_round_robin) runs untimed before each timed call, e.g. to reset gradients.
+``profile_partition`` attributes ONE pass to labels by the profiler's own intervals (kernels on
+CUDA, CPU ops on CPU) so that the parts plus an explicit remainder add up to the pass exactly.
+
 ``bench_regions`` times one *instrumented* pass that calls ``regions.end_as(label)`` /
 ``regions.begin(label)`` at its own boundaries (for example from wrappers around the parts of a
 larger function, or from autograd hooks during a backward pass). Consecutive regions tile the
@@ -143,7 +149,7 @@ def _check_counts(warmup, iters, min_iters, max_iters) -> None:
 
 def bench(fn: Callable[[], object], *, device="cuda", warmup: int | None = None, iters: int | None = None,
           warmup_ms: float = 25.0, rep_ms: float = 100.0, min_iters: int = 3, max_iters: int = 200,
-          flush_l2: bool = True) -> Timing:
+          flush_l2: bool = True, before: Callable[[], object] | None = None) -> Timing:
     """Time ``fn()`` (no arguments; build inputs before) on ``device`` -> Timing (ms).
 
     The first call is untimed (compile / autotune), then ``warmup`` untimed calls (default: about
@@ -165,6 +171,8 @@ def bench(fn: Callable[[], object], *, device="cuda", warmup: int | None = None,
     _sync(device)
     stamps = []
     for _ in range(n_iter):
+        if before is not None:
+            before()
         if flush is not None:
             flush.zero_()
         s = clock.stamp()
@@ -295,7 +303,8 @@ def bench_regions(fn: Callable[[Regions], object], *, device="cuda", warmup: int
 def bench_round_robin(fns: dict[str, Callable[[], object]] | None = None,
                       regions: dict[str, Callable[[Regions], object]] | None = None, *, device="cuda",
                       warmup: int | None = None, iters: int | None = None, warmup_ms: float = 25.0,
-                      rep_ms: float = 100.0, min_iters: int = 3, max_iters: int = 200, flush_l2: bool = True
+                      rep_ms: float = 100.0, min_iters: int = 3, max_iters: int = 200, flush_l2: bool = True,
+                      before: Callable[[], object] | None = None
                       ) -> tuple[dict[str, Timing], dict[str, tuple[dict[str, Timing], Timing]]]:
     """Several functions timed in turns (one call of each per round), so that a slow moment of the
     machine hits all of them alike — use it for numbers that are compared with each other.
@@ -341,6 +350,8 @@ def bench_round_robin(fns: dict[str, Callable[[], object]] | None = None,
     got: dict[str, list] = {k: [] for k in calls}
     for _ in range(n_iter):
         for k, c in calls.items():
+            if before is not None:
+                before()
             if flush is not None:
                 flush.zero_()
             got[k].append(c())
@@ -349,3 +360,149 @@ def bench_round_robin(fns: dict[str, Callable[[], object]] | None = None,
     plain_out = {k: summarize([clock.ms(s, e) for s, e in got[k]], method) for k in fns}
     reg_out = {k: summarize_regions([p.by_label() for p in got[k]], method) for k in regions}
     return plain_out, reg_out
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------------
+
+def graph_replays(fns: dict[str, Callable[[], object]], *, optional=(), warmup: int = 2
+                  ) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    """Capture each function in a CUDA graph -> ({name: replay}, {name: why it was left out}).
+
+    A name in ``optional`` whose capture fails is left out (the reason, one line, in the second
+    dict); any other failure raises. Time the replays with :func:`bench` / :func:`bench_round_robin`.
+    """
+    import torch
+
+    from nsa_core.decode.static import capture_graph
+
+    runs, failed = {}, {}
+    for name, fn in fns.items():
+        try:
+            runs[name] = capture_graph(fn, warmup=warmup).replay
+        except RuntimeError as e:
+            if name not in optional:
+                raise
+            failed[name] = f"graph capture failed: {(str(e).strip().splitlines() or [''])[0][:100]}"
+            torch.cuda.synchronize()
+    return runs, failed
+
+
+# ---- one pass partitioned by the profiler -------------------------------------------------------
+
+REMAINDER = "remainder"  # the part of a pass no interval covers (GPU: idle between kernels)
+PASS_SCOPE = "nsa-run::pass"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One pass split into labelled parts that add up to the pass exactly (means over passes, ms).
+
+    ``parts``: {label: ms} including ``REMAINDER``; ``total``: ms of the pass (sum of ``parts``);
+    ``items``: {(label, interval name): ms} (kernels on CUDA, ops / scopes on CPU); ``method``.
+    """
+
+    parts: dict[str, float]
+    total: float
+    items: dict[tuple[str, str], float]
+    method: str
+    passes: int
+
+    def shares(self) -> dict[str, float]:
+        """{label: % of the pass}; they sum to 100 (up to float rounding) by construction."""
+        return {k: 100.0 * v / self.total if self.total > 0 else float("nan") for k, v in self.parts.items()}
+
+
+def partition_intervals(passes: list[tuple[float, float, list[tuple[str, str, float]]]], method: str) -> Partition:
+    """Per pass ``(start, end, [(name, label, duration)])`` (any one time unit, µs from the profiler)
+    -> Partition in ms. The intervals of a pass must not overlap (one stream / one thread); what
+    they leave of ``end - start`` is the ``REMAINDER``. Pure function: the profiler feeds it."""
+    if not passes:
+        raise ValueError("partition_intervals: no passes")
+    parts: dict[str, float] = {}
+    items: dict[tuple[str, str], float] = {}
+    total = 0.0
+    for start, end, ivs in passes:
+        span = end - start
+        if span < 0:
+            raise ValueError(f"partition_intervals: pass ends before it starts ({start} > {end})")
+        busy = 0.0
+        for name, label, dur in ivs:
+            parts[label] = parts.get(label, 0.0) + dur
+            items[(label, name)] = items.get((label, name), 0.0) + dur
+            busy += dur
+        parts[REMAINDER] = parts.get(REMAINDER, 0.0) + (span - busy)
+        total += span
+    n, us = len(passes), 1e-3
+    return Partition({k: v * us / n for k, v in parts.items()}, total * us / n,
+                     {k: v * us / n for k, v in items.items()}, method, n)
+
+
+def _cpu_intervals(root, classify, scope_prefix: str) -> list[tuple[str, str, float]]:
+    """Intervals of a CPU pass: every op gets its whole time under the label of its nearest
+    enclosing scope (``scope_prefix``*, labelled by ``classify``; "other" outside any); a scope's
+    own time (Python between its ops, interpreted Triton launches) goes to its label."""
+    out = []
+
+    def walk(e, label):
+        if e.name.startswith(scope_prefix):
+            lab = classify(e.name) or label
+            kids = e.cpu_children
+            own = e.time_range.elapsed_us() - sum(c.time_range.elapsed_us() for c in kids)
+            out.append((e.name, lab, own))
+            for c in kids:
+                walk(c, lab)
+        else:
+            out.append((e.name, label, e.time_range.elapsed_us()))
+
+    for c in root.cpu_children:
+        walk(c, "other")
+    return out
+
+
+def profile_partition(fn: Callable[[], object], classify: Callable[[str], str | None], *, device="cuda",
+                      passes: int = 5, flush_l2: bool = True, scope_prefix: str = "nsa::") -> Partition:
+    """Run ``fn`` ``passes`` times under torch.profiler and split each pass into labelled parts.
+
+    CUDA: the intervals are the device activities (kernels, memcpy/memset) the pass ran, each
+    labelled by ``classify(kernel name)`` (None -> "other"); the pass is the span from its first
+    kernel's start to its last kernel's end, and the REMAINDER is the idle time between kernels.
+    A pass is one ``fn()`` (e.g. one CUDA-graph replay) between two synchronisations, the L2
+    flushed before it (outside the pass). CPU: the pass is one ``fn()`` inside a
+    ``record_function(PASS_SCOPE)``; its ops are labelled by their enclosing ``scope_prefix``
+    scope (``classify(scope name)``), the REMAINDER is pass time outside any op or scope.
+    Either way each interval belongs to exactly one label and the parts sum to the pass.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = _is_cuda(device)
+    flush = _flush_buffer(device) if (cuda and flush_l2) else None
+    fn()
+    _sync(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        for _ in range(passes):
+            if flush is not None:
+                flush.zero_()
+            _sync(device)
+            with record_function(PASS_SCOPE):
+                fn()
+                _sync(device)
+    events = list(prof.events())
+    windows = sorted((e.time_range.start, e.time_range.end, e) for e in events if e.name == PASS_SCOPE)
+    if len(windows) != passes:
+        raise RuntimeError(f"profile_partition: found {len(windows)} of {passes} passes in the profile")
+    out = []
+    if not cuda:
+        for start, end, e in windows:
+            out.append((start, end, _cpu_intervals(e, classify, scope_prefix)))
+        return partition_intervals(out, "torch.profiler CPU ops by scope")
+    dev = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+           and e.name != PASS_SCOPE and not e.name.startswith(scope_prefix)]  # GPU mirrors of the scopes
+    for start, end, _ in windows:
+        ks = sorted((e for e in dev if start <= e.time_range.start < end), key=lambda e: e.time_range.start)
+        if not ks:
+            raise RuntimeError("profile_partition: a pass ran no device activity the profiler saw")
+        ivs = [(e.name, classify(e.name) or "other", e.time_range.elapsed_us()) for e in ks]
+        out.append((ks[0].time_range.start, max(e.time_range.end for e in ks), ivs))
+    return partition_intervals(out, "torch.profiler kernel times (CUPTI)")

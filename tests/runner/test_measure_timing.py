@@ -155,3 +155,85 @@ def test_summarize_regions_parts_add_up_even_when_noise_moves_between_parts():
     assert parts["a"].ms == pytest.approx(1.0) and parts["b"].ms == pytest.approx(2.0) and parts["a"].n == 8
     with pytest.raises(ValueError):
         timing.summarize_regions([], "perf_counter")
+
+
+# ---- before, partitions (issue 14: shares that add up to 100%) --------------------------------
+
+def test_bench_runs_before_untimed_before_every_timed_call():
+    from nsa_runner.measure.timing import bench
+
+    calls = []
+    t = bench(lambda: calls.append("f"), device="cpu", warmup=0, iters=4, before=lambda: calls.append("b"))
+    assert t.n == 4
+    assert calls[-8:] == ["b", "f"] * 4  # each timed call preceded by its `before`
+    t2 = bench(lambda: None, device="cpu", warmup=0, iters=3, before=lambda: time.sleep(0.02))
+    assert t2.ms < 0.01 * 1e3  # the 20 ms sleep of `before` is not in the timing
+
+
+def test_partition_intervals_add_up_with_an_explicit_remainder():
+    from nsa_runner.measure.timing import REMAINDER, partition_intervals
+
+    p = partition_intervals([(0.0, 100.0, [("k1", "cmp", 30.0), ("k2", "sel", 50.0)]),
+                             (10.0, 110.0, [("k1", "cmp", 40.0), ("k3", "other", 20.0)])], "test")
+    assert p.total == pytest.approx(0.1)  # µs in, ms out: 100 µs per pass
+    assert p.parts == pytest.approx({"cmp": 0.035, "sel": 0.025, "other": 0.01, REMAINDER: 0.03})
+    assert sum(p.parts.values()) == pytest.approx(p.total)
+    assert sum(p.shares().values()) == pytest.approx(100.0)
+    assert p.items[("cmp", "k1")] == pytest.approx(0.035) and p.passes == 2
+    with pytest.raises(ValueError, match="no passes"):
+        partition_intervals([], "x")
+
+
+def test_profile_partition_on_cpu_sums_to_100_and_follows_the_scopes():
+    import torch
+    from torch.profiler import record_function
+
+    from nsa_runner.measure.timing import REMAINDER, profile_partition
+
+    a = torch.randn(128, 128)
+
+    def step():
+        with record_function("nsa::cmp"):
+            a @ a
+            with record_function("nsa::sel"):  # nested: the inner scope's ops are sel's
+                for _ in range(20):
+                    (a @ a).sum()
+        a.exp()  # outside any scope: other
+        time.sleep(0.003)  # no op at all: the remainder
+
+    p = profile_partition(step, lambda n: n.removeprefix("nsa::"), device="cpu", passes=3)
+    assert set(p.parts) == {"cmp", "sel", "other", REMAINDER}
+    assert sum(p.shares().values()) == pytest.approx(100.0)
+    assert sum(p.parts.values()) == pytest.approx(p.total)
+    assert p.parts[REMAINDER] >= 2.5  # the sleep (ms)
+    assert p.parts["sel"] > p.parts["cmp"] > 0  # 20 matmuls + sums vs one
+    assert ("other", "aten::exp") in p.items and ("sel", "aten::sum") in p.items
+    assert not any(lab == "cmp" and name == "aten::sum" for lab, name in p.items)
+
+
+def test_decode_labels_name_every_decode_kernel():
+    """Every @triton.jit kernel of the decode step has an attribution label (else its time would
+    silently land in 'other')."""
+    import triton
+
+    from nsa_core.decode import kernels
+    from nsa_core.decode.labels import KERNEL_LABEL, label_of
+
+    launched = {n for n, v in vars(kernels).items() if isinstance(v, triton.runtime.jit.JITFunction)
+                and n.endswith("_kernel")}
+    assert launched and launched <= set(KERNEL_LABEL), launched - set(KERNEL_LABEL)
+    assert label_of("nsa::win") == "win" and label_of("_selwin_kernel") == "shared"
+    assert label_of("nsa::bogus") is None and label_of("sm90_xmma_gemm_bf16") is None
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_graph_replays_and_profile_partition_on_cuda():
+    import torch
+
+    from nsa_runner.measure.timing import graph_replays, profile_partition
+
+    x = torch.randn(1 << 20, device="cuda")
+    runs, failed = graph_replays({"f": lambda: (x * 2).sum(), "bad": lambda: x.cpu()}, optional=["bad"])
+    assert set(runs) == {"f"} and "bad" in failed
+    p = profile_partition(runs["f"], lambda n: None, device="cuda", passes=3)
+    assert sum(p.shares().values()) == pytest.approx(100.0) and p.parts["other"] > 0

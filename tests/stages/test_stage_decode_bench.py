@@ -45,10 +45,16 @@ def test_quick_profile_passes_and_writes_everything(quick_run):
         assert (r.reads_cmp, r.reads_sel, r.reads_win) == (want["cmp"], want["sel"], want["win"])
         assert r.reads_total == sum(want.values()) and r.reads_full == r.S
         assert r.reads_bound == pytest.approx(paper_bound(int(r.S), cfg))
-        for c in ("ms_step", "ms_attn", "ms_cmp", "ms_sel", "ms_win", "ms_other", "ms_full"):
+        for c in ("ms_step", "ms_attn", "ms_cmp", "ms_sel", "ms_win", "ms_shared", "ms_other", "ms_full",
+                  "ms_profiled"):
             assert r[c] > 0 and r[c] < 1e4, (c, r[c])
         assert r.speedup == pytest.approx(r.ms_full / r.ms_attn)
-        assert r.share_sum == pytest.approx(r.share_cmp + r.share_sel + r.share_win + r.share_other)
+        # the shares partition one profiled pass of the step: they sum to 100% by construction, and
+        # the parts' times sum to the pass
+        shares = [r[f"share_{k}"] for k in decode_bench.SHARE_PARTS]
+        assert r.share_sum == pytest.approx(sum(shares)) and r.share_sum == pytest.approx(100.0, abs=1e-6)
+        assert sum(r[f"ms_{k}"] for k in decode_bench.SHARE_PARTS) == pytest.approx(r.ms_profiled, rel=1e-9)
+        assert all(x >= 0 for x in shares) and r.share_method.startswith("torch.profiler")
         assert r.parity_rel_err <= r.parity_tol and r.fill == "prefill" and r.impl == "torch"
     # S=1024 with n_sel=8 blocks of 32: top-n really picks 8 of 32 blocks
     assert int(df[df.S == 1024].reads_sel.iloc[0]) == 8 * 32
