@@ -17,7 +17,7 @@ fwd+bwd for both, and old/new (> 1: the new kernels are faster). Both outputs an
 compared first (same inputs: they must agree to the dtype's tolerance, else exit 1).
 
     python bench/ab_selection_kernels.py                       # CUDA, T=64K
-    TRITON_INTERPRET=1 python bench/ab_selection_kernels.py --device cpu --T 256 --dtype fp32   # smoke
+    TRITON_INTERPRET=1 python bench/ab_selection_kernels.py --device cpu --T 256 --dtype fp32 --small --iters 1  # smoke
 """
 
 from __future__ import annotations
@@ -70,10 +70,16 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--rep-ms", type=float, default=300.0, help="timed time per function and round")
+    ap.add_argument("--iters", type=int, default=None, help="timed rounds (default: by --rep-ms)")
+    ap.add_argument("--small", action="store_true",
+                    help="HQ=4, G=2, d=16 instead of the paper's HQ=64, G=4, d=128 (a smoke run in the interpreter)")
     args = ap.parse_args(argv)
 
     import torch
     from bench_selection import HQ, L_SEL, B, D, G, block_indices
+
+    if args.small:
+        HQ, G, D = 4, 2, 16
 
     from nsa_core.selection import attention as new
     from nsa_core.testing import DTYPES_BY_NAME, compare
@@ -87,7 +93,7 @@ def main(argv=None) -> int:
         return torch.randn(*s, generator=gen, device=dev, dtype=torch.float32).to(dt)
 
     q, k, v, do = rnd(B, T, HQ, D), rnd(B, T, G, D), rnd(B, T, G, D), rnd(B, T, HQ, D)
-    idx, cnt = block_indices(T, 1, device=dev)
+    idx, cnt = block_indices(T, 1, device=dev, groups=G)
     leaves = [x.requires_grad_() for x in (q, k, v)]
 
     def fwd(mod):
@@ -112,7 +118,8 @@ def main(argv=None) -> int:
 
     fns = {f"{w} {m}": f(mod) for w, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)) for m, mod in (("new", new),
                                                                                             ("old", old))}
-    timings, _ = bench_round_robin(fns, device=dev, rep_ms=args.rep_ms)
+    timings, _ = bench_round_robin(fns, device=dev, rep_ms=args.rep_ms, iters=args.iters,
+                                   warmup=0 if args.iters else None)
     print(f"T={T} B={B} HQ={HQ} G={G} d={D} n=16 l'={L_SEL} {args.dtype} on "
           f"{torch.cuda.get_device_name() if dev == 'cuda' else dev}")
     for w in ("fwd", "fwd+bwd"):

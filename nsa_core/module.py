@@ -133,24 +133,25 @@ class NSAAttention(nn.Module):
         return self.o_proj(o.reshape(B, T, self.HQ * self.dv))
 
     # ---- forward ------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, cache=None, *, max_len: int | None = None):
+    def forward(self, x: torch.Tensor, cache=None, *, max_len: int | None = None, page_size: int | None = None):
         """Prefill (cache=None) or decode (cache from an earlier call); returns (y, cache).
 
         max_len: capacity to preallocate at prefill (default T + ``decode_headroom``); decode
-        past it grows the cache by doubling (never per step).
+        past it grows the cache by doubling (never per step). page_size: a paged raw KV cache
+        (block table; nsa_core.decode.cache) instead of a dense one.
         """
         if cache is not None:
             return self._decode(x, cache)
         p = self.project(x, 0)
         o = F.nsa_attention(p.q, p.k_cmp, p.v_cmp, p.k_sel, p.v_sel, p.k_win, p.v_win, p.gates, self.cfg,
                             self.backend, phi_k=self.phi_k, phi_v=self.phi_v)
-        return self.out(o), self._make_cache(p, max_len=max_len)
+        return self.out(o), self._make_cache(p, max_len=max_len, page_size=page_size)
 
     # ---- decode (DESIGN §4; nsa_core.decode: cache, reference, static) --------------
     decode_headroom = 1024  # default extra capacity after a prefill of T tokens
 
     @torch.no_grad()
-    def _make_cache(self, p: BranchInputs, max_len: int | None = None):
+    def _make_cache(self, p: BranchInputs, max_len: int | None = None, page_size: int | None = None):
         """Fill an NSACache from a prefill's projections (the compressed tokens prefill used)."""
         from nsa_core.decode.cache import NSACache
 
@@ -159,19 +160,21 @@ class NSAAttention(nn.Module):
             raise ValueError(f"NSAAttention: max_len={max_len!r} must be an int >= the prefill length {T}")
         cap = max_len if max_len is not None else T + self.decode_headroom
         cache = NSACache.empty(self.cfg, B, self.G, self.dk, self.dv, cap, dtype=p.k_sel.dtype,
-                               device=p.k_sel.device)
+                               device=p.k_sel.device, page_size=page_size)
         kc = F.compress(p.k_cmp, self.cfg, self.phi_k)
         vc = F.compress(p.v_cmp, self.cfg, self.phi_v)
         cache.fill_(p.k_cmp, p.v_cmp, p.k_sel, p.v_sel, p.k_win, p.v_win, kc, vc)
         return cache
 
-    def new_cache(self, B: int, max_len: int, *, dtype=None, device=None):
-        """An empty NSACache for this layer (decode from position 0, or a direct fill)."""
+    def new_cache(self, B: int, max_len: int, *, dtype=None, device=None, page_size: int | None = None,
+                  block_table=None):
+        """An empty NSACache for this layer (decode from position 0, or a direct fill); page_size /
+        block_table: a paged raw KV cache (nsa_core.decode.cache)."""
         from nsa_core.decode.cache import NSACache
 
         w = self.q_proj.weight
         return NSACache.empty(self.cfg, B, self.G, self.dk, self.dv, max_len, dtype=dtype or w.dtype,
-                              device=device or w.device)
+                              device=device or w.device, page_size=page_size, block_table=block_table)
 
     def _check_cache(self, x: torch.Tensor, cache) -> None:
         from nsa_core.decode.cache import NSACache

@@ -172,10 +172,10 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     with torch.no_grad():
         if fill == "prefill":
             xs = torch.randn(B, S - 1, dim, device=device, dtype=dtype, generator=gen)
-            _, cache = m(xs, max_len=S)
+            _, cache = m(xs, max_len=S, page_size=o["page_size"] or None)
             del xs
         else:
-            cache = m.new_cache(B, S)
+            cache = m.new_cache(B, S, page_size=o["page_size"] or None)
             cache.fill_random_(S - 1, generator=gen)
     x = torch.randn(B, 1, dim, device=device, dtype=dtype, generator=gen)
     dec = m.decoder(cache, impl=o["impl"])
@@ -236,7 +236,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         }
         # -- full-attention baseline over the same S tokens: every SDPA backend that runs ----------
         qf = q.reshape(B, G, h, dk)
-        kf, vf = cache.K_sel[:, :, :S], cache.V_sel[:, :, :S]
+        kf, vf = cache.sel_dense(S)  # views (dense cache) or a gathered copy (paged): the baseline is dense
         ref_full = torch.softmax((qf.double() @ kf.double().transpose(-1, -2)) * dec.scale, -1) @ vf.double()
         tried, full_err = [], {}
         for name, ctxf in _sdpa_backends(device):
@@ -256,7 +256,8 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         if device == "cuda" and _triton_ok():  # flash-decoding (split over the keys) with the decode kernels
             from nsa_runner.measure.decode_baselines import FullDecode
 
-            fd = FullDecode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale)
+            fd = (FullDecode(q, kf.contiguous(), vf.contiguous(), dec.pos, dec.scale) if cache.paged
+                  else FullDecode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale))
 
             def full_tri():
                 outs["full:triton_splitk"] = fd()
@@ -304,7 +305,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     full_bytes = B * G * S * (dk + dv) * es
     shares = part.shares()
     row = {
-        "S": S, "B": B, "impl": o["impl"], "fill": fill,
+        "S": S, "B": B, "impl": o["impl"] + (f"/paged{o['page_size']}" if o["page_size"] else ""), "fill": fill,
         "ms_step": ms["step"], "ms_attn": ms["attn"], **{f"ms_{k}": part.parts.get(k, 0.0) for k in SHARE_PARTS},
         "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
         "speedup": full_ms / ms["attn"], "speedup_step": full_ms / ms["step"],
@@ -431,6 +432,8 @@ class DecodeBench(Stage):
                choices=("auto", "torch", "triton")),
         Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
                f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),
+        Option("--page-size", _nonneg, 0, "paged raw KV cache with this many tokens per page (block table, "
+               "as vLLM / FlashInfer); 0 = dense"),
         Option("--graphs", str, "on", "CUDA graphs for the timed functions (CUDA only)", choices=("on", "off")),
         Option("--seed", _nonneg, 0, "seed of weights and inputs"),
     )
@@ -463,6 +466,7 @@ class DecodeBench(Stage):
         if o["impl"] == "triton" and o["dtype"] not in DTYPES:
             raise ValueError("decode-bench: --impl triton supports fp32/fp16/bf16")
         o["graphs"] = o.get("graphs", "on") in ("on", True)
+        o["page_size"] = o.get("page_size") or 0
         o["iters"] = max(o["iters"], 1)
         return o
 

@@ -13,6 +13,18 @@ What the cache keeps, per layer (B sequences of equal length, G KV groups)::
 
 The layout is head-major ([B, G, T, D], one contiguous [T, D] slab per (sequence, group)) so a
 decode kernel streams one group's keys contiguously and SDPA takes the buffers as they are.
+
+**Paged option** (``NSACache.empty(..., page_size=P)``), as vLLM / FlashInfer hold KV: the raw
+selection cache -- the one that grows with the context -- lives in a pool of pages
+``K_sel, V_sel [num_pages, G, P, dk|dv]`` (FlashInfer's HND page layout) and ``block_table
+[B, pages per sequence]`` (int32) maps page i of sequence b (tokens i*P .. i*P + P-1) to its
+physical page. Token t of sequence b, group g sits at ``K_sel[block_table[b, t // P], g, t % P]``.
+The dense cache is the special case of one page per sequence (``page_size = capacity``, table
+``[[0], [1], ...]``): ``page_table()`` returns that, so the kernels take one addressing rule. The
+compressed cache and the two rings stay dense (bounded, or 1/d of the context). Pages are given
+out interleaved across the sequences by default (page i of sequence b is ``i * B + b``), so no
+sequence's pages are contiguous and a wrong lookup cannot pass by accident; a caller can pass its
+own table (``block_table=``, e.g. from a serving engine's allocator).
 ``cap`` (capacity) is preallocated and rounded up to a multiple of ``l_sel``; a decode step never
 allocates. Eager decode past the capacity grows the buffers by doubling (``reserve``), which is
 counted in ``cache.grown``; a graph-captured step (``nsa_core.decode.static``) cannot grow and
@@ -32,6 +44,7 @@ Table 4's ``(s - l)/d + n*l' + w``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -118,25 +131,54 @@ class NSACache:
     reads_per_step: list = field(default_factory=list)
     last_selection: torch.Tensor | None = None  # [B, G, n] block ids of the last step (-1 = unused)
     grown: int = 0  # how many times eager decode had to grow the buffers
+    block_table: torch.Tensor | None = None  # paged: [B, pages per sequence] int32 physical page ids
+    _dense_table: torch.Tensor | None = field(default=None, repr=False)
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
     def empty(cls, cfg: NSAConfig, B: int, G: int, dk: int, dv: int, max_len: int, *,
-              dtype=torch.float32, device=None) -> NSACache:
-        """Zeroed caches for up to ``max_len`` tokens (rounded up to a multiple of l_sel)."""
+              dtype=torch.float32, device=None, page_size: int | None = None,
+              block_table: torch.Tensor | None = None) -> NSACache:
+        """Zeroed caches for up to ``max_len`` tokens (rounded up to a multiple of l_sel).
+
+        ``page_size``: page the raw selection cache (see the module docstring); the capacity is
+        then rounded up to a multiple of both l_sel and page_size. ``block_table`` [B, pages]
+        (int, distinct ids in 0..B*pages-1): the caller's page assignment; default interleaved."""
         for name, v in (("B", B), ("G", G), ("dk", dk), ("dv", dv), ("max_len", max_len)):
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"NSACache.empty: {name} must be a positive int, got {v!r}")
-        cap = _round_up(max_len, cfg.l_sel)
+        if page_size is None:
+            if block_table is not None:
+                raise ValueError("NSACache.empty: block_table needs page_size")
+            cap = _round_up(max_len, cfg.l_sel)
+            ccap = max(1, cfg.num_cmp(cap))
+            z = lambda n, D: torch.zeros(B, G, n, D, dtype=dtype, device=device)
+            return cls(cfg, z(cap, dk), z(cap, dv), z(cfg.w, dk), z(cfg.w, dv), z(cfg.l, dk), z(cfg.l, dv),
+                       z(ccap, dk), z(ccap, dv))
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
+            raise ValueError(f"NSACache.empty: page_size must be a positive int, got {page_size!r}")
+        cap = _round_up(max_len, math.lcm(cfg.l_sel, page_size))
+        npp = cap // page_size
+        table = _interleaved(B, npp, 0, device) if block_table is None else _check_table(block_table, B, npp, device)
         ccap = max(1, cfg.num_cmp(cap))
         z = lambda n, D: torch.zeros(B, G, n, D, dtype=dtype, device=device)
-        return cls(cfg, z(cap, dk), z(cap, dv), z(cfg.w, dk), z(cfg.w, dv), z(cfg.l, dk), z(cfg.l, dv),
-                   z(ccap, dk), z(ccap, dv))
+        pool = lambda D: torch.zeros(B * npp, G, page_size, D, dtype=dtype, device=device)
+        return cls(cfg, pool(dk), pool(dv), z(cfg.w, dk), z(cfg.w, dv), z(cfg.l, dk), z(cfg.l, dv),
+                   z(ccap, dk), z(ccap, dv), block_table=table)
 
     # ---- facts ---------------------------------------------------------------------------
     @property
+    def paged(self) -> bool:
+        return self.block_table is not None
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page of the raw selection cache (the capacity when not paged)."""
+        return self.K_sel.shape[2]
+
+    @property
     def batch(self) -> int:
-        return self.K_sel.shape[0]
+        return self.block_table.shape[0] if self.paged else self.K_sel.shape[0]
 
     @property
     def groups(self) -> int:
@@ -144,7 +186,31 @@ class NSACache:
 
     @property
     def capacity(self) -> int:
-        return self.K_sel.shape[2]
+        return self.block_table.shape[1] * self.page_size if self.paged else self.K_sel.shape[2]
+
+    def page_table(self) -> torch.Tensor:
+        """[B, pages per sequence] int32 physical page ids of the raw selection cache: the block
+        table, or ``[[0], [1], ...]`` for a dense cache (one page of ``capacity`` tokens each)."""
+        if self.paged:
+            return self.block_table
+        if self._dense_table is None or self._dense_table.device != self.device:
+            self._dense_table = torch.arange(self.batch, dtype=torch.int32, device=self.device)[:, None]
+        return self._dense_table
+
+    def sel_rows(self, tok: torch.Tensor) -> torch.Tensor:
+        """Row ids in ``K_sel.view(-1, D)`` of tokens ``tok`` (positions < capacity: [n], [B, n] or
+        per group [B, G, n]) -> [B, G, n] int64: row = (page * G + g) * page_size + tok % page_size
+        with page = page_table()[b, tok // page_size]. No host sync (graph capturable)."""
+        P, B, G = self.page_size, self.batch, self.groups
+        tok = tok.to(torch.long)
+        if tok.dim() == 1:
+            tok = tok.expand(B, -1)
+        if tok.dim() == 2:
+            tok = tok[:, None, :].expand(B, G, -1)
+        n = tok.shape[-1]
+        page = torch.gather(self.page_table().long(), 1, (tok // P).reshape(B, G * n)).view(B, G, n)
+        g = torch.arange(G, device=tok.device)[None, :, None]
+        return (page * G + g) * P + tok % P
 
     @property
     def dtype(self) -> torch.dtype:
@@ -164,9 +230,31 @@ class NSACache:
 
     # ---- views in the [B, T, G, D] API layout ------------------------------------------------
     def sel_kv(self, s: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw selection-branch keys/values of tokens 0..s-1 as [B, s, G, D] views."""
+        """Raw selection-branch keys/values of tokens 0..s-1 as [B, s, G, D] (views; a gathered
+        copy when paged)."""
         s = self.length if s is None else s
-        return self.K_sel[:, :, :s].transpose(1, 2), self.V_sel[:, :, :s].transpose(1, 2)
+        if not self.paged:
+            return self.K_sel[:, :, :s].transpose(1, 2), self.V_sel[:, :, :s].transpose(1, 2)
+        K, V = self.sel_dense(s)
+        return K.transpose(1, 2), V.transpose(1, 2)
+
+    def sel_dense(self, s: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw selection-branch keys/values of tokens 0..s-1 as [B, G, s, D] (dense: views)."""
+        s = self.length if s is None else s
+        if not self.paged:
+            return self.K_sel[:, :, :s], self.V_sel[:, :, :s]
+        rows = self.sel_rows(torch.arange(s, device=self.device))
+        return tuple(X.reshape(-1, X.shape[-1])[rows] for X in (self.K_sel, self.V_sel))
+
+    def _write_sel(self, tok: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """K_sel/V_sel of tokens ``tok`` [n] <- k [B, G, n, dk], v [B, G, n, dv] (any layout)."""
+        if not self.paged:
+            self.K_sel[:, :, tok] = k
+            self.V_sel[:, :, tok] = v
+            return
+        rows = self.sel_rows(tok)
+        self.K_sel.view(-1, self.K_sel.shape[-1])[rows] = k.to(self.dtype)
+        self.V_sel.view(-1, self.V_sel.shape[-1])[rows] = v.to(self.dtype)
 
     def cmp_kv(self, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The first n compressed tokens as [B, n, G, D] views (default: all that exist)."""
@@ -192,9 +280,23 @@ class NSACache:
         if n <= self.capacity:
             return
         cfg = self.cfg
-        cap = _round_up(max(n, 2 * self.capacity), cfg.l_sel)
+        if self.paged:  # new pages at the end of the pool, given out interleaved as at creation
+            P, B = self.page_size, self.batch
+            cap = _round_up(max(n, 2 * self.capacity), math.lcm(cfg.l_sel, P))
+            old_pages, extra = self.block_table.shape[1], cap // P - self.block_table.shape[1]
+            first = self.K_sel.shape[0]
+            for name in ("K_sel", "V_sel"):
+                old = getattr(self, name)
+                setattr(self, name, torch.cat([old, old.new_zeros(B * extra, *old.shape[1:])]))
+            new = _interleaved(B, extra, first, self.device)
+            self.block_table = torch.cat([self.block_table, new], 1).contiguous()
+            assert self.block_table.shape[1] == old_pages + extra
+            growing = ()
+        else:
+            cap = _round_up(max(n, 2 * self.capacity), cfg.l_sel)
+            growing = (("K_sel", cap), ("V_sel", cap))
         ccap = max(1, cfg.num_cmp(cap))
-        for name, new_len in (("K_sel", cap), ("V_sel", cap), ("K_cmp", ccap), ("V_cmp", ccap)):
+        for name, new_len in (*growing, ("K_cmp", ccap), ("V_cmp", ccap)):
             old = getattr(self, name)
             buf = old.new_zeros(*old.shape[:2], new_len, old.shape[3])
             buf[:, :, :old.shape[2]] = old
@@ -213,8 +315,7 @@ class NSACache:
             raise ValueError(f"NSACache.fill_: {kc.shape[1]} compressed tokens for T={T}, expected {cfg.num_cmp(T)}")
         self.reserve(T)
         hm = lambda x: x.detach().transpose(1, 2).to(self.dtype)  # [B, T, G, D] -> [B, G, T, D]
-        self.K_sel[:, :, :T] = hm(k_sel)
-        self.V_sel[:, :, :T] = hm(v_sel)
+        self._write_sel(torch.arange(T, device=self.device), hm(k_sel), hm(v_sel))
         nc = kc.shape[1]
         self.K_cmp[:, :, :nc] = hm(kc)
         self.V_cmp[:, :, :nc] = hm(vc)
@@ -233,8 +334,7 @@ class NSACache:
         cfg = self.cfg
         t = self.length
         self.reserve(t + 1)
-        self.K_sel[:, :, t] = k_sel
-        self.V_sel[:, :, t] = v_sel
+        self._write_sel(torch.tensor([t], device=self.device), k_sel[:, :, None], v_sel[:, :, None])
         self.K_win[:, :, t % cfg.w] = k_win
         self.V_win[:, :, t % cfg.w] = v_win
         self.K_raw[:, :, t % cfg.l] = k_cmp
@@ -256,6 +356,12 @@ class NSACache:
         self.reserve(S)
         for name, t in self.tensors().items():
             n = t.shape[2]
+            if name in ("K_sel", "V_sel") and self.paged:  # the pages of tokens 0..S-1
+                r = torch.randn(self.batch, self.groups, S, t.shape[3], generator=generator, device=t.device,
+                                dtype=torch.float32)
+                rows = self.sel_rows(torch.arange(S, device=t.device))
+                t.view(-1, t.shape[-1])[rows] = (r * scale).to(t.dtype)
+                continue
             if name in ("K_sel", "V_sel"):
                 n = S
             elif name in ("K_cmp", "V_cmp"):
@@ -268,12 +374,32 @@ class NSACache:
         self.reads, self.reads_per_step, self.last_selection = None, [], None
 
     def clone(self) -> NSACache:
-        c = NSACache(self.cfg, *[t.clone() for t in self.tensors().values()], length=self.length)
+        c = NSACache(self.cfg, *[t.clone() for t in self.tensors().values()], length=self.length,
+                     block_table=None if self.block_table is None else self.block_table.clone())
         c.grown = self.grown
         return c
 
     def to(self, dtype=None, device=None) -> NSACache:
         c = NSACache(self.cfg, *[t.to(dtype=dtype, device=device) for t in self.tensors().values()],
-                     length=self.length)
+                     length=self.length,
+                     block_table=None if self.block_table is None else self.block_table.to(device=device))
         c.grown = self.grown
         return c
+
+
+def _interleaved(B: int, pages: int, first: int, device) -> torch.Tensor:
+    """[B, pages] int32: page i of sequence b is ``first + i * B + b`` (no sequence contiguous)."""
+    return (first + torch.arange(pages, device=device)[None, :] * B
+            + torch.arange(B, device=device)[:, None]).to(torch.int32).contiguous()
+
+
+def _check_table(table: torch.Tensor, B: int, pages: int, device) -> torch.Tensor:
+    if not isinstance(table, torch.Tensor) or table.dim() != 2 or tuple(table.shape) != (B, pages):
+        raise ValueError(f"NSACache.empty: block_table must be a [B={B}, {pages}] tensor, got "
+                         f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
+    if table.dtype.is_floating_point or table.dtype == torch.bool:
+        raise ValueError(f"NSACache.empty: block_table must hold integer page ids, got {table.dtype}")
+    flat = table.flatten().long().cpu()
+    if int(flat.min()) < 0 or int(flat.max()) >= B * pages or flat.unique().numel() != flat.numel():
+        raise ValueError(f"NSACache.empty: block_table must hold distinct page ids in 0..{B * pages - 1}")
+    return table.to(device=device, dtype=torch.int32).contiguous()

@@ -76,10 +76,23 @@ def _cmp_visible(POS, L: tl.constexpr, STRIDE: tl.constexpr):
 
 
 @triton.jit
+def _sel_rows(TBL, s_tbl, b, g, bg64, kpos, CAP, PS, G: tl.constexpr, PAGED: tl.constexpr):
+    """Rows of K_sel / V_sel holding tokens kpos (int64, may be < 0 for an unused slot: masked by
+    the caller) of sequence b, group g: dense bg * CAP + kpos; paged (nsa_core.decode.cache)
+    (TBL[b, kpos // PS] * G + g) * PS + kpos % PS."""
+    if PAGED:
+        page = tl.load(TBL + b * s_tbl + kpos // PS, mask=(kpos >= 0) & (kpos < CAP), other=0).to(tl.int64)
+        return (page * G + g) * PS + kpos % PS
+    else:
+        return bg64 * CAP + kpos
+
+
+@triton.jit
 def _append_kernel(POS, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
-                   K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP,
+                   K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
                    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
-                   STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr):
+                   STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr,
+                   PAGED: tl.constexpr):
     bg = tl.program_id(0)
     b = bg // G
     g = bg % G
@@ -95,8 +108,9 @@ def _append_kernel(POS, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_
     vs = tl.load(VS + b * s_vs + g * DV + ov, mask=mv)
     kw = tl.load(KW + b * s_kw + g * DK + ok, mask=mk)
     vw = tl.load(VW + b * s_vw + g * DV + ov, mask=mv)
-    tl.store(K_SEL + (bg64 * CAP + pos) * DK + ok, ks, mask=mk)
-    tl.store(V_SEL + (bg64 * CAP + pos) * DV + ov, vs, mask=mv)
+    row = _sel_rows(TBL, s_tbl, b, g, bg64, pos, CAP, PS, G, PAGED)
+    tl.store(K_SEL + row * DK + ok, ks, mask=mk)
+    tl.store(V_SEL + row * DV + ov, vs, mask=mv)
     sw = pos % W
     tl.store(K_WIN + (bg64 * W + sw) * DK + ok, kw, mask=mk)
     tl.store(V_WIN + (bg64 * W + sw) * DV + ov, vw, mask=mv)
@@ -224,10 +238,11 @@ def _select_kernel(POS, PSUM, BLK, CCAP, NB,
 
 
 @triton.jit
-def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
+def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl, PS,
                    G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
                    LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
-                   HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr):
+                   HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
+                   PAGED: tl.constexpr):
     tile = tl.program_id(1)
     b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
     os_ = tl.arange(0, BS)
@@ -235,19 +250,21 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
         j = tl.load(BLK + bg64 * NSEL + tile)
         kpos = (j * LSEL + os_).to(tl.int64)
         m_s = (os_ < LSEL) & (kpos >= 0) & (kpos <= pos)  # j = -1 (unused slot) gives kpos < 0
-        k_base = K_SEL + bg64 * CAP * DK
-        v_base = V_SEL + bg64 * CAP * DV
+        rows = _sel_rows(TBL, s_tbl, b, g, bg64, kpos, CAP, PS, G, PAGED)
+        k_base = K_SEL
+        v_base = V_SEL
     else:  # a tile of the window ring: slots <= t (all of them once t >= w - 1)
         kpos = ((tile - NS_SEL) * BS + os_).to(tl.int64)
         m_s = (kpos < W) & (kpos <= pos)
-        k_base = K_WIN + bg64 * W * DK
-        v_base = V_WIN + bg64 * W * DV
-    kb = tl.load(k_base + kpos[:, None] * DK + ok[None, :], mask=m_s[:, None] & mk[None, :], other=0.0)
+        rows = bg64 * W + kpos
+        k_base = K_WIN
+        v_base = V_WIN
+    kb = tl.load(k_base + rows[:, None] * DK + ok[None, :], mask=m_s[:, None] & mk[None, :], other=0.0)
     sc = _dot(q, tl.trans(kb), IEEE)
     sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
     m = tl.maximum(tl.max(sc, 1), NEG)
     p = tl.exp2(sc - m[:, None])
-    vb = tl.load(v_base + kpos[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
+    vb = tl.load(v_base + rows[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
     acc = _dot(p, vb, IEEE)
     row = bg64 * NT + tile
     tl.store(M_T + row * HP + oh, m)
@@ -382,6 +399,12 @@ class Workspace:
         self.qk_scale = dec.scale * LOG2E
 
     # ---- launches ------------------------------------------------------------------------------
+    def paging(self) -> tuple:
+        """(page table, its row stride, page size) of the raw selection cache (dense: one page each)."""
+        c = self.dec.cache
+        t = c.page_table()
+        return t, t.stride(0), c.page_size
+
     def append(self, kc, vc, ks, vs, kw, vw) -> None:
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
         for t in (kc, vc, ks, vs, kw, vw):
@@ -392,8 +415,8 @@ class Workspace:
         _append_kernel[(self.BG,)](
             d.pos, kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0), kw.stride(0),
             vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp, d.cap, d.ccap,
-            G=d.G, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, BK=self.BK, BV=self.BV, BL=_p2(cfg.l),
-            AVG=avg, num_warps=self.CONFIG["append"])
+            *self.paging(), G=d.G, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, BK=self.BK, BV=self.BV,
+            BL=_p2(cfg.l), AVG=avg, PAGED=c.paged, num_warps=self.CONFIG["append"])
         if not avg:
             d._compress()
 
@@ -428,9 +451,9 @@ class Workspace:
         if ns_sel + ns_win:
             _selwin_kernel[(self.BG, ns_sel + ns_win)](
                 d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t,
-                d.cap, self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
-                NS_SEL=ns_sel, NT=self.NT, HP=self.HP, BK=self.BK, BV=self.BV, BS=self.BS, IEEE=self.IEEE,
-                num_warps=self.CONFIG["selwin"])
+                d.cap, self.qk_scale, *self.paging(), G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel,
+                NSEL=cfg.n_sel, NS_SEL=ns_sel, NT=self.NT, HP=self.HP, BK=self.BK, BV=self.BV, BS=self.BS,
+                IEEE=self.IEEE, PAGED=c.paged, num_warps=self.CONFIG["selwin"])
         return ns_sel, ns_win
 
     def combine(self, gates, out, do_cmp: bool, ns_sel: int, ns_win: int) -> torch.Tensor:

@@ -101,7 +101,6 @@ class StaticDecoder:
         self.ar_sel = torch.arange(cfg.l_sel, device=dev)
         self.ar_w = torch.arange(cfg.w, device=dev)
         self.ar_l = torch.arange(cfg.l, device=dev)
-        self.bg = torch.arange(B * G, device=dev)[:, None]
         self.cos, self.sin = rope_table(self.cap, dk, module.rope_base, self.dtype, dev)
         self.refresh()
         self._graph = None
@@ -150,8 +149,9 @@ class StaticDecoder:
     def _append_torch(self, kc, vc, ks, vs, kw, vw) -> None:
         c, cfg = self.cache, self.cfg
         p1 = self.pos.view(1)
-        c.K_sel.index_copy_(2, p1, ks[:, :, None])
-        c.V_sel.index_copy_(2, p1, vs[:, :, None])
+        rows = c.sel_rows(p1).view(-1)  # [B*G]: row t of each (b, g), dense or paged
+        c.K_sel.view(-1, self.dk).index_copy_(0, rows, ks.reshape(-1, self.dk))
+        c.V_sel.view(-1, self.dv).index_copy_(0, rows, vs.reshape(-1, self.dv))
         sw = p1 % cfg.w
         c.K_win.index_copy_(2, sw, kw[:, :, None])
         c.V_win.index_copy_(2, sw, vw[:, :, None])
@@ -240,10 +240,10 @@ class StaticDecoder:
         c, cfg = self.cache, self.cfg
         B, G, ls = self.B, self.G, cfg.l_sel
         n = blk.shape[-1]
-        flat = (self.bg * self.NB + blk.view(B * G, n).clamp_min(0)).view(-1)
-        K = c.K_sel.view(B * G * self.NB, ls * self.dk).index_select(0, flat).view(B, G, n * ls, self.dk)
-        V = c.V_sel.view(B * G * self.NB, ls * self.dv).index_select(0, flat).view(B, G, n * ls, self.dv)
         tok = blk[..., None] * ls + self.ar_sel  # [B, G, n, ls]
+        rows = c.sel_rows(tok.clamp_min(0).view(B, G, n * ls)).view(-1)  # dense or paged
+        K = c.K_sel.view(-1, self.dk).index_select(0, rows).view(B, G, n * ls, self.dk)
+        V = c.V_sel.view(-1, self.dv).index_select(0, rows).view(B, G, n * ls, self.dv)
         valid = ((blk[..., None] >= 0) & (tok <= self.pos)).view(B, G, 1, n * ls)
         o, _ = self._attend(q.view(B, G, self.h, self.dk), K, V, valid)
         return o

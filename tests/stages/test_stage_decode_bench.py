@@ -131,3 +131,15 @@ def test_option_parsers():
     with pytest.raises(ValueError, match="not one of"):
         opt["--impl"].convert("cuda")
     assert DecodeBench.name == "decode-bench" and DecodeBench.order == 60
+
+
+@pytest.mark.parametrize("fill", ["prefill", "random"])
+def test_paged_cache_option(tmp_path, fill):
+    """--page-size: the step runs over a paged raw KV cache (block table); counters, parity and the
+    shares' partition hold as for the dense cache."""
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[2], iters=1, warmup=0, fill=fill, page_size=16))
+    assert res.status == Status.PASS, res.reason
+    df = pd.read_csv(tmp_path / "decode.csv")
+    assert df.impl.tolist() == ["torch/paged16"] and df.fill.tolist() == [fill]
+    assert df.share_sum.iloc[0] == pytest.approx(100.0, abs=1e-6)
+    assert df.parity_rel_err.iloc[0] <= df.parity_tol.iloc[0]
