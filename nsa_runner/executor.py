@@ -4,12 +4,17 @@ The child is ``python -m nsa_runner._worker JOB RESULT`` in a new session (its o
 group), cwd = the run folder, stdout+stderr -> ``logs/<stage>.log``. Outcomes:
 
 - the child wrote a result            -> that StageResult (declared files are checked)
-- it ran past its timeout             -> TIMEOUT; the whole process group is killed
+- it ran past its timeout             -> TIMEOUT; the stage's processes are killed as a tree
 - it died (signal, abort, exit != 0)  -> ERROR with the signal / exit code and the log tail
 - Ctrl-C in the parent                -> the child's group is killed, the stage is recorded as
                                          ERROR "interrupted", and KeyboardInterrupt propagates
 
 A stage whose requirements are unmet is recorded as SKIP without spawning anything.
+
+Whatever way the stage ends (PASS too), nothing it started outlives it: every process carrying
+its cookie, ``setsid`` grandchildren included, is killed (``_worker.kill_processes``); a second
+Ctrl-C during the grace period goes straight to SIGKILL; a watchdog process and the parent-death
+signal stop the stage if this runner is killed (``_worker`` docstring).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_two_stage_commands_at_once_into_one_run_lose_no_record(plugins, tmp_pat
 def test_many_oneshots_at_once_into_one_out_all_succeed_in_distinct_folders(plugins, tmp_path, spawn):
     env = make(plugins)
     out = tmp_path / "out"
-    n = 6
+    n = 4
     procs = [spawn(cli_cmd("oneshot", "--out", out, "--only", "x", "--device", "cpu"), env=env,
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
     results = [(p.communicate(timeout=240), p.returncode) for p in procs]
