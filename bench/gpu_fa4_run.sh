@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FA-4 on the GPU, device call 2 of 2 (after bench/gpu_fa4_install.sh on the same warm machine):
-#   carry: [".devcarry/fa4"]        command: OUT=$OUT bash bench/gpu_fa4_run.sh    (timeout_s 600)
+#   carry: [".devcarry/fa4"]        command: bash bench/gpu_fa4_run.sh    (timeout_s 600; $OUT is set there)
 # 1. installs the small wheels (.devcarry/fa4, from bench/prepare_fa4.sh) into a fresh
 #    /tmp/site and copies call 1's libs in; PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/
 #    dsl_packages (pip --target skips the wheel's .pth that would add the second one);
@@ -36,7 +36,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/nsa_install
   || { echo "pip install -e . failed:"; tail -5 /tmp/nsa_install.log; }
 step "fa4_check"
 # its own JIT cache folder, so that fa2-probe below starts cold (its wall_s shows a fresh pod's cost)
-FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4_jit_check timeout 170 python3 - >> "$OUT/fa4_check.txt" 2>&1 <<'PY'
+FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4_jit_check timeout 150 python3 - >> "$OUT/fa4_check.txt" 2>&1 <<'PY'
 import time, torch
 from nsa_core.config import NSAConfig
 from nsa_core.compression import fast as cmp_fast, reference as cmp_ref
@@ -127,10 +127,11 @@ for name, fn in cands.items():
 PY
 echo "fa4_check rc=$?" >> "$OUT/fa4_check.txt"; cat "$OUT/fa4_check.txt"
 step "env-pairing"
-timeout 90 python3 -m nsa_runner.cli stage env-pairing --device cuda --out "$ART" > "$OUT/stages.log" 2>&1
+timeout 60 python3 -m nsa_runner.cli stage env-pairing --device cuda --out "$ART" > "$OUT/stages.log" 2>&1
 echo "env-pairing rc=$?" >> "$OUT/stages.log"
 step "fa2-probe --profile full"
-timeout 330 python3 -m nsa_runner.cli stage fa2-probe --device cuda --profile full --out "$ART" --thresholds none \
+LEFT=$(( 580 - ($(date +%s) - S0) ))  # the call's limit is 600 s: leave time to copy the files back
+timeout $LEFT python3 -m nsa_runner.cli stage fa2-probe --device cuda --profile full --out "$ART" --thresholds none \
   >> "$OUT/stages.log" 2>&1
 echo "fa2-probe rc=$? after $(( $(date +%s) - S0 )) s" >> "$OUT/stages.log"
 for f in env.txt fa2_probe.txt fa2_probe.json fa2_varlen.csv fa2_bench.csv; do
