@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -18,8 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
-from nsa_runner.artifacts import load_manifest
+if not torch.cuda.is_available():  # before triton is imported (other modules' in-process kernels need it)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from nsa_runner.artifacts import load_manifest  # noqa: E402
 
 pytest.importorskip("triton", reason="the parity stages need triton (the interpreter on CPU)")
 
