@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/bench_decode.py stage --out DIR [--impl triton] [--S-list 4k,64k] ...
     PYTHONPATH=. python bench/bench_decode.py profile --S 65536 --B 16 [--impl triton]
+    PYTHONPATH=. python bench/bench_decode.py table RUN_DIR [RUN_DIR ...]     # the issue-14 table
 
 ``stage`` runs ``stages.decode_bench.DecodeBench`` exactly as ``nsa-run stage decode-bench``
 would (same options, device defaults), writing into DIR. ``profile`` fills a cache directly
@@ -120,6 +121,52 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+# issue 14's targets (H100, ratios within one run): (S, B, column, minimum)
+TARGETS = [(65536, 16, "speedup", 8.0), (8192, 1, "speedup", 1.2), (65536, 1, "speedup", 4.0),
+           (65536, 16, "GB/s", 2200.0)]
+
+
+def cmd_table(args) -> int:
+    """The issue-14 table from decode-bench outputs (decode.csv, found below each folder given):
+    S, B, NSA attn, full attn, speedup, effective bandwidth, the shares of the step (one profiled
+    pass partitioned, sum = 100%), and the targets met or not, per implementation."""
+    import pandas as pd
+
+    frames = []
+    for d in args.dirs:
+        for f in sorted(Path(d).rglob("decode.csv")):
+            df = pd.read_csv(f)
+            df["source"] = str(f.parent)
+            frames.append(df)
+    if not frames:
+        print(f"no decode.csv below {args.dirs}")
+        return 1
+    df = pd.concat(frames, ignore_index=True)
+    print("| impl | S | B | NSA attn µs | full attn µs (backend) | speedup | NSA eff. BW GB/s | full GB/s | "
+          "step µs | shares cmp / sel / win / shared / other / remainder = sum (%) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for _, r in df.sort_values(["impl", "B", "S"]).iterrows():
+        parts = ("cmp", "sel", "win", "shared", "other", "remainder")
+        shares = " / ".join(f"{r[f'share_{k}']:.1f}" for k in parts)
+        print(f"| {r.impl} | {r.S} | {r.B} | {r.ms_attn * 1e3:.1f} | {r.ms_full * 1e3:.1f} "
+              f"({r.full_backend}) | {r.speedup:.2f}x | {r['GB/s']:.0f} | {r['GB/s_full']:.0f} | "
+              f"{r.ms_step * 1e3:.1f} | "
+              f"{shares} = {r.share_sum:.1f} |")
+    print()
+    for impl, g in df.groupby("impl"):
+        for S, B, col, want in TARGETS:
+            row = g[(g.S == S) & (g.B == B)]
+            if row.empty:
+                print(f"{impl}: S={S} B={B} {col} >= {want}: not measured")
+                continue
+            got = float(row[col].iloc[0])
+            print(f"{impl}: S={S} B={B} {col} >= {want}: {got:.2f} -> {'MET' if got >= want else 'not met'}")
+        crossing = g[(g.B == 1) & (g.speedup > 1.0)].S.min()
+        print(f"{impl}: B=1, NSA attn faster than full attention from S = {crossing} on "
+              f"(of {sorted(g[g.B == 1].S.tolist())})")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -129,7 +176,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("profile", help="torch.profiler kernel table of the eager static step (CUDA)")
     p.add_argument("--S", type=int, default=65536)
     p.add_argument("--B", type=int, default=16)
-    p.add_argument("--impl", default="triton", choices=("torch", "triton"))
+    p.add_argument("--impl", default="triton", choices=("torch", "triton", "fused"))
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--G", type=int, default=4)
     p.add_argument("--h", type=int, default=16)
@@ -144,7 +191,11 @@ def main(argv=None) -> int:
     w.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     w.add_argument("--full-chunks", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     w.add_argument("--iters", type=int, default=100)
+    t = sub.add_parser("table", help="the issue-14 table from decode-bench outputs (decode.csv below DIRS)")
+    t.add_argument("dirs", nargs="+")
     args, extra = ap.parse_known_args(argv)
+    if args.cmd == "table":
+        return cmd_table(args)
     if args.cmd == "sweep":
         return cmd_sweep(args)
     if args.cmd == "stage":

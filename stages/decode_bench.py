@@ -428,8 +428,8 @@ class DecodeBench(Stage):
         Option("--dim", _pos, None, "model dim (default CUDA 2048, CPU 64)"),
         Option("--nsa", parse_nsa, None, "geometry, e.g. l=32,d=16,l_sel=64,n_sel=16,w=512 (default CUDA: paper; "
                "CPU: l=16,d=8,l_sel=32,n_sel=8,w=128)"),
-        Option("--impl", str, "auto", "decode step implementation (auto: triton on CUDA, torch on CPU)",
-               choices=("auto", "torch", "triton")),
+        Option("--impl", str, "auto", "decode step implementation (auto: triton on CUDA, torch on CPU; fused: the "
+               "attention part in two Triton launches)", choices=("auto", "torch", "triton", "fused")),
         Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
                f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),
         Option("--page-size", _nonneg, 0, "paged raw KV cache with this many tokens per page (block table, "
@@ -458,11 +458,12 @@ class DecodeBench(Stage):
             raise ValueError(f"decode-bench: every S in --S-list must be >= 2, got {o['S_list']}")
         if o["impl"] == "auto":
             o["impl"] = "triton" if dev == "cuda" and _triton_ok() else "torch"
-        if o["impl"] == "triton" and dev == "cpu":
+        if o["impl"] in ("triton", "fused") and dev == "cpu":
             import os
 
             if os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError("decode-bench: --impl triton on CPU needs TRITON_INTERPRET=1 (the executor sets it)")
+                raise ValueError(f"decode-bench: --impl {o['impl']} on CPU needs TRITON_INTERPRET=1 "
+                                 "(the executor sets it)")
         if o["impl"] == "triton" and o["dtype"] not in DTYPES:
             raise ValueError("decode-bench: --impl triton supports fp32/fp16/bf16")
         o["graphs"] = o.get("graphs", "on") in ("on", True)

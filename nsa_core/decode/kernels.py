@@ -62,6 +62,33 @@ def _group_query(Q, s_qb, POS, G: tl.constexpr, H: tl.constexpr, DK: tl.constexp
 
 
 @triton.jit
+def _load_q(Q, s_qb, b, g, oh, mh, H: tl.constexpr, DK: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr):
+    """The group's h query rows split along the key dim: q0 [HP, DK0] (columns 0..DK0-1) and, when
+    BK1 > 0, q1 [HP, BK1] (columns DK0..): dk = 192 is 128 + 64, no padding to 256."""
+    o0 = tl.arange(0, DK0)
+    base = Q + b * s_qb + (g * H + oh)[:, None] * DK
+    q0 = tl.load(base + o0[None, :], mask=mh[:, None] & (o0 < DK)[None, :], other=0.0)
+    q1 = q0
+    if BK1 > 0:
+        o1 = DK0 + tl.arange(0, BK1)
+        q1 = tl.load(base + o1[None, :], mask=mh[:, None] & (o1 < DK)[None, :], other=0.0)
+    return q0, q1
+
+
+@triton.jit
+def _qk(q0, q1, KB, rows, mrow, DK: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr, IEEE: tl.constexpr):
+    """q . k for the key rows ``rows`` of KB ([HP, len(rows)]), the key dim in the two parts of _load_q."""
+    o0 = tl.arange(0, DK0)
+    k0 = tl.load(KB + rows[:, None] * DK + o0[None, :], mask=mrow[:, None] & (o0 < DK)[None, :], other=0.0)
+    sc = _dot(q0, tl.trans(k0), IEEE)
+    if BK1 > 0:
+        o1 = DK0 + tl.arange(0, BK1)
+        k1 = tl.load(KB + rows[:, None] * DK + o1[None, :], mask=mrow[:, None] & (o1 < DK)[None, :], other=0.0)
+        sc += _dot(q1, tl.trans(k1), IEEE)
+    return sc
+
+
+@triton.jit
 def _num_cmp(pos, L: tl.constexpr, STRIDE: tl.constexpr):
     """Compressed tokens visible at position pos: 0 if pos + 1 < l else (pos + 1 - l) // d + 1."""
     s = pos + 1
@@ -88,73 +115,98 @@ def _sel_rows(TBL, s_tbl, b, g, bg64, kpos, CAP, PS, G: tl.constexpr, PAGED: tl.
 
 
 @triton.jit
+def _emits(pos, L: tl.constexpr, STRIDE: tl.constexpr):
+    """(does a compressed block complete at pos, its index (pos + 1 - l) // d)."""
+    return (pos + 1 >= L) & ((pos + 1 - L) % STRIDE == 0), (pos + 1 - L) // STRIDE
+
+
+@triton.jit
+def _ring_mean(R, new, pos, bg64, od, md, D: tl.constexpr, L: tl.constexpr, BL: tl.constexpr):
+    """phi = avg of the block ending at pos: the raw ring's l-1 other slots plus the new token (fp32).
+    Slot pos % l is not read (the new token comes from ``new``), so it may be rewritten meanwhile."""
+    rows = tl.arange(0, BL)
+    mr = (rows < L) & (rows != pos % L)
+    blk = tl.load(R + (bg64 * L + rows[:, None]) * D + od[None, :], mask=mr[:, None] & md[None, :],
+                  other=0.0).to(tl.float32)
+    return (tl.sum(blk, 0) + new.to(tl.float32)) / L
+
+
+@triton.jit
+def _append_token(pos, b, g, bg64, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                  K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                  G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
+                  STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr,
+                  PAGED: tl.constexpr):
+    """Token pos of (b, g) -> K_sel/V_sel row, window ring slot pos % w, raw ring slot pos % l; with
+    AVG also the compressed token that completes at pos (masked by the emit condition)."""
+    row = _sel_rows(TBL, s_tbl, b, g, bg64, pos, CAP, PS, G, PAGED)
+    _put(KS, s_ks, b, g, K_SEL, row, DK, BK)
+    _put(VS, s_vs, b, g, V_SEL, row, DV, BV)
+    _put(KW, s_kw, b, g, K_WIN, bg64 * W + pos % W, DK, BK)
+    _put(VW, s_vw, b, g, V_WIN, bg64 * W + pos % W, DV, BV)
+    _put(KC, s_kc, b, g, K_RAW, bg64 * L + pos % L, DK, BK)
+    _put(VC, s_vc, b, g, V_RAW, bg64 * L + pos % L, DV, BV)
+    if AVG:
+        emit, ci = _emits(pos, L, STRIDE)
+        if emit:
+            _store_cmp_token(K_CMP, V_CMP, K_RAW, V_RAW, KC, VC, s_kc, s_vc, b, g, pos, bg64, ci, CCAP, DK, DV, L,
+                             BK, BV, BL)
+
+
+@triton.jit
+def _new_vec(X, s_x, b, g, D: tl.constexpr, BD: tl.constexpr):
+    """The new token's vector of (b, g) from X [B, G, D] (batch stride s_x) -> (values, offsets, mask)."""
+    od = tl.arange(0, BD)
+    md = od < D
+    return tl.load(X + b * s_x + g * D + od, mask=md), od, md
+
+
+@triton.jit
+def _put(X, s_x, b, g, DST, row, D: tl.constexpr, BD: tl.constexpr):
+    """The new token's vector of (b, g) -> row ``row`` of DST [*, D]."""
+    x, od, md = _new_vec(X, s_x, b, g, D, BD)
+    tl.store(DST + row * D + od, x, mask=md)
+
+
+@triton.jit
+def _store_cmp_token(K_CMP, V_CMP, K_RAW, V_RAW, KC, VC, s_kc, s_vc, b, g, pos, bg64, ci, CCAP, DK: tl.constexpr,
+                     DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr):
+    """Compressed token ci = avg of the block ending at pos (new token from KC / VC) -> K_cmp/V_cmp row ci."""
+    kc, ok, mk = _new_vec(KC, s_kc, b, g, DK, BK)
+    vc, ov, mv = _new_vec(VC, s_vc, b, g, DV, BV)
+    mean_k = _ring_mean(K_RAW, kc, pos, bg64, ok, mk, DK, L, BL)
+    mean_v = _ring_mean(V_RAW, vc, pos, bg64, ov, mv, DV, L, BL)
+    tl.store(K_CMP + (bg64 * CCAP + ci) * DK + ok, mean_k.to(K_CMP.dtype.element_ty), mask=mk)
+    tl.store(V_CMP + (bg64 * CCAP + ci) * DV + ov, mean_v.to(V_CMP.dtype.element_ty), mask=mv)
+
+
+@triton.jit
 def _append_kernel(POS, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
                    K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
                    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
                    STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr,
                    PAGED: tl.constexpr):
     bg = tl.program_id(0)
-    b = bg // G
-    g = bg % G
-    bg64 = bg.to(tl.int64)
-    pos = tl.load(POS).to(tl.int64)
-    ok = tl.arange(0, BK)
-    ov = tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    kc = tl.load(KC + b * s_kc + g * DK + ok, mask=mk)
-    vc = tl.load(VC + b * s_vc + g * DV + ov, mask=mv)
-    ks = tl.load(KS + b * s_ks + g * DK + ok, mask=mk)
-    vs = tl.load(VS + b * s_vs + g * DV + ov, mask=mv)
-    kw = tl.load(KW + b * s_kw + g * DK + ok, mask=mk)
-    vw = tl.load(VW + b * s_vw + g * DV + ov, mask=mv)
-    row = _sel_rows(TBL, s_tbl, b, g, bg64, pos, CAP, PS, G, PAGED)
-    tl.store(K_SEL + row * DK + ok, ks, mask=mk)
-    tl.store(V_SEL + row * DV + ov, vs, mask=mv)
-    sw = pos % W
-    tl.store(K_WIN + (bg64 * W + sw) * DK + ok, kw, mask=mk)
-    tl.store(V_WIN + (bg64 * W + sw) * DV + ov, vw, mask=mv)
-    sl = pos % L
-    tl.store(K_RAW + (bg64 * L + sl) * DK + ok, kc, mask=mk)
-    tl.store(V_RAW + (bg64 * L + sl) * DV + ov, vc, mask=mv)
-    if AVG:
-        emit = (pos + 1 >= L) & ((pos + 1 - L) % STRIDE == 0)
-        if emit:
-            rows = tl.arange(0, BL)
-            mr = (rows < L) & (rows != sl)  # the ring's other l-1 tokens; slot sl is the new one
-            bk = tl.load(K_RAW + (bg64 * L + rows[:, None]) * DK + ok[None, :], mask=mr[:, None] & mk[None, :],
-                         other=0.0).to(tl.float32)
-            bv = tl.load(V_RAW + (bg64 * L + rows[:, None]) * DV + ov[None, :], mask=mr[:, None] & mv[None, :],
-                         other=0.0).to(tl.float32)
-            ci = (pos + 1 - L) // STRIDE
-            mean_k = (tl.sum(bk, 0) + kc.to(tl.float32)) / L
-            mean_v = (tl.sum(bv, 0) + vc.to(tl.float32)) / L
-            tl.store(K_CMP + (bg64 * CCAP + ci) * DK + ok, mean_k.to(K_CMP.dtype.element_ty), mask=mk)
-            tl.store(V_CMP + (bg64 * CCAP + ci) * DV + ov, mean_v.to(V_CMP.dtype.element_ty), mask=mv)
+    _append_token(tl.load(POS).to(tl.int64), bg // G, bg % G, bg.to(tl.int64), KC, VC, KS, VS, KW, VW,
+                  s_kc, s_vc, s_ks, s_vs, s_kw, s_vw, K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP,
+                  CAP, CCAP, TBL, s_tbl, PS, G, DK, DV, W, L, STRIDE, BK, BV, BL, AVG, PAGED)
 
 
 @triton.jit
-def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCAP, qk_scale,
-                        G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                        L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, BT: tl.constexpr, CH, NCH,
-                        DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
-    c = tl.program_id(1)
-    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
-    nvis = _num_cmp(pos, L, STRIDE)
+def _cmp_chunk(q0, q1, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, CCAP, NCH, qk_scale, oh, ov, mh, mv,
+               DK: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr,
+               BV: tl.constexpr, BT: tl.constexpr, DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
+    """Chunk c = compressed tokens lo..hi-1 of row bg: online-softmax stats (m, l) per head, the partial
+    o_cmp (DO_O) and the logits (DO_LOGITS, log2 domain) -> M_P / L_P / ACC_P row bg * NCH + c, LOGITS."""
     ot = tl.arange(0, BT)
     m_i = tl.full([HP], NEG, dtype=tl.float32)
     l_i = tl.zeros([HP], dtype=tl.float32)
     acc = tl.zeros([HP, BV], dtype=tl.float32)
-    lo = c.to(tl.int64) * CH
-    hi = tl.minimum(lo + CH, nvis)
-    k_base = K_CMP + bg64 * CCAP * DK
-    v_base = V_CMP + bg64 * CCAP * DV
     for t0 in range(lo, hi, BT):
         n_off = t0 + ot
         mn = n_off < hi
-        kb = tl.load(k_base + n_off[:, None] * DK + ok[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-        sc = _dot(q, tl.trans(kb), IEEE)
+        rows = bg64 * CCAP + n_off
+        sc = _qk(q0, q1, K_CMP, rows, mn, DK, DK0, BK1, IEEE)
         sc = tl.where(mn[None, :], sc * qk_scale, float("-inf"))
         if DO_LOGITS:
             tl.store(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + n_off[None, :], sc, mask=mh[:, None] & mn[None, :])
@@ -163,7 +215,7 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
         p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if DO_O:
-            vb = tl.load(v_base + n_off[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
+            vb = tl.load(V_CMP + rows[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
             acc = acc * alpha[:, None] + _dot(p, vb, IEEE)
         m_i = m_new
     row = bg64 * NCH + c
@@ -174,44 +226,60 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
 
 
 @triton.jit
-def _cmp_probs_kernel(POS, M_P, L_P, LOGITS, PSUM, CCAP, CH, NCH,
-                      H: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr,
-                      BC: tl.constexpr):
-    """P[i] = sum over the group's heads of softmax_i (Eq. 10) for the tokens of chunk c."""
-    bg = tl.program_id(0)
+def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCAP, qk_scale,
+                        G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr, BT: tl.constexpr, CH, NCH,
+                        DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
     c = tl.program_id(1)
-    bg64 = bg.to(tl.int64)
-    pos, nvis = _cmp_visible(POS, L, STRIDE)
+    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
+    lo = c.to(tl.int64) * CH
+    hi = tl.minimum(lo + CH, _num_cmp(pos, L, STRIDE))
+    _cmp_chunk(q, q, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, CCAP, NCH, qk_scale, oh, ov, mh, mv,
+               DK, DV, HP, BK, 0, BV, BT, DO_O, DO_LOGITS, IEEE)
+
+
+@triton.jit
+def _probs_rows(M_P, L_P, LOGITS, PSUM, bg64, lo, hi, CCAP, NCH, H: tl.constexpr, HP: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr):
+    """P[i] = sum over the group's heads of softmax_i (Eq. 10) for compressed tokens lo..hi-1 of row bg,
+    normalised with the merged stats of all NCH chunks -> PSUM. Reads other programs' results (.cg)."""
     oh = tl.arange(0, HP)
     oc = tl.arange(0, BC)
     mh = oh < H
     rows = bg64 * NCH + oc
     mc = oc < NCH
-    Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG)  # [BC, HP]
-    Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0)
+    Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG, cache_modifier=".cg")
+    Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0, cache_modifier=".cg")
     Mh = tl.max(Mp, 0)
     Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
     invZ = tl.where((Z > 0.0) & mh, 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
     ot = tl.arange(0, BT)
-    lo = c.to(tl.int64) * CH
-    hi = tl.minimum(lo + CH, nvis)
     for i0 in range(lo, hi, BT):
         ii = i0 + ot
         mi = ii < hi
         lg = tl.load(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + ii[None, :], mask=mh[:, None] & mi[None, :],
-                     other=float("-inf"))
+                     other=float("-inf"), cache_modifier=".cg")
         pr = tl.exp2(lg - Mh[:, None]) * invZ[:, None]
         tl.store(PSUM + bg64 * CCAP + ii, tl.sum(pr, 0), mask=mi)
 
 
 @triton.jit
-def _select_kernel(POS, PSUM, BLK, CCAP, NB,
-                   L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr,
-                   A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr):
-    """Block scores (Eq. 9: sum_{m<a} sum_{n<b} P[j*a + m - n]) and top-n (Eq. 11) -> BLK [b*g, n]."""
-    bg = tl.program_id(0)
-    bg64 = bg.to(tl.int64)
+def _cmp_probs_kernel(POS, M_P, L_P, LOGITS, PSUM, CCAP, CH, NCH,
+                      H: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr,
+                      BC: tl.constexpr):
+    """P of the tokens of chunk c (one program per (b*g, chunk))."""
+    c = tl.program_id(1)
     pos, nvis = _cmp_visible(POS, L, STRIDE)
+    lo = c.to(tl.int64) * CH
+    _probs_rows(M_P, L_P, LOGITS, PSUM, tl.program_id(0).to(tl.int64), lo, tl.minimum(lo + CH, nvis), CCAP, NCH, H,
+                HP, BT, BC)
+
+
+@triton.jit
+def _topn(pos, nvis, PSUM, BLK, bg64, CCAP, NB, LSEL: tl.constexpr, NSEL: tl.constexpr, A: tl.constexpr,
+          BQ: tl.constexpr, BNB: tl.constexpr):
+    """Block scores (Eq. 9: sum_{m<a} sum_{n<b} P[j*a + m - n]) and top-n (Eq. 11) of row bg -> BLK[bg, :]."""
     oj = tl.arange(0, BNB)
     sc = tl.zeros([BNB], dtype=tl.float32)
     for mm in tl.static_range(A):
@@ -238,13 +306,21 @@ def _select_kernel(POS, PSUM, BLK, CCAP, NB,
 
 
 @triton.jit
-def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl, PS,
-                   G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
-                   LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
-                   HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
-                   PAGED: tl.constexpr):
-    tile = tl.program_id(1)
-    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
+def _select_kernel(POS, PSUM, BLK, CCAP, NB,
+                   L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr,
+                   A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr):
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
+    _topn(pos, nvis, PSUM, BLK, tl.program_id(0).to(tl.int64), CCAP, NB, LSEL, NSEL, A, BQ, BNB)
+
+
+@triton.jit
+def _tile(q0, q1, tile, pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
+          TBL, s_tbl, PS, oh, ov, mv, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+          LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr, HP: tl.constexpr,
+          DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
+          PAGED: tl.constexpr):
+    """Tile ``tile`` of row bg: tiles 0..NS_SEL-1 are the selected blocks (raw tokens <= t), the next
+    ones the window ring (slots <= t) -> partial (m, l, o) at M_T / L_T / ACC_T row bg * NT + tile."""
     os_ = tl.arange(0, BS)
     if tile < NS_SEL:  # a selected block: raw tokens j*l_sel .. of it that are <= t
         j = tl.load(BLK + bg64 * NSEL + tile)
@@ -259,8 +335,7 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
         rows = bg64 * W + kpos
         k_base = K_WIN
         v_base = V_WIN
-    kb = tl.load(k_base + rows[:, None] * DK + ok[None, :], mask=m_s[:, None] & mk[None, :], other=0.0)
-    sc = _dot(q, tl.trans(kb), IEEE)
+    sc = _qk(q0, q1, k_base, rows, m_s, DK, DK0, BK1, IEEE)
     sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
     m = tl.maximum(tl.max(sc, 1), NEG)
     p = tl.exp2(sc - m[:, None])
@@ -273,39 +348,45 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
 
 
 @triton.jit
+def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl, PS,
+                   G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                   LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
+                   HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
+                   PAGED: tl.constexpr):
+    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
+    _tile(q, q, tl.program_id(1), pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
+          TBL, s_tbl, PS, oh, ov, mv, G, DK, DV, W, LSEL, NSEL, NS_SEL, NT, HP, BK, 0, BV, BS, IEEE, PAGED)
+
+
+@triton.jit
 def _merge(M_T, L_T, ACC_T, bg64, t0, NT, COUNT, ov, BCNT: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
            BVS: tl.constexpr):
     """Merge tiles t0 .. t0+COUNT-1 of row bg (row stride NT) -> normalised o [HP, len(ov)] for the
-    value columns ov (0 where nothing was visible)."""
+    value columns ov (0 where nothing was visible). Reads other programs' results (.cg)."""
     oh = tl.arange(0, HP)
     ot = tl.arange(0, BCNT)
     rows = bg64 * NT + t0 + ot
     mt = ot < COUNT
-    Mt = tl.load(M_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=NEG)
-    Lt = tl.load(L_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=0.0)
+    Mt = tl.load(M_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=NEG, cache_modifier=".cg")
+    Lt = tl.load(L_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=0.0, cache_modifier=".cg")
     Mh = tl.max(Mt, 0)
     Z = tl.sum(Lt * tl.exp2(Mt - Mh[None, :]), 0)
     acc = tl.zeros([HP, BVS], dtype=tl.float32)
     for i in range(0, COUNT):
         r = bg64 * NT + t0 + i
-        mrow = tl.load(M_T + r * HP + oh)
-        a = tl.load(ACC_T + (r * HP + oh[:, None]) * BV + ov[None, :])
+        mrow = tl.load(M_T + r * HP + oh, cache_modifier=".cg")
+        a = tl.load(ACC_T + (r * HP + oh[:, None]) * BV + ov[None, :], cache_modifier=".cg")
         acc += a * tl.exp2(mrow - Mh)[:, None]
     return acc / tl.where(Z > 0.0, Z, 1.0)[:, None]
 
 
 @triton.jit
-def _combine_kernel(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT,
-                    G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
-                    BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
-                    BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
-    """One program per (b*g, slice of BVS value columns): merge the compressed chunks (DO_CMP), the
-    selected-block tiles and the window tiles, weight by the gates (GATED; else 1) -> O [B, HQ, dv]."""
-    bg = tl.program_id(0)
-    vs = tl.program_id(1)
-    b = bg // G
-    g = bg % G
-    bg64 = bg.to(tl.int64)
+def _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b, g, bg64, vs,
+                   G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
+                   BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
+                   BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
+    """Value columns vs*BVS.. of row bg: merge the compressed chunks (DO_CMP), the selected-block tiles
+    and the window tiles, weight by the gates (GATED; else 1) -> O [B, HQ, dv]."""
     oh = tl.arange(0, HP)
     ov = vs * BVS + tl.arange(0, BVS)
     mh = oh < H
@@ -327,10 +408,122 @@ def _combine_kernel(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT,
     tl.store(O + rows[:, None] * DV + ov[None, :], o.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
 
 
+@triton.jit
+def _combine_kernel(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT,
+                    G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
+                    BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
+                    BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
+    """One program per (b*g, slice of BVS value columns)."""
+    bg = tl.program_id(0)
+    _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, bg // G, bg % G, bg.to(tl.int64),
+                   tl.program_id(1), G, H, DV, HP, BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, DO_CMP, GATED)
+
+
+# ---- the fused step: two launches (impl="fused") ------------------------------------------------
+# Each kernel's programs of one (b, g) row count themselves done on an atomic counter; the LAST
+# one of the row (acquire: it sees every other program's stores) does the row's serial tail
+# (kernel 1: probabilities + top-n; kernel 2: the merge + gates) and resets the counter, so the
+# next step (or graph replay) starts from 0. No program ever waits for another.
+
+@triton.jit
+def _last_of_row(COUNT, bg64, n):
+    """True in the program that finishes row bg last (of n); resets the row's counter there."""
+    tl.debug_barrier()  # every thread's stores of this program are issued before it counts itself
+    done = tl.atomic_add(COUNT + bg64, 1, sem="acq_rel")
+    tl.debug_barrier()  # the acquire of the counting thread precedes every thread's reads that follow
+    last = done == n - 1
+    if last:
+        tl.atomic_xchg(COUNT + bg64, 0)
+    return last
+
+
+@triton.jit
+def _fused_cmp_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                      K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                      LOGITS, M_P, L_P, ACC_P, PSUM, BLK, COUNT, NB, qk_scale, CH, NCH,
+                      G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                      L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr,
+                      A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr,
+                      BK1: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BT: tl.constexpr,
+                      BC: tl.constexpr, APPEND: tl.constexpr, AVG: tl.constexpr, IEEE: tl.constexpr,
+                      PAGED: tl.constexpr):
+    """Append (chunk 0; the compressed token that completes is written by the chunk that reads it),
+    the split-K compressed pass with logits, and in the row's last program the probabilities (Eq. 10)
+    and top-n (Eqs. 9, 11). Grid (B*G, NCH)."""
+    bg = tl.program_id(0)
+    c = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    nvis = _num_cmp(pos, L, STRIDE)
+    lo = c.to(tl.int64) * CH
+    hi = tl.minimum(lo + CH, nvis)
+    if APPEND:
+        if c == 0:
+            _append_token(pos, b, g, bg64, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                          K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                          G, DK, DV, W, L, STRIDE, BK, BV, BL, False, PAGED)
+        if AVG:
+            emit, ci = _emits(pos, L, STRIDE)
+            if emit & (ci >= lo) & (ci < hi):  # the one program that reads row ci in this kernel writes it
+                _store_cmp_token(K_CMP, V_CMP, K_RAW, V_RAW, KC, VC, s_kc, s_vc, b, g, pos, bg64, ci, CCAP, DK, DV, L,
+                                 BK, BV, BL)
+                tl.debug_barrier()
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    mv = ov < DV
+    q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+    _cmp_chunk(q0, q1, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, CCAP, NCH, qk_scale, oh, ov, mh, mv,
+               DK, DV, HP, DK0, BK1, BV, BT, True, True, IEEE)
+    if _last_of_row(COUNT, bg64, NCH):
+        _probs_rows(M_P, L_P, LOGITS, PSUM, bg64, 0, nvis, CCAP, NCH, H, HP, BT, BC)
+        tl.debug_barrier()
+        _topn(pos, nvis, PSUM, BLK, bg64, CCAP, NB, LSEL, NSEL, A, BQ, BNB)
+
+
+@triton.jit
+def _fused_tiles_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl,
+                        PS, M_P, L_P, ACC_P, GATES, s_gb, O, NCH, COUNT,
+                        G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                        LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
+                        NT: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr,
+                        BVS: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr, BSEL: tl.constexpr,
+                        BWIN: tl.constexpr, IEEE: tl.constexpr, PAGED: tl.constexpr):
+    """The selected-block and window tiles, and in the row's last program the merge of every chunk and
+    tile with the gates (Eq. 5) -> O. Grid (B*G, NS_SEL + NS_WIN)."""
+    bg = tl.program_id(0)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    mv = ov < DV
+    q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+    _tile(q0, q1, tl.program_id(1), pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
+          TBL, s_tbl, PS, oh, ov, mv, G, DK, DV, W, LSEL, NSEL, NS_SEL, NT, HP, DK0, BK1, BV, BS, IEEE, PAGED)
+    if _last_of_row(COUNT, bg64, NS_SEL + NS_WIN):
+        for vs in tl.static_range(BV // BVS):
+            _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b, g, bg64, vs, G, H, DV, HP,
+                           BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, True, True)
+
+
 # ---- host side --------------------------------------------------------------------------------
 
 def _p2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(max(1, n)))
+
+
+def split_dk(dk: int) -> tuple[int, int]:
+    """Key dim of the fused kernels' dots as two power-of-two parts (DK0, BK1): dk = 192 -> (128, 64),
+    no padding to 256; a power of two (or dk <= 16) -> (p2(dk, 16), 0), one part."""
+    if dk <= 16 or dk & (dk - 1) == 0:
+        return _p2(dk, 16), 0
+    hi = 1 << (dk.bit_length() - 1)
+    return hi, _p2(dk - hi, 16)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -367,7 +560,8 @@ class Workspace:
     warps: num_warps per kernel, overriding CONFIG for this workspace (measurement).
     """
 
-    CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4}  # num_warps
+    CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
+              "fused_cmp": 4, "fused_tiles": 4}
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None):
         cfg = dec.cfg
@@ -397,6 +591,8 @@ class Workspace:
         self.l_t = torch.empty(self.BG, self.NT, self.HP, **f32)
         self.acc_t = torch.empty(self.BG, self.NT, self.HP, self.BV, **f32)
         self.qk_scale = dec.scale * LOG2E
+        self.DK0, self.BK1 = split_dk(dec.dk)
+        self.count = torch.zeros(2, self.BG, dtype=torch.int32, device=dev)  # fused: programs done per row
 
     # ---- launches ------------------------------------------------------------------------------
     def paging(self) -> tuple:
@@ -467,6 +663,38 @@ class Workspace:
             self.NT, G=d.G, H=d.h, DV=d.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=ns_sel,
             NS_WIN=ns_win, BSEL=_p2(max(ns_sel, 1)), BWIN=_p2(max(ns_win, 1)), DO_CMP=do_cmp, GATED=True,
             num_warps=self.CONFIG["combine"])
+        return out
+
+    def fused(self, q, kc, vc, ks, vs, kw, vw, gates, out) -> torch.Tensor:
+        """The attention part of a step in two launches (append + compressed pass + top-n; tiles +
+        merge + gates) -> out [B, HQ, dv]. With phi="mlp" the append and the torch phi run first."""
+        d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
+        self._check_q(q)
+        for t in (kc, vc, ks, vs, kw, vw):
+            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+                raise ValueError(f"fused: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
+                                 f"{t.stride()}")
+        if gates.stride(2) != 1 or gates.stride(1) != 3:
+            raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
+        avg = d.m.phi_k is None
+        if not avg:  # a learned phi runs in torch between the append and the compressed pass
+            self.append(kc, vc, ks, vs, kw, vw)
+        _fused_cmp_kernel[(self.BG, self.NCH)](
+            d.pos, q, q.stride(0), kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0),
+            kw.stride(0), vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp, d.cap,
+            d.ccap, *self.paging(), self.logits, self.m_p, self.l_p, self.acc_p, self.psum, d.blk, self.count[0],
+            d.NB, self.qk_scale, self.CH, self.NCH, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d,
+            LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d, BNB=_p2(d.NB), HP=self.HP,
+            DK0=self.DK0, BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=self.BT, BC=_p2(self.NCH),
+            APPEND=avg, AVG=avg, IEEE=self.IEEE, PAGED=c.paged, num_warps=self.CONFIG["fused_cmp"])
+        ns_sel, ns_win = cfg.n_sel, self.NS_WIN
+        _fused_tiles_kernel[(self.BG, ns_sel + ns_win)](
+            d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t, d.cap,
+            self.qk_scale, *self.paging(), self.m_p, self.l_p, self.acc_p, gates, gates.stride(0), out, self.NCH,
+            self.count[1], G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel, NSEL=cfg.n_sel, NS_SEL=ns_sel,
+            NS_WIN=ns_win, NT=self.NT, HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV, BVS=self.BVS, BS=self.BS,
+            BC=_p2(self.NCH), BSEL=_p2(ns_sel), BWIN=_p2(ns_win), IEEE=self.IEEE, PAGED=c.paged,
+            num_warps=self.CONFIG["fused_tiles"])
         return out
 
     def branches(self, q, gates, out, cmp: bool = True, slc: bool = True, win: bool = True) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 from nsa_core.decode.cache import NSACache, read_counts
 from nsa_core.decode.labels import scope as _scope
 
-IMPLS = ("torch", "triton")
+IMPLS = ("torch", "triton", "fused")  # fused: the attention part in two Triton launches (kernels.py)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -72,11 +72,11 @@ class StaticDecoder:
                  chunk: int | None = None, warps: dict | None = None):
         if impl not in IMPLS:
             raise ValueError(f"StaticDecoder: impl must be one of {IMPLS}, got {impl!r}")
-        if impl == "triton" and cache.device.type == "cpu":
+        if impl in ("triton", "fused") and cache.device.type == "cpu":
             import os
 
             if os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError("StaticDecoder(impl='triton') on CPU needs TRITON_INTERPRET=1 set before triton "
+                raise ValueError(f"StaticDecoder(impl='{impl}') on CPU needs TRITON_INTERPRET=1 set before triton "
                                  "is imported")
         module._check_cache(torch.empty(cache.batch, 1, module.dim), cache)
         self.m, self.cache, self.cfg, self.impl = module, cache, module.cfg, impl
@@ -105,7 +105,7 @@ class StaticDecoder:
         self.refresh()
         self._graph = None
         self._tri = None
-        if impl == "triton":
+        if impl in ("triton", "fused"):
             from nsa_core.decode import kernels as _decode_triton
 
             self._tri = _decode_triton.Workspace(self, chunk=chunk, warps=warps)
@@ -292,6 +292,9 @@ class StaticDecoder:
     @torch.no_grad()
     def attn(self, q, kc, vc, ks, vs, kw, vw, gates) -> torch.Tensor:
         """The attention part of a step (append + three branches + gates) -> o [B, HQ, dv]."""
+        if self.impl == "fused":
+            with _scope("shared"):
+                return self._tri.fused(q, kc, vc, ks, vs, kw, vw, gates, self.o)
         self.append(kc, vc, ks, vs, kw, vw)
         return self.branches(q, gates)
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
-from nsa_runner.stage import Status
-from stages import decode_bench
-from stages.decode_bench import COLUMNS, DecodeBench
+if not torch.cuda.is_available():  # as the executor does: before triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from nsa_runner.stage import Status  # noqa: E402
+from stages import decode_bench  # noqa: E402
+from stages.decode_bench import COLUMNS, DecodeBench  # noqa: E402
 
 FILES = {"decode_bench.txt", "decode.csv", "decode_summary.txt", "decode.png"}
 
@@ -143,3 +148,15 @@ def test_paged_cache_option(tmp_path, fill):
     assert df.impl.tolist() == ["torch/paged16"] and df.fill.tolist() == [fill]
     assert df.share_sum.iloc[0] == pytest.approx(100.0, abs=1e-6)
     assert df.parity_rel_err.iloc[0] <= df.parity_tol.iloc[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU check")
+def test_fused_impl_runs_in_the_interpreter(tmp_path):
+    """--impl fused (two launches) on CPU: parity vs float64, counters, the partition sums to 100%."""
+    pytest.importorskip("triton")
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[1], iters=1, warmup=0, impl="fused",
+                                 profile_passes=1))
+    assert res.status == Status.PASS, res.reason
+    r = pd.read_csv(tmp_path / "decode.csv").iloc[0]
+    assert r.impl == "fused" and r.parity_rel_err <= r.parity_tol
+    assert r.share_sum == pytest.approx(100.0, abs=1e-6) and r.share_shared > 0
