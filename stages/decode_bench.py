@@ -4,7 +4,9 @@ read counters vs the formula (DESIGN §4, §5).
 For each cached length S and batch B: an NSA layer (``NSAAttention``) gets a context of S-1
 tokens (``--fill``: a real prefill through the module, or a direct fill of every cache with
 random data for long S — the output says which), then the step that decodes token S-1 (cached
-length S during the step) is measured with the static decoder (``nsa_core.decode.static``):
+length S during the step) is measured with the static decoder (``nsa_core.decode.static``;
+``--impl``: torch, triton = 6 launches, fused = the attention part in 2 launches;
+``--page-size``: the raw KV cache in pages behind a block table):
 
   step    the whole layer step: projections + RoPE + gate MLP, cache append (+ compression),
           the three branches, gated combine, output projection
