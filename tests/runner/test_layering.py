@@ -159,3 +159,52 @@ def _is_read_keys(tree, node) -> bool:
                 isinstance(t, ast.Name) and t.id == "READ_KEYS" for t in a.targets):
             return True
     return False
+
+
+WINDOW = 6  # consecutive statement lines: what `duplicates` (the review tool) calls a repeated run
+
+
+def _jit_bodies() -> dict[str, list[str]]:
+    """{module:function: normalised body lines} of every @triton.jit function in nsa_core (docstring,
+    blank and comment lines dropped, whitespace stripped)."""
+    out = {}
+    for m, path in MODULES.items():
+        if not m.startswith("nsa_core"):
+            continue
+        src = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(src))):
+            if not isinstance(node, ast.FunctionDef) or not any(
+                    "jit" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            body = node.body[1:] if (node.body and isinstance(node.body[0], ast.Expr)
+                                     and isinstance(getattr(node.body[0], "value", None), ast.Constant)) else node.body
+            lines = src[body[0].lineno - 1:node.end_lineno] if body else []
+            out[f"{m}:{node.name}"] = [x.strip() for x in lines if x.strip() and not x.strip().startswith("#")]
+    return out
+
+
+def _repeated_runs(bodies: dict[str, list[str]], window: int = WINDOW) -> list[str]:
+    seen: dict[tuple, str] = {}
+    bad = []
+    for name, lines in bodies.items():
+        for i in range(len(lines) - window + 1):
+            run = tuple(lines[i:i + window])
+            where = f"{name}+{i}"
+            if run in seen and not seen[run].startswith(name + "+"):
+                bad.append(f"{seen[run]} == {where}: {run[0]} ...")
+            seen.setdefault(run, where)
+    return bad
+
+
+def test_the_repeat_finder_finds_a_planted_copy():
+    body = [f"x{i} = y + {i}" for i in range(8)]
+    assert _repeated_runs({"a:f": body, "b:g": ["z = 1"] + body})
+    assert not _repeated_runs({"a:f": body, "b:g": body[:WINDOW - 1]})
+
+
+def test_no_kernel_body_is_repeated():
+    """Issue 17: the Triton kernels share @triton.jit helpers instead of repeating their bodies."""
+    bodies = _jit_bodies()
+    assert len(bodies) > 20, sorted(bodies)  # the scan sees the kernels
+    bad = _repeated_runs(bodies)
+    assert not bad, "kernel code repeated (move it into a shared @triton.jit helper): " + "; ".join(bad[:5])
