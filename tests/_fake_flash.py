@@ -40,9 +40,9 @@ def attend(q, k, v, scale, left, right):
     kd = k.double().permute(0, 2, 1, 3).repeat_interleave(rep, dim=1)
     vd = v.double().permute(0, 2, 1, 3).repeat_interleave(rep, dim=1)
     s = (qd @ kd.transpose(-1, -2)) * scale  # [B, H, Sq, Sk]
-    i = torch.arange(Sq)[:, None] + (Sk - Sq)
-    j = torch.arange(Sk)[None, :]
-    mask = torch.ones(Sq, Sk, dtype=torch.bool)
+    i = torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
+    j = torch.arange(Sk, device=q.device)[None, :]
+    mask = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
     if right is not None and right >= 0:
         mask &= j <= i + right
     if left is not None and left >= 0:
