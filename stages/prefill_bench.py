@@ -46,10 +46,15 @@ interpreter, so CI exercises it through the stage.
 **Baselines** (same T, dtype, B, HQ, G, head dims): full causal attention through SDPA's flash
 and cuDNN backends (GQA with ``enable_gqa``; K/V expanded to HQ heads outside the timing where a
 backend refuses it), flash-attn FA-2 / FA-3 when installed, on CPU SDPA's default; ``full-fastest``
-is the fastest of those per T and pass. ``fla`` (fla-core ``parallel_nsa`` with ``g_cmp``: its
-compression with l = l' = block size, top-k from its compressed lse, selection attention; its
-window branch needs flash-attn and is off) — a different NSA variant: no forced blocks, no
-sliding window, one K/V for every branch; timed for reference, not parity-checked.
+is the fastest of those per T and pass. ``fla`` (fla-core ``parallel_nsa`` through its adapter,
+``nsa_runner/impls/fla.py``: its compression with l = d = l' = block size, top-k from its
+compressed lse, selection attention; its window branch needs flash-attn and is off) — its
+comparable variant, not our workload: one K/V for every branch, l = d = l', no sliding window;
+timed for reference (its parity is checked by sanity / triton-fwd / triton-bwd with ``--impl fla``).
+Every implementation named by ``--impl`` (issue 15; ``nsa_runner.impls``) that provides
+``nsa_attention`` is timed the same way through its adapter (path = its name): on our exact
+workload when its constraints allow it, else on that comparable variant (said in the row's note);
+one that cannot run is named with the reason.
 
 Files: ``prefill.csv`` (one row per T, path, part and pass), ``prefill.txt`` (tables with speedups
 and parts-sum / whole, parity, settings, the replay command), ``prefill.png`` (ms vs T, log scale).
@@ -69,6 +74,7 @@ from types import SimpleNamespace
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 
+from . import _parity
 from . import _seed as seeds
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -430,18 +436,57 @@ def full_attention_fns(path: str, q, k, v, do):
     return fwd, fwdbwd, out_fn, note
 
 
-def fla_fns(ins, do, cfg):
-    """(fwd, fwd+bwd, note) for fla-core's parallel_nsa with its own compression + top-k + selection."""
-    import torch
-    from fla.ops.nsa import parallel_nsa
+def _peer_cases(B: int, T: int, HQ: int, G: int, dk: int, dv: int, cfg, device: str, dtype: str):
+    """(our exact workload, its comparable variant, the variant's cfg) as ``nsa_runner.impls.Case``:
+    the variant has one K/V for every branch, l = d = l' and the window gate 0."""
+    from nsa_core import NSAConfig
+    from nsa_runner.impls import Case
 
-    q, _, _, ks, vs, _, _, gates = ins
-    leaves = [x.detach().requires_grad_(True) for x in (q, ks, vs)]
-    g_cmp, g_slc = gates[..., 0].contiguous(), gates[..., 1].contiguous()
-    kw = dict(g_cmp=g_cmp, g_slc=g_slc, block_counts=cfg.n_sel, block_size=cfg.l_sel, window_size=0)
+    base = dict(B=B, T=T, HQ=HQ, G=G, dk=dk, dv=dv, dtype=dtype, device=device)
+    var_cfg = NSAConfig(l=cfg.l_sel, d=cfg.l_sel, l_sel=cfg.l_sel, n_sel=cfg.n_sel, w=cfg.w)
+    return Case(**base, cfg=cfg), Case(**base, cfg=var_cfg, shared_kv=True, window=False), var_cfg
+
+
+def peer_excluded(impl, *dims) -> str | None:
+    """Why an implementation times neither our workload nor its comparable variant (else None)."""
+    exact, variant, _ = _peer_cases(*dims)
+    why = impl.excluded(exact, "nsa_attention")
+    if why is None:
+        return None
+    why2 = impl.excluded(variant, "nsa_attention")
+    return None if why2 is None else f"{why}; its comparable variant: {why2.removeprefix(impl.name + ': ')}"
+
+
+def impl_fns(entry, ins, do, cfg, device: str, dtype: str):
+    """(fwd, fwd+bwd, note) for an implementation's ``nsa_attention`` through its adapter
+    (``nsa_runner.impls``; fla's: ``nsa_runner/impls/fla.py``). Our exact workload when its
+    constraints allow it; else its comparable variant (one K/V for every branch, l = d = l', window
+    gate 0), said in the note: NOT the same computation. ValueError naming why neither runs."""
+    import torch
+
+    impl = entry.impl
+    q, kc, vc, ks, vs, kw, vw, gates = ins
+    dims = (q.shape[0], q.shape[1], q.shape[2], ks.shape[2], q.shape[3], vs.shape[3], cfg, device, dtype)
+    exact, variant, var_cfg = _peer_cases(*dims)
+    why = impl.excluded(exact, "nsa_attention")
+    if why is None:
+        leaves = [x.detach().requires_grad_(True) for x in (q, kc, vc, ks, vs, kw, vw)]
+        args, run_cfg = (*leaves, gates), cfg
+        note = f"{entry.name} nsa_attention through its adapter: the same workload"
+    else:
+        miss = peer_excluded(impl, *dims)
+        if miss:
+            raise ValueError(miss)
+        g = gates.detach().clone()
+        g[..., 2] = 0
+        leaves = [x.detach().requires_grad_(True) for x in (q, ks, vs)]
+        args, run_cfg = (leaves[0], leaves[1], leaves[2], leaves[1], leaves[2], leaves[1], leaves[2], g), var_cfg
+        note = (f"{entry.name} nsa_attention through its adapter, its comparable variant (NOT the same workload: "
+                f"one K/V for every branch, l = d = l' = {var_cfg.l_sel}, n = {var_cfg.n_sel}, window off) as {why}")
+    part = impl.parts["nsa_attention"]
 
     def call():
-        return parallel_nsa(*leaves, **kw)
+        return part(*args, run_cfg)
 
     def fwd():
         with torch.no_grad():
@@ -452,11 +497,12 @@ def fla_fns(ins, do, cfg):
 
     with torch.no_grad():
         out = call()
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(do.shape):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{entry.name} nsa_attention returned shape {got}, want {tuple(do.shape)}")
     if not bool(torch.isfinite(out).all()):
-        raise RuntimeError("fla parallel_nsa returned non-finite values")
-    return fwd, fwdbwd, (f"fla-core parallel_nsa(g_cmp, g_slc, block_counts={cfg.n_sel}, block_size={cfg.l_sel}, "
-                         "window_size=0): compression (l = l' = block size) + top-k + selection; "
-                         "no forced blocks, no window, one K/V")
+        raise RuntimeError(f"{entry.name} nsa_attention returned non-finite values")
+    return fwd, fwdbwd, note
 
 
 def full_paths(device: str, wanted) -> list[tuple[str, str]]:
@@ -685,15 +731,18 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
             warnings.append(f"baseline not timed: {msg}")
             log(f"baseline not timed: {msg}")
         _free(device)
-    if FLA in o["baselines"] and FLA not in o["_skipped"]:
+    for entry in o.get("_peers", []):  # fla and every --impl with nsa_attention, through their adapters
+        if entry.name in o["_skipped"]:
+            continue
         try:
-            fwd, fwdbwd, note = fla_fns(ins, do, cfg)
+            fwd, fwdbwd, note = impl_fns(entry, ins, do, cfg, device, o["dtype"])
             for pas in o["passes"]:
-                row(FLA, "whole", pas, timing.bench(fwd if pas == "fwd" else fwdbwd, **tk), note=note)
+                row(entry.name, "whole", pas, timing.bench(fwd if pas == "fwd" else fwdbwd, **tk), note=note)
         except Exception as e:  # noqa: BLE001
-            msg = f"T={T} fla: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e) else ''}"
-            warnings.append(f"fla not timed: {msg}")
-            log(f"fla not timed: {msg}")
+            msg = (f"T={T} {entry.name}: {type(e).__name__}: "
+                   f"{str(e).strip().splitlines()[0][:160] if str(e) else ''}")
+            warnings.append(f"{entry.name} not timed: {msg}")
+            log(f"{entry.name} not timed: {msg}")
         _free(device)
     _speedups(rows)
     return rows, problems, warnings
@@ -742,6 +791,7 @@ class PrefillBench(Stage):
         Option("--baselines", _list_of(BASELINES), list(BASELINES), "full attention / peer paths to time "
                f"({','.join(BASELINES)}; those that cannot run here are skipped with the reason)"),
         Option("--passes", _list_of(PASSES), list(PASSES), "fwd, fwd+bwd"),
+        _parity.impl_option(),
         Option("--parity-T", int_list, None, "T of the float64 parity gate (default CUDA full 2085, quick 1100; "
                "CPU 200)"),
         Option("--rep-ms", _posfloat, None, "timed time per measurement in ms; calls = rep/one call, >= 3 "
@@ -813,10 +863,11 @@ class PrefillBench(Stage):
             par_rows += brows
             problems += bprob
             o["_skipped"] = dict(skipped)
-            if FLA in o["baselines"]:
-                why = _fla_missing(dev)
+            o["_peers"] = _peers(o, dev)
+            for e in o["_peers"]:
+                why = _peer_missing(e, o, dev)
                 if why:
-                    o["_skipped"][FLA] = why
+                    o["_skipped"][e.name] = why
             if not problems:
                 for T in o["T_list"]:
                     try:
@@ -867,17 +918,31 @@ def _parity_failed(par_rows) -> bool:
     return any(r["status"] != "PASS" for r in par_rows)
 
 
-def _fla_missing(dev: str) -> str:
-    import importlib.util
+def _peers(o: dict, dev: str) -> list:
+    """The ImplEntry of every peer to time: fla (a default baseline) and each --impl other than nsa_core."""
+    from nsa_runner.impls.discovery import load
 
-    if dev != "cuda":
-        return "fla's kernels run on CUDA only"
-    try:
-        if importlib.util.find_spec("fla") is None:
-            return "fla (fla-core) not installed: pip install fla-core"
-    except (ImportError, ValueError) as e:
-        return f"fla: {e}"
-    return ""
+    impl_names = [n.strip() for n in str(o.get("impl") or "").split(",") if n.strip()]
+    names = ([FLA] if FLA in o["baselines"] else []) + [n for n in impl_names if n != "nsa_core"]
+    return [load(n) for n in dict.fromkeys(names)]
+
+
+def _peer_missing(entry, o: dict, dev: str) -> str:
+    """Why a peer is not timed at all on this run ('' when it is)."""
+    impl = entry.impl
+    if impl is None:
+        return f"broken adapter: {entry.error}"
+    if "nsa_attention" not in impl.parts:
+        return "does not provide nsa_attention"
+    if impl.unavailable:
+        return f"{impl.unavailable}" + (f" (fix: {impl.hint})" if impl.hint else "")
+    if entry.name == FLA and dev != "cuda":
+        return "fla's kernels run on CUDA only (in the Triton interpreter its timing says nothing)"
+    from nsa_core import NSAConfig
+
+    why = peer_excluded(impl, o["batch"], min(o["T_list"]), o["heads"], o["groups"], o["dk"], o["dv"],
+                        NSAConfig(**o["nsa"]), dev, o["dtype"])
+    return (why or "").removeprefix(f"{entry.name}: ")
 
 
 def _fmt_T(T: int) -> str:
@@ -1000,8 +1065,9 @@ def report_text(ctx, o, rows, par_rows, problems, warnings, errors, started, log
         "#   gate = gated combine (+ start of the backward); other = unclaimed",
         "# full attention: causal, same q and the selection branch's raw K/V (GQA); full-fastest = the fastest",
         "#   full-attention path of this run per T and pass",
-        "# fla = fla-core parallel_nsa with g_cmp: its compression (l = l' = block size) + top-k + selection;",
-        "#   NOT the same computation: no forced blocks, NO sliding window (ours computes the window too), one K/V",
+        "# fla = fla-core parallel_nsa with g_cmp through its adapter (nsa_runner/impls/fla.py): its compression",
+        "#   (l = d = l' = block size) + top-k (forced block 0 and local blocks, as ours) + selection; NOT the same",
+        "#   computation: NO sliding window (ours computes the window too), one K/V; other --impl peers: see notes",
     ]
     out = ["\n".join(head), ""]
     out.append("parity gate (float64 reference, DESIGN §7 tolerance):")
@@ -1093,9 +1159,11 @@ def plot(rows: list[dict], path, o: dict) -> None:
     fig, axes = plt.subplots(1, len(o["passes"]), figsize=(6 * len(o["passes"]), 4.5), squeeze=False)
     styles = {NSA: ("o-", "NSA (ours, whole: cmp + select + slc + win + gates)"), FASTEST: ("k--", "full attention, "
               "fastest of the run"), FLA: ("^-", "fla parallel_nsa (cmp + top-k + slc, no window)")}
+    peers = [p for p in dict.fromkeys(r["path"] for r in rows) if p not in (NSA, *FULL_PATHS, FASTEST, FLA)]
+    styles.update({p: ("v-.", f"{p} nsa_attention (--impl, through its adapter)") for p in peers})
     for ax, pas in zip(axes[0], o["passes"], strict=True):
         Ts = sorted({r["T"] for r in rows})
-        for p in (NSA, *FULL_PATHS, FASTEST, FLA):
+        for p in (NSA, *FULL_PATHS, FASTEST, FLA, *peers):
             pts = [(T, r["ms"]) for T in Ts if (r := _get(rows, T, p, pas)) is not None]
             if not pts:
                 continue

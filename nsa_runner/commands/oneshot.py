@@ -40,8 +40,12 @@ def _impls(text: str | None) -> str | None:
 
 
 def _with_impl(entry, options: dict, impls: str | None) -> dict:
-    """Hand ``--impl`` to every stage that takes it (the parity and bench stages)."""
-    if impls is not None and any(o.flag == "--impl" for o in entry.options):
+    """Hand ``--impl`` to every stage that takes implementations under test (the parity and bench
+    stages: their ``--impl`` defaults to the built-in ``nsa_core``; decode-bench's own ``--impl`` picks
+    its decode kernel and is left alone)."""
+    from nsa_runner.impls import BUILTIN
+
+    if impls is not None and any(o.flag == "--impl" and o.default == BUILTIN for o in entry.options):
         options["impl"] = impls
     return options
 

@@ -214,3 +214,14 @@ def test_readme_example_adapter_works_as_written(plugins, cli, tmp_path):
     for csv in ("triton_fwd.csv", "triton_bwd.csv"):
         df = pd.read_csv(tmp_path / "testrun" / csv)
         assert set(df.impl) == {name} and (df.status == "PASS").all() and len(df) == 4
+
+
+def test_oneshot_hands_impl_only_to_stages_that_take_implementations():
+    from nsa_runner.commands.oneshot import _with_impl
+    from nsa_runner.registry import discover
+
+    entries = {e.name: e for e in discover()}
+    for name in ("sanity", "triton-fwd", "triton-bwd", "selection-map", "prefill-bench"):
+        assert _with_impl(entries[name], {}, "nsa_core,goodk") == {"impl": "nsa_core,goodk"}, name
+    # decode-bench's own --impl picks its decode kernel (auto/torch/triton/fused): left alone
+    assert _with_impl(entries["decode-bench"], {"impl": "auto"}, "nsa_core,goodk") == {"impl": "auto"}
