@@ -221,16 +221,27 @@ class RunManifest:
         earlier files come back, the earlier entry stays current."""
         name = pending["stage"]
         old = next((s for s in data["stages"] if s.get("name") == name), None)
+        moved = self.dir / pending["moved_to"] if old is not None and pending.get("moved_to") else None
         leftovers = dict(attempt or {})
         leftovers.setdefault("log", f"logs/{name}.log")
-        if old is not None:  # the attempt wrote over the earlier names, if anything
-            leftovers["files"] = sorted(set(leftovers.get("files") or []) | set(old.get("files") or []))
+        if old is not None:
+            # Idempotent: a name the recorded entry owns is the attempt's only while the earlier copy
+            # still waits in the set-aside folder; once that copy is back (an earlier put-back whose
+            # manifest write failed, e.g. on a full disk), the file in place IS the recorded result.
+            owned = set(old.get("files") or []) | ({old["log"]} if old.get("log") else set())
+
+            def waiting(rel: str) -> bool:
+                return moved is not None and os.path.lexists(moved / rel)
+
+            leftovers["files"] = sorted({f for f in leftovers.get("files") or [] if f not in owned or waiting(f)}
+                                        | {f for f in old.get("files") or [] if waiting(f)})
+            if leftovers["log"] in owned and not waiting(leftovers["log"]):
+                leftovers["log"] = ""
         dest = self._history_dir(name, tag)
         self._move_owned(name, leftovers, self.dir, dest)
         if attempt is not None:
             data["history"].append({**attempt, "moved_to": str(dest.relative_to(self.dir))})
-        if old is not None and pending.get("moved_to"):
-            moved = self.dir / pending["moved_to"]
+        if moved is not None:
             self._move_owned(name, old, moved, self.dir)
             for d in sorted([moved, *moved.rglob("*")], key=lambda p: -len(p.parts)):  # empty folders left
                 try:
