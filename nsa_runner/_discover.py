@@ -34,6 +34,31 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dict | None:
+    """The record naming a distribution whose metadata cannot be read as broken, when its
+    ``entry_points.txt`` may declare ``group`` (its raw bytes name the group's section, or there is
+    no way to tell); None for a distribution that plainly declares other groups only."""
+    where = str(getattr(dist, "_path", "?"))
+    try:
+        raw = (os.path.join(where, "entry_points.txt"))
+        with open(raw, "rb") as f:
+            text = f.read(1 << 20)
+        if f"[{group}]".encode() not in text:
+            return None
+    except OSError:
+        pass
+    try:
+        name = dist.metadata["Name"] or os.path.basename(where)
+    except Exception:  # noqa: BLE001
+        name = os.path.basename(where)
+    name = str(name).split("-")[0] if name.endswith(".dist-info") else str(name)
+    key = "\t".join((name.lower(), "invalid:distribution", where))
+    return {"key": key, "name": f"{name}:distribution", "value": where, "dist": name, "version": "?",
+            "error": f"distribution {name} ({where}): its metadata cannot be read "
+                     f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); its stages are left out, "
+                     f"the other distributions' are not"}
+
+
 def main(argv: list[str]) -> int:
     result_path = argv[0]
     req = json.loads(sys.stdin.read())
@@ -49,10 +74,16 @@ def main(argv: list[str]) -> int:
     skip, only, parse = set(req.get("skip") or ()), req.get("only"), req.get("parse")
     seen: set[str] = set()
     for dist in md.distributions():
-        dist_name = dist.metadata["Name"] or "?"
-        for ep in dist.entry_points:
-            if ep.group != req["group"]:
-                continue
+        try:  # one distribution's broken metadata (any group) never hides the others
+            dist_name = dist.metadata["Name"] or "?"
+            eps = [ep for ep in dist.entry_points if ep.group == req["group"]]
+        except Exception as e:  # noqa: BLE001 - malformed / binary entry_points.txt, METADATA, ...
+            rec = _broken_distribution(dist, req["group"], e)
+            if rec is not None and rec["key"] not in seen and rec["key"] not in skip:
+                seen.add(rec["key"])
+                emit({"entry": rec})
+            continue
+        for ep in eps:
             key = entry_key(dist_name, ep)
             if key in seen:  # the same distribution found twice on sys.path: the first one wins
                 continue
