@@ -863,11 +863,18 @@ class PrefillBench(Stage):
             par_rows += brows
             problems += bprob
             o["_skipped"] = dict(skipped)
-            o["_peers"] = _peers(o, dev)
-            for e in o["_peers"]:
+            o["_peers"] = []
+            for name in _peer_names(o):
+                if name == FLA and dev != "cuda":  # said without importing fla (seconds on CPU)
+                    o["_skipped"][FLA] = ("fla's kernels run on CUDA only (in the Triton interpreter its timing "
+                                          "says nothing)")
+                    continue
+                e = _load_impl(name)
                 why = _peer_missing(e, o, dev)
                 if why:
                     o["_skipped"][e.name] = why
+                else:
+                    o["_peers"].append(e)
             if not problems:
                 for T in o["T_list"]:
                     try:
@@ -918,13 +925,16 @@ def _parity_failed(par_rows) -> bool:
     return any(r["status"] != "PASS" for r in par_rows)
 
 
-def _peers(o: dict, dev: str) -> list:
-    """The ImplEntry of every peer to time: fla (a default baseline) and each --impl other than nsa_core."""
+def _peer_names(o: dict) -> list[str]:
+    """The peers to time: fla (a default baseline) and each --impl other than nsa_core."""
+    impl_names = [n.strip() for n in str(o.get("impl") or "").split(",") if n.strip()]
+    return list(dict.fromkeys(([FLA] if FLA in o["baselines"] else []) + [n for n in impl_names if n != "nsa_core"]))
+
+
+def _load_impl(name: str):
     from nsa_runner.impls.discovery import load
 
-    impl_names = [n.strip() for n in str(o.get("impl") or "").split(",") if n.strip()]
-    names = ([FLA] if FLA in o["baselines"] else []) + [n for n in impl_names if n != "nsa_core"]
-    return [load(n) for n in dict.fromkeys(names)]
+    return load(name)
 
 
 def _peer_missing(entry, o: dict, dev: str) -> str:
@@ -936,8 +946,6 @@ def _peer_missing(entry, o: dict, dev: str) -> str:
         return "does not provide nsa_attention"
     if impl.unavailable:
         return f"{impl.unavailable}" + (f" (fix: {impl.hint})" if impl.hint else "")
-    if entry.name == FLA and dev != "cuda":
-        return "fla's kernels run on CUDA only (in the Triton interpreter its timing says nothing)"
     from nsa_core import NSAConfig
 
     why = peer_excluded(impl, o["batch"], min(o["T_list"]), o["heads"], o["groups"], o["dk"], o["dv"],
