@@ -497,7 +497,7 @@ def profile_partition(fn: Callable[[], object], classify: Callable[[str], str | 
         for start, end, e in windows:
             out.append((start, end, _cpu_intervals(e, classify, scope_prefix)))
         return partition_intervals(out, "torch.profiler CPU ops by scope")
-    dev = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+    dev = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
            and e.name != PASS_SCOPE and not e.name.startswith(scope_prefix)]  # GPU mirrors of the scopes
     for start, end, _ in windows:
         ks = sorted((e for e in dev if start <= e.time_range.start < end), key=lambda e: e.time_range.start)
