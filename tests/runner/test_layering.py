@@ -208,3 +208,16 @@ def test_no_kernel_body_is_repeated():
     assert len(bodies) > 20, sorted(bodies)  # the scan sees the kernels
     bad = _repeated_runs(bodies)
     assert not bad, "kernel code repeated (move it into a shared @triton.jit helper): " + "; ".join(bad[:5])
+
+
+def test_every_timing_goes_through_the_shared_timer():
+    """Issue 17: one timer (nsa_runner/measure/timing.py). No stage, runner module or bench script
+    keeps its own CUDA-event loop or triton's do_bench."""
+    import re
+
+    pattern = re.compile(r"cuda\.Event\(|\bdo_bench\(|\.elapsed_time\(")
+    files = [p for d in ("stages", "nsa_runner", "bench") for p in (REPO / d).rglob("*.py")]
+    bad = [f"{p.relative_to(REPO)}:{i}" for p in files if p.name != "timing.py"
+           for i, line in enumerate(p.read_text().splitlines(), 1)
+           if pattern.search(line) and not line.lstrip().startswith("#")]
+    assert files and not bad, bad
