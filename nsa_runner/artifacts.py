@@ -333,9 +333,21 @@ def _names(types: tuple) -> str:
 
 # names the runner owns in a run folder: shared by every stage, so never a stage's own file
 RUNNER_OWNED = (MANIFEST_NAME, "logs", "history")
+# files the runner writes over the whole run (and its lock); only the built-in summary stage,
+# which writes the three summaries itself, may declare those
+RUNNER_WRITTEN = (".manifest.lock", "summary.md", "summary.json", "junit.xml", "report.html")
+SUMMARY_STAGE_FILES = ("summary.md", "summary.json", "junit.xml")
 
 
-def declared_file_problem(run_dir: str | os.PathLike, rel: Any) -> tuple[str, str] | None:
+def _runner_name(part: str, allowed: tuple[str, ...]) -> bool:
+    if part in allowed:
+        return False
+    return (part in RUNNER_OWNED or part in RUNNER_WRITTEN or part.startswith(INCOMING_PREFIX)
+            or part.startswith(f".{MANIFEST_NAME}.") or part.startswith(".manifest.lock"))
+
+
+def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
+                          allowed: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """``(kind, why)`` when ``rel`` cannot be a file a stage declares in ``run_dir``, else None.
 
     A declared name is relative, never climbs (``..``), resolves (symlinks included) strictly
@@ -353,7 +365,7 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any) -> tuple[str, st
         return "outside", f"{rel} climbs out with '..'"
     if not pure.parts:
         return "shared", f"{rel} is the run folder itself"
-    if pure.parts[0] in RUNNER_OWNED:
+    if _runner_name(pure.parts[0], allowed):
         return "shared", f"{rel} is the run folder's shared {pure.parts[0]}"
     root = Path(run_dir).resolve()
     try:
@@ -363,9 +375,14 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any) -> tuple[str, st
     if root not in resolved.parents:
         return "outside", f"{rel} resolves outside the run folder (to {resolved})"
     inner = resolved.relative_to(root).parts[0]
-    if inner in RUNNER_OWNED:
+    if _runner_name(inner, allowed):
         return "shared", f"{rel} points into the run folder's shared {inner}"
     return None
+
+
+def stage_allowed(name: str, builtin: bool = True) -> tuple[str, ...]:
+    """The runner-written names stage ``name`` may declare (the built-in summary stage's summaries)."""
+    return SUMMARY_STAGE_FILES if builtin and name == "summary" else ()
 
 
 def stage_owns(run_dir: str | os.PathLike, name: str, rel: Any, *, log: bool = False) -> bool:
@@ -374,7 +391,7 @@ def stage_owns(run_dir: str | os.PathLike, name: str, rel: Any, *, log: bool = F
     ``logs/<name>.log`` resolving inside the run folder. A manifest may be hand-edited or older
     than these checks, so its names are checked again right before anything moves."""
     if not log:
-        return declared_file_problem(run_dir, rel) is None
+        return declared_file_problem(run_dir, rel, stage_allowed(name)) is None
     if rel != f"logs/{name}.log" or ".." in Path(rel).parts:
         return False
     root = Path(run_dir).resolve()

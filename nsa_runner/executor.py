@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,9 +36,9 @@ from typing import Any
 
 import nsa_runner
 from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes
-from nsa_runner.artifacts import declared_file_problem, now_iso
+from nsa_runner.artifacts import ManifestError, declared_file_problem, load_manifest, now_iso, stage_allowed
 from nsa_runner.context import RunContext
-from nsa_runner.manifest import RunManifest
+from nsa_runner.manifest import ManifestBusy, RunManifest
 from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet
 from nsa_runner.stage import StageResult, Status
 
@@ -115,14 +116,30 @@ class Observer:
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> str:
+    """The last ``lines`` lines of a stage's log: read only from a regular file (a stage may swap
+    its log for a FIFO or a device: opened non-blocking, checked on the descriptor, at most
+    ``max_bytes``), "" otherwise."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        chunks, got = [], 0
+        while got < max_bytes:
+            chunk = os.read(fd, max_bytes - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
 
 
@@ -211,7 +228,7 @@ def _describe_exit(rc: int) -> str:
     return f"process exited with code {rc} without a result"
 
 
-def _check_files(run_dir: Path, result: StageResult) -> tuple[list[str], list[str]]:
+def _check_files(run_dir: Path, result: StageResult, allowed: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """Declared files that are (missing or outside the run folder, shared names of the run folder).
 
     A declared file must stay inside the run folder (no ``..``, no absolute path, no symlink
@@ -220,7 +237,7 @@ def _check_files(run_dir: Path, result: StageResult) -> tuple[list[str], list[st
     """
     outside, shared = [], []
     for rel in result.files:
-        problem = declared_file_problem(run_dir, rel)
+        problem = declared_file_problem(run_dir, rel, allowed)
         if problem is None:
             if not os.path.lexists(Path(run_dir) / rel):
                 outside.append(rel)
@@ -374,7 +391,7 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
     rec.traceback = payload.get("traceback") or ""
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
-    outside, shared = _check_files(run_dir, result)
+    outside, shared = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))
     if outside or shared:
         rec.files = [f for f in rec.files if isinstance(f, str) and f not in outside + shared]
         notes = []
@@ -388,6 +405,26 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
         rec.reason = f"{rec.reason}; {note}" if rec.reason else note
     if rec.status.failed and not rec.log_tail:
         rec.log_tail = tail(log_path)
+
+
+def _not_anothers(rec: StageRecord, manifest: RunManifest) -> None:
+    """A stage never declares a file another stage of the run has recorded as its own (a rerun
+    moves a stage's declared files to history): such names are dropped, the stage is ERROR."""
+    try:
+        stages = load_manifest(manifest.path)["stages"]
+    except (ManifestError, OSError):
+        stages = manifest.stages
+    owner = {os.path.normpath(f): s["name"] for s in stages if s.get("name") != rec.name
+             for f in s.get("files") or [] if isinstance(f, str)}
+    taken = [f for f in rec.files if isinstance(f, str) and os.path.normpath(f) in owner]
+    if not taken:
+        return
+    rec.files = [f for f in rec.files if f not in taken]
+    note = ("declared file(s) of another stage, not this stage's own: "
+            + ", ".join(f"{f} (stage {owner[os.path.normpath(f)]})" for f in taken))
+    if rec.status in (Status.PASS, Status.SKIP):
+        rec.status = Status.ERROR
+    rec.reason = f"{rec.reason}; {note}" if rec.reason else note
 
 
 @dataclass
@@ -415,6 +452,15 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             timeout = settings.timeout_s
             if timeout is None:
                 timeout = float(entry.stage.timeout_s) if entry.stage is not None else 60.0
+            try:  # marked as running in the manifest: a concurrent `stage X` into this folder is refused
+                manifest.mark_running(entry.name)
+            except ManifestBusy as e:
+                rec = StageRecord(entry.name, entry.order, entry.source, Status.ERROR, reason=str(e),
+                                  started=now_iso(), finished=now_iso(), device=settings.device,
+                                  profile=settings.profile)
+                records.append(rec)  # the other nsa-run's record stays the manifest's
+                observer.on_finish(entry, rec)
+                continue
             try:
                 rec = run_one(entry, ctx, machine, timeout, observer)
             except _Interrupted as intr:
@@ -425,6 +471,7 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                     manifest.record(rec.to_dict())
                 observer.on_finish(entry, rec)
                 raise
+            _not_anothers(rec, manifest)
             records.append(rec)
             manifest.record(rec.to_dict())
             observer.on_finish(entry, rec)

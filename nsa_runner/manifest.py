@@ -171,12 +171,20 @@ class RunManifest:
             dest = self.dir / "history" / f"{name}-{stamp}{tag}.{n}"
         return dest
 
-    def _move_owned(self, name: str, entry: dict, src_root: Path, dst_root: Path) -> None:
+    @staticmethod
+    def _others(data: dict, name: str) -> set[str]:
+        """The files the other stages' current entries list (never moved for stage ``name``)."""
+        return {os.path.normpath(f) for s in data.get("stages", []) if s.get("name") != name
+                for f in s.get("files") or [] if isinstance(f, str)}
+
+    def _move_owned(self, name: str, entry: dict, src_root: Path, dst_root: Path,
+                    others: set[str] = frozenset()) -> None:
         """Move the files and log ``entry`` lists for stage ``name`` from ``src_root`` to ``dst_root``."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
         for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
-            # never anything outside the run folder, nor a shared name (logs, history, manifest)
-            if not rel or not stage_owns(self.dir, name, rel, log=is_log):
+            # never anything outside the run folder, nor a shared name (logs, history, manifest),
+            # nor a file another stage's entry lists
+            if not rel or not stage_owns(self.dir, name, rel, log=is_log) or os.path.normpath(rel) in others:
                 continue
             src = src_root / rel
             if src.is_file() or src.is_dir():
@@ -203,12 +211,30 @@ class RunManifest:
             pending = {"stage": name, "token": self.token, "owner": _me(), "since": now_iso()}
             if old is not None:
                 dest = self._history_dir(name)
-                self._move_owned(name, old, self.dir, dest)
+                self._move_owned(name, old, self.dir, dest, self._others(data, name))
                 pending["moved_to"] = str(dest.relative_to(self.dir))
             data.setdefault("pending", []).append(pending)
             return self.dir / pending["moved_to"] if old is not None else None
 
         return self.update(change)
+
+    def mark_running(self, name: str) -> None:
+        """Before running stage ``name`` (a oneshot's stage, or ``stage X`` after ``set_aside``): note
+        in ``pending`` that this process runs it, so a concurrent ``stage X`` into this folder is
+        refused. Raises ManifestBusy when another live nsa-run is running it here."""
+        def change(data: dict) -> None:
+            for p in data.get("pending", []):
+                if p.get("stage") != name:
+                    continue
+                if p.get("token") == self.token:
+                    return
+                if not _dead(p.get("owner") or {}):
+                    raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
+                                       f"{(p.get('owner') or {}).get('pid')}); not run again here")
+            data.setdefault("pending", []).append({"stage": name, "token": self.token, "owner": _me(),
+                                                   "since": now_iso()})
+
+        self.update(change)
 
     def _take_pending(self, data: dict, name: str, token: str | None = None) -> dict | None:
         for i, p in enumerate(data.get("pending", [])):
@@ -238,7 +264,7 @@ class RunManifest:
             if leftovers["log"] in owned and not waiting(leftovers["log"]):
                 leftovers["log"] = ""
         dest = self._history_dir(name, tag)
-        self._move_owned(name, leftovers, self.dir, dest)
+        self._move_owned(name, leftovers, self.dir, dest, self._others(data, name))
         if attempt is not None:
             data["history"].append({**attempt, "moved_to": str(dest.relative_to(self.dir))})
         if moved is not None:
@@ -286,7 +312,7 @@ class RunManifest:
             try:
                 def change(data: dict, name=name) -> None:
                     p = self._take_pending(data, name, self.token)
-                    if p is not None:
+                    if p is not None and p.get("moved_to"):  # else nothing was set aside: nothing to put back
                         self._put_back(data, p, None, "-abandoned")
 
                 self.update(change)

@@ -1,0 +1,89 @@
+"""Bad days, red-team round 2 (issue 16): what a hostile stage does inside the run folder.
+
+- it swaps its own log for a FIFO: the runner never blocks reading the log's tail;
+- it declares another stage's file or a name the runner writes (summary.md, junit.xml, ...): the
+  stage is ERROR naming the file, and a rerun never moves that file;
+- its reason holds a lone surrogate: printed and written with the character replaced, no crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from _bad_days import cli_cmd, env_with, manifest
+
+HOSTILE = """
+import os, time
+from pathlib import Path
+from nsa_runner import Stage, StageResult, Status
+
+def _act(ctx, name):
+    act = os.environ.get("HS_" + name.upper(), "")
+    d = Path(ctx.dir)
+    (d / f"{name}.txt").write_text(os.environ.get("HS_TEXT", "v1"))
+    files = [f"{name}.txt"]
+    if "fifolog" in act:
+        log = d / "logs" / f"{name}.log"
+        os.unlink(log)
+        os.mkfifo(log)
+        time.sleep(1.5)
+    if "declare" in act:
+        files.append(os.environ["HS_OTHER"])
+    if "surrogate" in act:
+        return StageResult(Status.FAIL, "bad \\ud800 text", hint="\\udcff")
+    return StageResult(Status.PASS, f"{name} ok", files=files)
+
+class P(Stage):
+    name, order, timeout_s = "p", 10, 60.0
+    def run(self, ctx):
+        return _act(ctx, "p")
+
+class Q(Stage):
+    name, order, timeout_s = "q", 11, 60.0
+    def run(self, ctx):
+        return _act(ctx, "q")
+"""
+
+
+@pytest.fixture
+def hostile(plugins):
+    plugins.make("hs-plugin", "hs_mod", HOSTILE, {"p": "hs_mod:P", "q": "hs_mod:Q"})
+    return plugins.env()
+
+
+def _run(env, *args, timeout=120):
+    return subprocess.run(cli_cmd(*args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_stage_that_swaps_its_log_for_a_fifo_does_not_hang_the_runner(hostile, tmp_path):
+    out = tmp_path / "out"
+    r = _run(env_with(hostile, HS_P="fifolog"), "stage", "p", "--out", out, "--device", "cpu",
+             "--timeout", "30", timeout=60)
+    assert r.returncode == 0, r.stderr
+    (p,) = manifest(out)["stages"]
+    assert p["status"] == "PASS"
+
+
+@pytest.mark.parametrize("other", ["p.txt", "summary.md", ".manifest.lock", "junit.xml", "report.html"])
+def test_a_stage_may_not_declare_another_stages_file_or_a_runner_file(hostile, cli, tmp_path, monkeypatch, other):
+    out = tmp_path / "out"
+    monkeypatch.setenv("HS_P", "")
+    assert cli("stage", "p", "--out", out, "--device", "cpu").exit_code == 0
+    run = out / "testrun"
+    (run / "report.html").write_text("<p>report</p>")
+    before = (run / other).read_bytes()
+    monkeypatch.setenv("HS_Q", "declare")
+    monkeypatch.setenv("HS_OTHER", other)
+    r = cli("stage", "q", "--out", out, "--device", "cpu", "--json")
+    (q,) = [s for s in json.loads(r.stdout)["stages"] if s["name"] == "q"]
+    assert q["status"] == "ERROR" and other in q["reason"] and other not in q["files"], q
+    cli("stage", "q", "--out", out, "--device", "cpu")  # a rerun moves q's own files only
+    assert (run / other).is_file()
+    assert not [p for p in (run / "history").rglob(other)]
+    if other == "p.txt":
+        assert (run / other).read_bytes() == before
