@@ -133,6 +133,11 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--watchdog" and len(argv) == 5:
         return watchdog(argv[1:])
     _die_with_parent()
+    for stream in (sys.stdout, sys.stderr):  # a stage's text may hold lone surrogates: never a crash
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
     if len(argv) != 2:
         print("usage: python -m nsa_runner._worker JOB RESULT", file=sys.stderr)
         return 2

@@ -71,7 +71,7 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; parent folders are created. Returns the path."""
     if not isinstance(text, str):
         raise ValueError(f"write_text: expected str, got {type(text).__name__}")
-    return _atomic_write_bytes(path, text.encode("utf-8"))
+    return _atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))  # lone surrogates
 
 
 def _json_default(obj: Any) -> Any:
@@ -117,7 +117,7 @@ def write_csv(path: str | os.PathLike, table: Any) -> Path:
         )
     buf = io.StringIO()
     table.to_csv(buf, index=False)
-    return _atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+    return _atomic_write_bytes(path, buf.getvalue().encode("utf-8", errors="backslashreplace"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,19 @@ def _root(
                                  help="Print the nsa-run version and exit."),
 ) -> None:
     """Validate Native Sparse Attention kernels on this machine and keep the evidence."""
+    _robust_streams()
+
+
+def _robust_streams() -> None:
+    """Text from plugins (reasons, names) may hold lone surrogates or characters the terminal's
+    encoding lacks: printed escaped, never a UnicodeEncodeError."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 for _module in COMMANDS:

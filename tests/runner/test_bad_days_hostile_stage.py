@@ -87,3 +87,15 @@ def test_a_stage_may_not_declare_another_stages_file_or_a_runner_file(hostile, c
     assert not [p for p in (run / "history").rglob(other)]
     if other == "p.txt":
         assert (run / other).read_bytes() == before
+
+
+def test_a_lone_surrogate_in_a_reason_is_recorded_and_printed_escaped(hostile, tmp_path):
+    out = tmp_path / "out"
+    r = _run(env_with(hostile, HS_P="surrogate", PYTHONIOENCODING="utf-8"), "stage", "p", "--out", out,
+             "--device", "cpu")
+    assert r.returncode == 1, r.stderr  # the stage's FAIL, not a crash
+    assert "Traceback" not in r.stderr + r.stdout
+    (p,) = manifest(out)["stages"]
+    assert p["status"] == "FAIL" and p["reason"].startswith("bad ") and p["reason"].endswith(" text"), p
+    assert "bad" in (out / "testrun" / "summary.md").read_text()
+    assert "# stage p: FAIL" in (out / "testrun" / "logs" / "p.log").read_text()
