@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import NoReturn
 
@@ -33,23 +34,35 @@ STATUS_STYLE = {
 }
 
 
+# terminal control: CSI / OSC / other ESC sequences, and C0/C1 control characters but tab and newline
+_CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])?"
+                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain_text(text: object) -> str:
+    """Plugin- or file-provided text made safe for a rich console: escape sequences and control
+    characters removed, rich markup escaped (printed literally; the consoles also never turn
+    ``:smile:`` codes into emoji)."""
+    return escape(_CONTROL.sub("", str(text)))
+
+
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, emoji=False)
 
 
 def out_console() -> Console:
-    c = Console(highlight=False, soft_wrap=False)
+    c = Console(highlight=False, soft_wrap=False, emoji=False)
     if not c.is_terminal and "COLUMNS" not in os.environ:  # logs / CI / pipes: do not fold at 80
-        c = Console(highlight=False, soft_wrap=False, width=140)
+        c = Console(highlight=False, soft_wrap=False, width=140, emoji=False)
     return c
 
 
 def fail(message: str, hint: str = "", exit_code: int = 2) -> NoReturn:
     """Print ``error: message`` (and the hint) to stderr and exit with ``exit_code`` (usage: 2)."""
     c = err_console()
-    c.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # paths stay copy-pasteable
+    c.print(f"[bold red]error:[/] {plain_text(message)}", soft_wrap=True)  # paths stay copy-pasteable
     if hint:
-        c.print(f"[dim]hint:[/] {escape(hint)}", soft_wrap=True)
+        c.print(f"[dim]hint:[/] {plain_text(hint)}", soft_wrap=True)
     raise typer.Exit(exit_code)
 
 
@@ -92,7 +105,7 @@ class ProgressObserver(Observer):
         return self.index[entry.name]
 
     def _overall_text(self, k: int, running: str) -> str:
-        what = f"running [bold]{escape(running)}[/]" if running else "done" if k >= self.total else ""
+        what = f"running [bold]{plain_text(running)}[/]" if running else "done" if k >= self.total else ""
         return f"[bold]stage {k} of {self.total}[/] {what}"
 
     def _plain(self, text: str) -> None:
@@ -121,7 +134,7 @@ class ProgressObserver(Observer):
     def on_tick(self, entry: StageEntry, elapsed: float, last_line: str) -> None:
         task = self.tasks.get(entry.name)
         if self.live and task is not None:
-            self.progress.update(task, status=f"[dim]{escape(last_line[:80])}[/]")
+            self.progress.update(task, status=f"[dim]{plain_text(last_line[:80])}[/]")
 
     def on_finish(self, entry: StageEntry, record: StageRecord) -> None:
         k = self._k(entry)
@@ -135,7 +148,7 @@ class ProgressObserver(Observer):
             task = self.tasks[entry.name] = self.progress.add_task(f"[bold]{entry.name}[/]", total=None,
                                                                    status="")
         self.progress.update(task, total=1, completed=1,
-                             status=f"{status_text(record.status)} {escape(record.reason[:80])}")
+                             status=f"{status_text(record.status)} {plain_text(record.reason[:80])}")
         self.progress.stop_task(task)
         self.progress.update(self.overall, completed=k, description=self._overall_text(k, ""))
 
@@ -154,7 +167,7 @@ def results_table(records: list[StageRecord], title: str = "") -> Table:
         if r.status is Status.SKIP and r.strict_fail:
             reason = f"{reason} [counts as failure under --strict]"
         t.add_row("-" if r.order is None else str(r.order), r.name, status_text(r.status),
-                  f"{r.duration_s:.1f}s", escape(reason))
+                  f"{r.duration_s:.1f}s", plain_text(reason))
     return t
 
 

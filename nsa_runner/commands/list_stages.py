@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from nsa_runner._ui import fail, out_console
+from nsa_runner._ui import fail, out_console, plain_text
 from nsa_runner.commands import _common as c
 from nsa_runner.registry import Machine, StageEntry, discover, skip_reason, unmet
 
@@ -45,20 +44,21 @@ def _row(e: StageEntry, machine: Machine) -> dict:
 
 def _render_one(r: dict) -> None:
     con = out_console()
-    con.print(f"[bold]{escape(r['name'])}[/] (order {r['order']}, {escape(r['source'])}, {escape(r['entry_point'])})")
+    con.print(f"[bold]{plain_text(r['name'])}[/] (order {r['order']}, {plain_text(r['source'])}, {plain_text(r['entry_point'])})")
     if r["description"]:
-        con.print(escape(r["description"]))
-    con.print(f"requires: {', '.join(r['requires']) or '-'}   runs here: "
-              + ("yes" if r["runs_here"] else f"no: {escape(r['why_not'])}"))
+        con.print(plain_text(r["description"]))
+    con.print(f"requires: {plain_text(', '.join(r['requires'])) or '-'}   runs here: "
+              + ("yes" if r["runs_here"] else f"no: {plain_text(r['why_not'])}"))
     if not r["options"]:
         con.print("options: none")
         return
-    t = Table(title=f"options of `nsa-run stage {r['name']}`")
+    t = Table(title=f"options of `nsa-run stage {plain_text(r['name'])}`")
     for col in ("flag", "default", "choices", "help"):
         t.add_column(col, overflow="fold", no_wrap=col == "flag")
     for o in r["options"]:
         default = "(chosen by the stage)" if o["default"] is None else str(o["default"])
-        t.add_row(o["flag"], escape(default), ", ".join(o["choices"]) or "-", escape(o["help"] or ""))
+        t.add_row(plain_text(o["flag"]), plain_text(default), plain_text(", ".join(map(str, o["choices"]))) or "-",
+                  plain_text(o["help"] or ""))
     con.print(t)
 
 
@@ -95,10 +95,10 @@ def list_stages(
         for col in ("order", "stage", "requires", "source", "options", "runs here"):
             t.add_column(col, overflow="fold", no_wrap=col in ("order", "stage"))
         for r in rows:
-            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {escape(r['why_not'])}"
-            t.add_row("-" if r["order"] is None else str(r["order"]), r["name"],
-                      ", ".join(r["requires"]) or "-", escape(r["source"]),
-                      " ".join(o["flag"] for o in r["options"]) or "-", runs)
+            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {plain_text(r['why_not'])}"
+            t.add_row("-" if r["order"] is None else str(r["order"]), plain_text(r["name"]),
+                      plain_text(", ".join(r["requires"])) or "-", plain_text(r["source"]),
+                      plain_text(" ".join(o["flag"] for o in r["options"])) or "-", runs)
         out_console().print(t)
     raise typer.Exit(1 if broken else 0)
 
@@ -122,11 +122,11 @@ def _list_impls(device: str, as_json: bool) -> None:
                 f"heads/group {cons['heads_per_group']}" if cons.get("heads_per_group", "any") != "any" else "",
                 "needs CUDA" if cons.get("needs_cuda") else "", str(cons.get("more") or "")]))
             diffs = "; ".join(f"{p}: {d}" for p, d in (r.get("differences") or {}).items())
-            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {escape(r['why_not'])}"
+            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {plain_text(r['why_not'])}"
             if r.get("note"):
-                runs += f" ({escape(r['note'])})"
-            t.add_row(r["name"], escape(r["source"]), ", ".join(r["parts"]) or "-",
-                      escape(text + (f" | differs: {diffs}" if diffs else "")) or "-", runs)
+                runs += f" ({plain_text(r['note'])})"
+            t.add_row(r["name"], plain_text(r["source"]), ", ".join(r["parts"]) or "-",
+                      plain_text(text + (f" | differs: {diffs}" if diffs else "")) or "-", runs)
         out_console().print(t)
     raise typer.Exit(1 if broken else 0)
 
