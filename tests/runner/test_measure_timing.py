@@ -213,8 +213,9 @@ def test_profile_partition_on_cpu_sums_to_100_and_follows_the_scopes():
     assert sum(p.shares().values()) == pytest.approx(100.0)
     assert sum(p.parts.values()) == pytest.approx(p.total)
     assert p.parts[REMAINDER] >= 2.5  # the sleep (ms)
-    assert p.parts["sel"] > p.parts["cmp"] > 0  # 20 matmuls + sums vs one
+    assert p.parts["sel"] > 0 and p.parts["cmp"] > 0  # (no timing race: which op went where is checked below)
     assert ("other", "aten::exp") in p.items and ("sel", "aten::sum") in p.items
+    assert ("cmp", "aten::matmul") in p.items and ("sel", "aten::matmul") in p.items
     assert not any(lab == "cmp" and name == "aten::sum" for lab, name in p.items)
 
 
