@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import shutil
 import signal
 import sys
@@ -34,7 +35,15 @@ PROFILES = ("quick", "full")
 EXIT_INTERRUPTED = 130
 
 # typer option declarations shared by both commands
-OUT = typer.Option(DEFAULT_OUT, "--out", help="Output root; the run folder is <out>/<run-id>/.")
+def _out_path(text: str | Path) -> Path:
+    """``--out``: an empty path (``--out ""``, which would silently mean the current folder) is refused."""
+    if not str(text).strip():
+        raise typer.BadParameter("empty path: give the output folder, e.g. --out artifacts/runner")
+    return Path(text)
+
+
+OUT = typer.Option(DEFAULT_OUT, "--out", parser=_out_path,
+                   help="Output root; the run folder is <out>/<run-id>/.")
 DEVICE = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available).")
 PROFILE = typer.Option(None, "--profile",
                        help="quick (tiny shapes) or full (default: full on CUDA, quick otherwise).")
@@ -49,8 +58,8 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
         fail(f"--device {device!r} is not one of {', '.join(DEVICES)}")
     if profile is not None and profile not in PROFILES:
         fail(f"--profile {profile!r} is not one of {', '.join(PROFILES)}")
-    if timeout is not None and not (timeout > 0):
-        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        fail(f"--timeout must be a positive, finite number of seconds, got {timeout:g}")
     cuda = cuda_available()
     if device == "cuda" and not cuda:
         fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)",
