@@ -450,7 +450,9 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{INCOMING_PREFIX}{rid}-{os.getpid()}-", dir=out))
     try:
+        mark_owned(tmp)
         fill(tmp)
+        (tmp / OWNED_MARKER).unlink()  # the run folder itself carries no marker
         existing = run_folders(out, rid)
         n = 1 + max([_folder_number(p) for p in existing], default=0)
         while True:
@@ -497,7 +499,20 @@ def process_started(pid: int | None = None) -> float:
     return psutil.Process(pid or os.getpid()).create_time()
 
 
-_STALE_NAME = re.compile(r"^(?:\.incoming-.+|nsa-run-.+)-(?P<pid>\d+)-[^-]+$")
+_STALE_NAME = re.compile(r"^(?:\.incoming-.+|nsa-run-.+)-(?P<pid>\d+)-[a-z0-9_]{8}$")  # tempfile's 8 chars
+OWNED_MARKER = ".nsa-run-owned"
+
+
+def mark_owned(folder: str | os.PathLike) -> None:
+    """Mark a temporary folder this nsa-run made (``clean_stale`` removes only marked folders)."""
+    (Path(folder) / OWNED_MARKER).write_text(f"{os.getpid()}\n")
+
+
+def _marked_by(folder: Path, pid: int) -> bool:
+    try:
+        return read_text_limited(folder / OWNED_MARKER, limit=64).strip() == str(pid)
+    except (OSError, ValueError):
+        return False
 
 
 def clean_stale(out: Path | None = None) -> list[Path]:
@@ -521,7 +536,8 @@ def clean_stale(out: Path | None = None) -> list[Path]:
                     continue
             except OSError:
                 continue
-            if not pid_alive(int(m.group("pid"))):
+            pid = int(m.group("pid"))
+            if not pid_alive(pid) and _marked_by(p, pid):  # only what an nsa-run made and marked
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed

@@ -36,7 +36,8 @@ from typing import Any
 
 import nsa_runner
 from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes
-from nsa_runner.artifacts import ManifestError, declared_file_problem, load_manifest, now_iso, stage_allowed
+from nsa_runner.artifacts import (ManifestError, declared_file_problem, load_manifest, mark_owned, now_iso,
+                                  stage_allowed)
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import ManifestBusy, RunManifest
 from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet
@@ -280,6 +281,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     cookie = uuid.uuid4().hex
     # the runner's pid in the name: a folder whose runner is gone is removed at the next start
     with tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-{os.getpid()}-") as tmp:
+        mark_owned(tmp)
         job = Path(tmp) / "job.pkl"
         result_path = Path(tmp) / "result.json"
         with open(job, "wb") as f:

@@ -278,6 +278,9 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
     limit = _timeout()
     for _ in range(MAX_CHILDREN):
         with tempfile.TemporaryDirectory(prefix=f"nsa-run-discover-{os.getpid()}-") as tmp:
+            from nsa_runner.artifacts import mark_owned
+
+            mark_owned(tmp)
             result = os.path.join(tmp, "result.jsonl")
             log = os.path.join(tmp, "child.log")
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),

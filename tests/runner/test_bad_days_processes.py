@@ -85,17 +85,27 @@ def test_stale_temp_folders_of_a_dead_runner_are_removed_at_the_next_start(plugi
     assert not alive(pid)
     stale = Path(tempfile.mkdtemp(prefix=f"nsa-run-x-{pid}-"))
     (stale / "job.pkl").write_bytes(b"left by a killed runner")
+    (stale / ".nsa-run-owned").write_text(f"{pid}\n")  # the marker nsa-run writes into what it makes
     out = tmp_path / "out"
     incoming = out / f".incoming-testrun-{pid}-abcd1234"
     incoming.mkdir(parents=True)
+    (incoming / ".nsa-run-owned").write_text(f"{pid}\n")
     live = Path(tempfile.mkdtemp(prefix=f"nsa-run-x-{__import__('os').getpid()}-"))  # a live runner's: kept
+    # red-team round 2 (p19): a user's folders whose names merely look like nsa-run's are never removed
+    mine = [Path(tempfile.gettempdir()) / f"nsa-run-results-{pid}-final", out / f".incoming-notes-{pid}-x",
+            Path(tempfile.mkdtemp(prefix=f"nsa-run-y-{pid}-"))]  # the right name, no marker
+    for d in mine:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "data.txt").write_text("precious")
     try:
         r = cli("oneshot", "--out", out, "--only", "x", "--device", "cpu")
         assert r.exit_code == 0, r.stderr
         assert not stale.exists() and not incoming.exists()
         assert live.exists()
+        assert all((d / "data.txt").read_text() == "precious" for d in mine)
+        assert not list((out / "testrun").glob(".nsa-run-owned"))
     finally:
         import shutil
 
-        shutil.rmtree(live, ignore_errors=True)
-        shutil.rmtree(stale, ignore_errors=True)
+        for d in [live, stale, *mine]:
+            shutil.rmtree(d, ignore_errors=True)
