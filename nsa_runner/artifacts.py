@@ -493,6 +493,27 @@ def pid_alive(pid: Any, started: Any = None) -> bool:
         return False
 
 
+def runner_died(m: dict) -> str | None:
+    """One line when the nsa-run that wrote manifest ``m`` died without finishing (``kill -9``,
+    a closed terminal, power loss): its runner process is gone on this host while the manifest
+    says the run never finished, or a stage it was running is still marked running. None when the
+    run finished, is still running, or was written on another host (nothing can be known)."""
+    import socket
+
+    def dead(owner: Any) -> bool:
+        return (isinstance(owner, dict) and owner.get("hostname") == socket.gethostname()
+                and not pid_alive(owner.get("pid"), owner.get("pid_started")))
+
+    running = [p.get("stage") for p in m.get("pending") or [] if isinstance(p, dict) and dead(p.get("owner"))]
+    if running:
+        return (f"runner died / unfinished: the nsa-run running stage {', '.join(map(str, running))} is gone "
+                f"(its result is missing)")
+    if m.get("finished") is None and not m.get("interrupted") and dead(m.get("runner")):
+        return (f"runner died / unfinished: nsa-run pid {m['runner'].get('pid')} is gone and never finished "
+                f"the run; stages after the last one listed did not run")
+    return None
+
+
 def process_started(pid: int | None = None) -> float:
     import psutil
 

@@ -38,7 +38,7 @@ from nsa_runner._readers import (
     read_bytes_checked,
     spread_columns,
 )
-from nsa_runner.artifacts import now_iso, write_text
+from nsa_runner.artifacts import now_iso, runner_died, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
 from nsa_runner.results import summary as results_summary
@@ -276,7 +276,10 @@ def _banner(m: dict, c: dict) -> str:
         cls, word = "ok", "PASSED"
     else:
         cls, word = "partial", "NOTHING RAN"
-    extra = ""
+    died = runner_died(m)
+    if died and not c["failed"]:
+        cls, word = "bad", "UNFINISHED"
+    extra = f'<div class="note">{_e(died)}</div>' if died else ""
     if skipped:
         extra = f'<div class="note">skipped (not validated on this run): {_e(", ".join(skipped))}</div>'
     if m.get("interrupted"):

@@ -192,6 +192,7 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
+    previous_hup = signal.signal(signal.SIGHUP, _term)  # a closed terminal / ssh session: the same
     try:
         with ProgressObserver(err, total=len(plan)) as obs:
             records = execute(plan, manifest, settings, machine, obs)
@@ -201,12 +202,19 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         run_broke(manifest, e)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
     finish_run(manifest, err)
-    if after is not None and not interrupted:
-        code = after(code)
+    try:  # a Ctrl-C while the closing reports are written: recorded as interrupted, never a traceback
+        if after is not None and not interrupted:
+            code = after(code)
+    except KeyboardInterrupt:
+        interrupted, code = True, EXIT_INTERRUPTED
     try:  # make reports 2 for any failure: the CLI's own code stays here
-        manifest.set_fields(exit_code=code)
+        manifest.set_fields(exit_code=code, **({"interrupted": True} if interrupted else {}))
+    except KeyboardInterrupt:
+        manifest.set_fields(exit_code=EXIT_INTERRUPTED, interrupted=True)
+        interrupted, code = True, EXIT_INTERRUPTED
     except (OSError, ManifestError) as e:
         run_broke(manifest, e)
     payload = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 
-from nsa_runner.artifacts import now_iso
+from nsa_runner.artifacts import now_iso, runner_died
 from nsa_runner.results import FAILED, counts, counts_line
 from nsa_runner.results.junit import clean
 
@@ -55,6 +55,9 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
     ]
     if m.get("interrupted"):
         lines.append("- **interrupted** (Ctrl-C / cancel): stages after the last one listed did not run")
+    died = runner_died(m)
+    if died:
+        lines.append(f"- **{_md_cell(died)}**")
     lines += [
         "",
         "| # | stage | status | time | reason | files |",
@@ -83,7 +86,7 @@ def summary_json(m: dict, stages: list[dict] | None = None) -> dict:
     stages = m["stages"] if stages is None else stages
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "run_id": m["run_id"], "written": now_iso(),
             "started": m.get("started"), "finished": m.get("finished"), "interrupted": bool(m.get("interrupted")),
-            "device": m.get("device"), "profile": m.get("profile"), "host": m.get("host"),
+            "runner_died": runner_died(m), "device": m.get("device"), "profile": m.get("profile"), "host": m.get("host"),
             "counts": counts(stages),
             "stages": [{k: s.get(k) for k in ("name", "order", "status", "duration_s", "reason", "hint",
                                               "files", "log", "metrics")} for s in stages]}
