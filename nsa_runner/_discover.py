@@ -60,6 +60,9 @@ def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dic
 
 
 def main(argv: list[str]) -> int:
+    from nsa_runner._worker import _die_with_parent
+
+    _die_with_parent()  # the CLI killed (kill -9, SIGHUP): this child goes with it
     result_path = argv[0]
     req = json.loads(sys.stdin.read())
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]

@@ -36,8 +36,7 @@ from typing import Any
 
 import nsa_runner
 from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes
-from nsa_runner.artifacts import (ManifestError, declared_file_problem, load_manifest, mark_owned, now_iso,
-                                  stage_allowed)
+from nsa_runner.artifacts import ManifestError, declared_file_problem, load_manifest, mark_owned, now_iso, stage_allowed
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import ManifestBusy, RunManifest
 from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet

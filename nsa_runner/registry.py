@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,12 +286,20 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
             log = os.path.join(tmp, "child.log")
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
                    "only": only, "parse": parse}
+            from nsa_runner._worker import COOKIE_ENV, PARENT_ENV
+            from nsa_runner.executor import _Watchdog
+
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [_pkg_parent(), env.get("PYTHONPATH", "")]))
+            # as for a stage: a cookie in the environment finds what a plugin started (setsid included),
+            # the child dies with this process (PR_SET_PDEATHSIG) and a watchdog cleans up after kill -9
+            cookie = uuid.uuid4().hex
+            env[COOKIE_ENV], env[PARENT_ENV] = cookie, str(os.getpid())
             with open(log, "wb") as logf:
                 proc = subprocess.Popen([sys.executable, "-m", "nsa_runner._discover", result],
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
+            guard = _Watchdog(cookie, proc.pid, tmp, env)
             try:
                 proc.stdin.write(json.dumps(req).encode())
                 proc.stdin.close()
@@ -323,7 +332,8 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                         break
                     time.sleep(0.02)
             finally:
-                _stop(proc)
+                _stop(proc, cookie)
+                guard.done()
             if done:
                 break
             if loading is None:  # died outside any plugin's import: nothing to blame, nothing to retry
@@ -382,12 +392,12 @@ def _tail(path: str, n: int = 4000) -> str:
         return ""
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """The discovery child and anything its plugins started: gone (its own session)."""
-    try:  # the group too: a plugin may have started processes while it was imported
-        os.killpg(proc.pid, 9)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _stop(proc: subprocess.Popen, cookie: str) -> None:
+    """The discovery child and anything its plugins started: gone, as a tree (its process group,
+    its descendants, every process carrying its cookie: ``setsid`` grandchildren included)."""
+    from nsa_runner._worker import kill_processes
+
+    kill_processes(cookie, proc.pid, grace_s=0.0)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -44,7 +44,8 @@ def _row(e: StageEntry, machine: Machine) -> dict:
 
 def _render_one(r: dict) -> None:
     con = out_console()
-    con.print(f"[bold]{plain_text(r['name'])}[/] (order {r['order']}, {plain_text(r['source'])}, {plain_text(r['entry_point'])})")
+    con.print(f"[bold]{plain_text(r['name'])}[/] (order {r['order']}, {plain_text(r['source'])}, "
+              f"{plain_text(r['entry_point'])})")
     if r["description"]:
         con.print(plain_text(r["description"]))
     con.print(f"requires: {plain_text(', '.join(r['requires'])) or '-'}   runs here: "

@@ -85,8 +85,9 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
 def summary_json(m: dict, stages: list[dict] | None = None) -> dict:
     stages = m["stages"] if stages is None else stages
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "run_id": m["run_id"], "written": now_iso(),
-            "started": m.get("started"), "finished": m.get("finished"), "interrupted": bool(m.get("interrupted")),
-            "runner_died": runner_died(m), "device": m.get("device"), "profile": m.get("profile"), "host": m.get("host"),
+            "started": m.get("started"), "finished": m.get("finished"),
+            "interrupted": bool(m.get("interrupted")), "runner_died": runner_died(m),
+            "device": m.get("device"), "profile": m.get("profile"), "host": m.get("host"),
             "counts": counts(stages),
             "stages": [{k: s.get(k) for k in ("name", "order", "status", "duration_s", "reason", "hint",
                                               "files", "log", "metrics")} for s in stages]}

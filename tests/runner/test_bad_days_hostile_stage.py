@@ -9,12 +9,9 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
-
 from _bad_days import cli_cmd, env_with, manifest
 
 HOSTILE = """

@@ -12,7 +12,8 @@ from nsa_runner import Option, Stage, StageResult, Status
 
 class M(Stage):
     name, order = "m", 10
-    description = "desc [/] [bold red]x[/bold red] \\x1b]0;pwned\\x07 \\x1b[2J :smile: [link=javascript:alert(1)]click[/link]"
+    description = ("desc [/] [bold red]x[/bold red] \\x1b]0;pwned\\x07 \\x1b[2J :smile: "
+                   "[link=javascript:alert(1)]click[/link]")
     options = (Option("--x", str, help="help [/] \\x1b[31mred :o: [/nope]", choices=("[/]", "\\x1b[1m")),)
     def run(self, ctx):
         return StageResult(Status.PASS, "ok :o: [/] \\x1b[2J")
