@@ -65,6 +65,11 @@ CONFIG = {
     "score": {"BM": 256, "BC": 64, "num_warps": 4, "num_stages": 2},
     "topn": {"num_warps": 1, "rows_elems": 1024},
 }
+# Shared memory per score program, by the estimate q tile (BM x BK) + key tiles (BC x BK x stages),
+# in bytes of the input dtype. Seen on the H100 (227 KiB per block): bf16 BK=128 BM=256 and fp32
+# BK=128 BM=256 (estimate 192 KiB) compile; fp32 BK=256 BM=256 (estimate 384 KiB, Triton asked for
+# 328 KiB) does not. Wider rows (fp32, dk > 128) get a smaller BM (then BC) to stay under this.
+SMEM_BUDGET_BYTES = 192 * 1024
 # The compact score buffer [B, chunk, G, NB] fp32 is bounded by this; longer inputs run in chunks.
 SCORE_BUDGET_BYTES = 1 << 29
 MAX_NB = 1 << 14  # selection blocks per row the one-program top-n handles (T <= 1M with l' = 64)
@@ -234,11 +239,17 @@ def _geometry(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, config:
     h = HQ // G
     HP = np2(h)
     A, BB = cfg.l_sel // cfg.d, cfg.l // cfg.d
-    BT = max(1, np2(max(16, int(config["BM"])) // HP))  # tokens per program; BM = BT*HP >= 16 rows
-    BC = max(int(config["BC"]), np2(A + BB - 1), 16)
+    BK = max(16, np2(dk))
+    BM, BC = max(16, int(config["BM"])), max(int(config["BC"]), np2(A + BB - 1), 16)
+    smem = lambda bm, bc: (bm * BK + bc * BK * int(config["num_stages"])) * q.element_size()  # noqa: E731
+    while smem(BM, BC) > SMEM_BUDGET_BYTES and BM > max(16, HP):  # fp32 / wide heads: fewer rows first
+        BM //= 2
+    while smem(BM, BC) > SMEM_BUDGET_BYTES and BC // 2 >= max(16, np2(A + BB - 1)):
+        BC //= 2
+    BT = max(1, np2(BM // HP))  # tokens per program; BM = BT*HP >= 16 rows
     NBT = (BC - (BB - 1)) // A  # blocks owned per pass-2 step (>= 1 by the choice of BC)
     return dict(B=B, Tq=Tq, HQ=HQ, dk=dk, G=G, h=h, HP=HP, BT=BT, BC=BC, NBT=NBT,
-                NBTP=max(16, np2(NBT)), BK=max(16, np2(dk)), A=A, BB=BB,
+                NBTP=max(16, np2(NBT)), BK=BK, A=A, BB=BB,
                 NB=cfg.num_sel_blocks(S), Tc=min(kc.shape[1], cfg.num_cmp(S)), S=S)
 
 

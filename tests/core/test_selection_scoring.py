@@ -132,6 +132,24 @@ def test_launch_configs_same_choice(BM, BC):
     check_choice(idx, cnt, q, kc, 150, cfg)
 
 
+def test_wide_rows_get_a_launch_that_fits_shared_memory():
+    """fp32 with dk=192 (BK=256) asked Triton for 328 KiB of shared memory on the H100 (limit 227 KiB):
+    the launch shrinks BM (then BC) until its estimate fits; the paper bf16 launch is unchanged. The
+    smaller launch chooses as the reference does (interpreter, fp32, dk=192)."""
+    cfg = NSAConfig(l=8, d=4, l_sel=16, n_sel=4)
+    for dtype, dk, want_bm in ((torch.bfloat16, 128, 256), (torch.float32, 128, 256), (torch.float32, 192, 64),
+                               (torch.bfloat16, 256, 256), (torch.float32, 256, 64)):
+        q = torch.empty(1, 64, 64, dk, dtype=dtype)
+        kc = torch.empty(1, 15, 4, dk, dtype=dtype)
+        geo = scoring._geometry(q, kc, 64, cfg, scoring.CONFIG["score"])
+        est = (geo["BT"] * geo["HP"] * geo["BK"] + geo["BC"] * geo["BK"] * 2) * q.element_size()
+        assert est <= scoring.SMEM_BUDGET_BYTES and geo["BT"] * geo["HP"] == want_bm, (dtype, dk, geo)
+    q, k = _inputs(1, 70, 8, 2, 192, seed=3, scale=1.5)
+    kc = F.compress(k, cfg)
+    idx, cnt = scoring.fused_select_blocks(q, kc, 70, cfg)
+    check_choice(idx, cnt, q, kc, 70, cfg)
+
+
 def test_select_blocks_backends_agree_and_scale():
     cfg = NSAConfig(l=4, d=2, l_sel=8, n_sel=4)
     q, k = _inputs(1, 50, 4, 2, 8, seed=5)
