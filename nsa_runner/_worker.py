@@ -25,6 +25,7 @@ import os
 import pickle
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -84,6 +85,43 @@ def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
             psutil.wait_procs(procs, timeout=wait)
         if not stage_processes(cookie, root):
             return
+
+
+class Watchdog:
+    """``python -m nsa_runner._worker --watchdog`` (runner side; the executor and plugin discovery use
+    it): kills the stage and removes its temp folder if
+    this runner dies (kill -9) before ``done()``. Its own session: a terminal's Ctrl-C and a
+    kill of the runner's process group do not reach it."""
+
+    def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
+        self.proc = None
+        r, self.w = os.pipe()
+        try:
+            env = {k: v for k, v in env.items() if k not in (COOKIE_ENV, PARENT_ENV)}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nsa_runner._worker", "--watchdog", str(r), cookie, str(worker_pid), tmpdir],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(r,),
+                env=env, start_new_session=True)
+        except OSError:  # no watchdog: the parent-death signal still stops the worker itself
+            os.close(self.w)
+            self.w = None
+        finally:
+            os.close(r)
+
+    def done(self) -> None:
+        if self.w is not None:
+            try:
+                os.write(self.w, b"d")
+            except OSError:
+                pass
+            os.close(self.w)
+            self.w = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _die_with_parent() -> None:

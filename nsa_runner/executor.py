@@ -36,6 +36,7 @@ from typing import Any
 
 import nsa_runner
 from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes
+from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import ManifestError, declared_file_problem, load_manifest, mark_owned, now_iso, stage_allowed
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import ManifestBusy, RunManifest
@@ -180,42 +181,6 @@ def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE
     except subprocess.TimeoutExpired:
         pass
     return interrupted
-
-
-class _Watchdog:
-    """``python -m nsa_runner._worker --watchdog``: kills the stage and removes its temp folder if
-    this runner dies (kill -9) before ``done()``. Its own session: a terminal's Ctrl-C and a
-    kill of the runner's process group do not reach it."""
-
-    def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
-        self.proc = None
-        r, self.w = os.pipe()
-        try:
-            env = {k: v for k, v in env.items() if k not in (COOKIE_ENV, PARENT_ENV)}
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nsa_runner._worker", "--watchdog", str(r), cookie, str(worker_pid), tmpdir],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(r,),
-                env=env, start_new_session=True)
-        except OSError:  # no watchdog: the parent-death signal still stops the worker itself
-            os.close(self.w)
-            self.w = None
-        finally:
-            os.close(r)
-
-    def done(self) -> None:
-        if self.w is not None:
-            try:
-                os.write(self.w, b"d")
-            except OSError:
-                pass
-            os.close(self.w)
-            self.w = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _describe_exit(rc: int) -> str:

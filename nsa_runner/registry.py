@@ -286,8 +286,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
             log = os.path.join(tmp, "child.log")
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
                    "only": only, "parse": parse}
-            from nsa_runner._worker import COOKIE_ENV, PARENT_ENV
-            from nsa_runner.executor import _Watchdog
+            from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [_pkg_parent(), env.get("PYTHONPATH", "")]))
@@ -299,7 +298,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 proc = subprocess.Popen([sys.executable, "-m", "nsa_runner._discover", result],
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
-            guard = _Watchdog(cookie, proc.pid, tmp, env)
+            guard = Watchdog(cookie, proc.pid, tmp, env)
             try:
                 proc.stdin.write(json.dumps(req).encode())
                 proc.stdin.close()
