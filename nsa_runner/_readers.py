@@ -415,6 +415,7 @@ class Run:
         return None
 
     def _cached(self, key: str, fn):
+        self._cache.setdefault("_touched", []).append(key.partition(":")[2])  # what a report section read
         if key not in self._cache:
             self._cache[key] = fn()
         return self._cache[key]

@@ -319,8 +319,9 @@ def _sanity_rows(A: Run, B: Run, comparable: bool, factor: float) -> list[Row]:
     for k in ("shape", "cfg"):
         if sa.get(k) != sb.get(k):
             defn = f"{k} {sa.get(k)} -> {sb.get(k)}"
-    ca = {c.get("check"): c for c in sa.get("checks") or [] if isinstance(c, dict)}
-    cb = {c.get("check"): c for c in sb.get("checks") or [] if isinstance(c, dict)}
+    # a hand-edited check name or detail of another type (a list, an object) is shown as text
+    ca = {str(c.get("check")): c for c in sa.get("checks") or [] if isinstance(c, dict)}
+    cb = {str(c.get("check")): c for c in sb.get("checks") or [] if isinstance(c, dict)}
     rows = []
     for name in dict.fromkeys([*ca, *cb]):
         a, b = ca.get(name), cb.get(name)
@@ -329,7 +330,7 @@ def _sanity_rows(A: Run, B: Run, comparable: bool, factor: float) -> list[Row]:
         st = lambda c: None if c is None else ("PASS" if c.get("ok") else "FAIL")  # noqa: E731
         rows.append(_error_row("parity", "sanity.json", str(name), st(a), st(b), _num(a, "rel_err"),
                                _num(b, "rel_err"), _num(b or a, "tol"), comparable, factor, defn,
-                               b_note=(b or {}).get("detail", "")[:120]))
+                               b_note=str((b or {}).get("detail", ""))[:120]))
     return rows
 
 

@@ -500,22 +500,45 @@ def render(run: Run) -> str:
         return _render(run)
 
 
+# what a hand-broken artifact the readers' checks do not cover raises inside one section's tables or plots
+_SECTION_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError)
+
+
+def _section(run: Run, title: str, make) -> str:
+    """One section of the report; an artifact it cannot use (a shape the readers do not check, a
+    column of infinities a log-scaled plot cannot draw) leaves that section out, saying so and naming
+    the files it read, and is noted in ``run.problems``: the rest of the report is still written.
+    ArtifactError (a broken file the readers name) still stops the report."""
+    touched = run._cache.setdefault("_touched", [])
+    start = len(touched)
+    try:
+        return make(run)
+    except ArtifactError:
+        raise
+    except _SECTION_ERRORS as e:
+        files = list(dict.fromkeys(reversed(touched[start:])))  # the file read last first: the likely culprit
+        what = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        line = f"{title}: not shown: {files[0] if files else 'the manifest'} cannot be used ({what})"
+        if len(files) > 1:
+            line += f"; the section also read {', '.join(files[1:])}"
+        run._cache.setdefault("_problems", []).append(line)
+        return f'<p class="absent">{_e(line)}</p>'
+
+
 def _render(run: Run) -> str:
     m = run.manifest
     c = counts(m["stages"])
+    sections = [("Stages", _stages_html), ("Machine", _facts_html),
+                ("Parity (errors vs float64 reference)", _parity_html), ("Decode (decode-bench)", _decode_html),
+                ("Kernel benchmarks", _bench_html), ("Figures", _images_html), ("Environment", _env_html)]
     body = [
         f"<h1>nsa-run report — {_e(run.run_id)}</h1>",
         f'<div class="note">{_e(run.machine()["label"])} · profile {_e(m.get("profile"))} · '
         f"started {_e(m.get('started'))} · report written {_e(now_iso())}</div>",
         _banner(m, c),
-        "<h2>Stages</h2>", _stages_html(run),
-        "<h2>Machine</h2>", _facts_html(run),
-        "<h2>Parity (errors vs float64 reference)</h2>", _parity_html(run),
-        "<h2>Decode (decode-bench)</h2>", _decode_html(run),
-        "<h2>Kernel benchmarks</h2>", _bench_html(run),
-        "<h2>Figures</h2>", _images_html(run),
-        "<h2>Environment</h2>", _env_html(run),
     ]
+    for title, make in sections:
+        body += [f"<h2>{_e(title)}</h2>", _section(run, title, make)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>nsa-run {_e(run.run_id)}</title><style>{CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
@@ -541,4 +564,4 @@ def write(folder: Path) -> dict:
     if summary_text is not None:
         write_text(summary_path, summary_text)
     return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
-            "run_id": run.run_id, "counts": counts(run.stages)}
+            "run_id": run.run_id, "counts": counts(run.stages), "problems": list(run._cache.get("_problems", []))}

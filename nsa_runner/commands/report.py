@@ -45,6 +45,8 @@ def report(
         con.print(f"summary.md: {escape(info['summary'])} {kept}")
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
+    for line in info.get("problems", []):  # sections left out of report.html, each naming its files
+        err_console().print(f"[yellow]note:[/] {escape(line)}", soft_wrap=True)
     raise typer.Exit(0)
 
 
