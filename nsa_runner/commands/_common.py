@@ -59,7 +59,7 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
     if profile is not None and profile not in PROFILES:
         fail(f"--profile {profile!r} is not one of {', '.join(PROFILES)}")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-        fail(f"--timeout must be a positive, finite number of seconds, got {timeout:g}")
+        fail(f"--timeout must be a positive number of seconds (finite), got {timeout:g}")
     cuda = cuda_available()
     if device == "cuda" and not cuda:
         fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)",
