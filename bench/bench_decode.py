@@ -1,7 +1,7 @@
 """Decode benchmark driver: the decode-bench stage in-process, and a kernel profile of the step.
 
-    PYTHONPATH=. python bench/bench_decode.py stage --out DIR [--impl triton] [--S-list 4k,64k] ...
-    PYTHONPATH=. python bench/bench_decode.py profile --S 65536 --B 16 [--impl triton]
+    PYTHONPATH=. python bench/bench_decode.py stage --out DIR [--kernel triton] [--impl nsa_core,mykernel] ...
+    PYTHONPATH=. python bench/bench_decode.py profile --S 65536 --B 16 [--kernel triton]
     PYTHONPATH=. python bench/bench_decode.py table RUN_DIR [RUN_DIR ...]     # the issue-14 table
 
 ``stage`` runs ``stages.decode_bench.DecodeBench`` exactly as ``nsa-run stage decode-bench``
@@ -53,7 +53,7 @@ def cmd_profile(args) -> int:
     m = NSAAttention(args.dim, args.G * args.h, args.G, args.dk, args.dv, NSAConfig()).cuda().to(dt).eval()
     cache = m.new_cache(args.B, args.S)
     cache.fill_random_(args.S - 1, generator=torch.Generator("cuda").manual_seed(0))
-    dec = m.decoder(cache, impl=args.impl)
+    dec = m.decoder(cache, impl=args.kernel)
     dec.x.normal_()
     dec.pos.fill_(args.S - 1)
     for _ in range(3):
@@ -63,8 +63,8 @@ def cmd_profile(args) -> int:
         for _ in range(args.steps):
             dec.run_step()
         torch.cuda.synchronize()
-    print(f"# profile: S={args.S} B={args.B} impl={args.impl} dtype={args.dtype} G={args.G} h={args.h} dk={args.dk} "
-          f"dv={args.dv} dim={args.dim}, {args.steps} eager steps (no graph), device time per kernel")
+    print(f"# profile: S={args.S} B={args.B} kernel={args.kernel} dtype={args.dtype} G={args.G} h={args.h} "
+          f"dk={args.dk} dv={args.dv} dim={args.dim}, {args.steps} eager steps (no graph), device time per kernel")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
     from nsa_core.decode.labels import label_of
     from nsa_runner.measure import timing
@@ -136,6 +136,9 @@ def cmd_table(args) -> int:
     for d in args.dirs:
         for f in sorted(Path(d).rglob("decode.csv")):
             df = pd.read_csv(f)
+            if "kernel" in df.columns:  # since issue 15: impl = the implementation, kernel = nsa_core's kernel
+                df = df[df.status.isin(["PASS", "FAIL"])] if "status" in df.columns else df
+                df["impl"] = df.impl.where(df.impl != "nsa_core", df.kernel)
             df["source"] = str(f.parent)
             frames.append(df)
     if not frames:
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("profile", help="torch.profiler kernel table of the eager static step (CUDA)")
     p.add_argument("--S", type=int, default=65536)
     p.add_argument("--B", type=int, default=16)
-    p.add_argument("--impl", default="triton", choices=("torch", "triton", "fused"))
+    p.add_argument("--kernel", default="triton", choices=("torch", "triton", "fused"))
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--G", type=int, default=4)
     p.add_argument("--h", type=int, default=16)

@@ -28,7 +28,7 @@ if [ -n "$R" ] && [ -f $R/decode.csv ]; then
   cp $R/logs/decode-bench.log $OUT/stage.log 2>/dev/null
 else  # the stage broke: keep its log and measure with the torch step so the call still reports numbers
   cp /tmp/cli.txt $OUT/stage.log
-  timeout 120 python3 bench/bench_decode.py stage --out /tmp/art2 --impl torch --S-list 4k,16k,64k >/dev/null 2>&1
+  timeout 120 python3 bench/bench_decode.py stage --out /tmp/art2 --kernel torch --S-list 4k,16k,64k >/dev/null 2>&1
   cp /tmp/art2/decode_bench.txt $OUT/decode_bench_torch.txt 2>/dev/null
 fi
 timeout 30 python3 bench/bench_decode.py profile --S 65536 --B 16 >$OUT/profile.txt 2>&1

@@ -8,7 +8,7 @@
 #     the paged cache through the Triton kernels, a graph-captured step vs float64, the timer)
 #  2. `nsa-run stage decode-bench --profile full` (S 4k..64k, B 1,16, bf16, HQ=64 G=4 dk=192 dv=128,
 #     CUDA graphs, L2 flushed, shares = profiled graph replays partitioned by kernel, sum 100%):
-#     --impl triton (6 launches), --impl fused (2 launches), fused over a paged cache (16 tokens per
+#     --kernel triton (6 launches), --kernel fused (2 launches), fused over a paged cache (16 tokens per
 #     page) at 8k and 64k
 #  3. the issue-14 table of the three runs (bench/bench_decode.py table) and a kernel profile of the
 #     fused step at 64k / B=16
@@ -52,13 +52,13 @@ bench() {  # name, time limit (s), decode-bench options
   step "2. decode-bench $name ($*) rc=$rc: $(tail -1 "$ART/$name.log")"
   if [ -n "$R" ]; then cp "$R/decode_bench.txt" "$OUT/$name.txt" 2>/dev/null; fi
 }
-bench triton 70 --impl triton
-bench fused 70 --impl fused
-bench fused-paged 40 --impl fused --page-size 16 --S-list 8k,64k
+bench triton 70 --kernel triton
+bench fused 70 --kernel fused
+bench fused-paged 40 --kernel fused --page-size 16 --S-list 8k,64k
 
 step "3. table + profiles"
 python3 bench/bench_decode.py table "$ART" > "$OUT/table.md" 2>&1
-timeout 25 python3 bench/bench_decode.py profile --S 65536 --B 16 --impl fused --steps 5 > "$OUT/profile.txt" 2>&1
+timeout 25 python3 bench/bench_decode.py profile --S 65536 --B 16 --kernel fused --steps 5 > "$OUT/profile.txt" 2>&1
 tar czf "$OUT/decode14.tgz" -C "$ART" . 2>/dev/null
 step "done"
 cat "$OUT/table.md"

@@ -5,7 +5,7 @@ For each cached length S and batch B: an NSA layer (``NSAAttention``) gets a con
 tokens (``--fill``: a real prefill through the module, or a direct fill of every cache with
 random data for long S — the output says which), then the step that decodes token S-1 (cached
 length S during the step) is measured with the static decoder (``nsa_core.decode.static``;
-``--impl``: torch, triton = 6 launches, fused = the attention part in 2 launches;
+``--kernel``: torch, triton = 6 launches, fused = the attention part in 2 launches;
 ``--page-size``: the raw KV cache in pages behind a block table):
 
   step    the whole layer step: projections + RoPE + gate MLP, cache append (+ compression),
@@ -46,6 +46,17 @@ equal the formula (``nsa_core.decode.cache.formula_reads``) for every (b, group)
 reference's own selection; the step output matches the float64 eager reference fed the step's
 selection (DESIGN §7 tolerance of the dtype); the SDPA baseline matches float64 math; every
 output is finite. Timings are reported, never asserted.
+
+Implementations under test (``--impl a,b``, DESIGN §5; default ``nsa_core``, what oneshot's ``--impl``
+hands over): ``nsa_core`` is measured as above. Any other implementation runs through its
+``decode_step`` part (contract: ``nsa_runner.impls.DECODE_STEP``) in the same layer (same seed,
+weights, context): :func:`measure_impl` checks k = d steps against the float64 prefill reference at
+each position (same selection), its selection against the reference's (DESIGN §7 near-ties), its
+read counters against the formula, and times its step at t = S-1 (``ms_attn``) against the same
+full-attention baselines. One that provides no decode_step (fla), or whose constraints exclude the
+point, gets SKIP rows naming the reason; a broken adapter or a step that raises gets ERROR rows and
+fails the stage. decode.csv: one row per (S, B, impl); ``impl`` names the implementation,
+``kernel`` nsa_core's step kernel (``decode_step`` for another's), ``status`` / ``note`` the row's verdict.
 """
 
 from __future__ import annotations
@@ -54,8 +65,10 @@ import copy
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
+from nsa_runner.impls import BUILTIN
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 
+from . import _parity
 from . import _seed as seeds
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -71,7 +84,7 @@ PREFILL_MAX_S = 2048  # --fill auto: a real prefill up to this S, a direct rando
 # attention work shared by several (append, combine, fused kernels), everything else (projections,
 # RoPE, gate MLP, output projection) and the remainder (GPU idle between kernels; CPU time outside ops)
 SHARE_PARTS = ("cmp", "sel", "win", "shared", "other", "remainder")
-COLUMNS = ["S", "B", "impl", "fill", "ms_step", "ms_attn", *[f"ms_{k}" for k in SHARE_PARTS], "ms_full",
+COLUMNS = ["S", "B", "impl", "kernel", "fill", "ms_step", "ms_attn", *[f"ms_{k}" for k in SHARE_PARTS], "ms_full",
            "ms_full_sdpa", "ms_full_triton", "speedup", "speedup_step", *[f"share_{k}" for k in SHARE_PARTS],
            "share_sum", "ms_step_eager", "reads_cmp", "reads_sel", "reads_win", "reads_total",
            "reads_bound", "reads_full", "read_ratio", "GB/s", "GB/s_full", "full_backend", "parity_rel_err",
@@ -80,7 +93,10 @@ COLUMNS = ["S", "B", "impl", "fill", "ms_step", "ms_attn", *[f"ms_{k}" for k in 
            "ms_step_p20", "ms_step_p80", "ms_attn_p20", "ms_attn_p80", "ms_full_p20", "ms_full_p80",
            "ms_step_eager_p20", "ms_step_eager_p80",
            # the partition: ms of one profiled pass of the step (the shares' 100%) and its method
-           "ms_profiled", "share_method"]
+           "ms_profiled", "share_method",
+           # PASS / FAIL (the point's checks), SKIP (outside the implementation's constraints: the reason in
+           # note) or ERROR (its step raised, or a broken adapter)
+           "status", "note"]
 
 
 def _pos(text: str) -> int:
@@ -151,6 +167,71 @@ def _sdpa_backends(device: str):
     return out
 
 
+def _full_baselines(qf, kf, vf, scale, device, dtype, tag, outs, fns, problems, full_decode):
+    """Full-attention decode over the same S keys: every SDPA backend that runs (and, on CUDA with
+    Triton, ``full_decode()``: the flash-decoding split-K kernel), each checked against float64 math
+    and added to ``fns`` as ``full:<name>``. -> (tried: one line per backend, {name: comparison})."""
+    import torch
+
+    from nsa_core.testing import compare
+
+    ref_full = torch.softmax((qf.double() @ kf.double().transpose(-1, -2)) * scale, -1) @ vf.double()
+    tried, full_err = [], {}
+    for name, ctxf in _sdpa_backends(device):
+        def full(ctxf=ctxf, name=name):
+            with ctxf():
+                outs[f"full:{name}"] = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, scale=scale)
+        try:
+            full()
+        except RuntimeError as e:  # backend not available for these shapes / dtype
+            tried.append(f"{name}: unavailable ({str(e).strip().splitlines()[0][:80]})")
+            continue
+        c = compare(outs[f"full:{name}"], ref_full, dtype)
+        full_err[name] = c
+        if not c.ok:
+            problems.append(f"{tag}: SDPA {name} vs float64 math: {c}")
+        fns[f"full:{name}"] = full
+    if device == "cuda" and _triton_ok():  # flash-decoding (split over the keys) with the decode kernels
+        fd = full_decode()
+
+        def full_tri():
+            outs["full:triton_splitk"] = fd()
+        full_tri()
+        c = compare(outs["full:triton_splitk"], ref_full, dtype)
+        full_err["triton_splitk"] = c
+        if not c.ok:
+            problems.append(f"{tag}: Triton split-K full attention vs float64 math: {c}")
+        fns["full:triton_splitk"] = full_tri
+    return tried, full_err
+
+
+def _full_decode(q, K, V, pos, scale):
+    from nsa_runner.measure.decode_baselines import FullDecode  # Triton: imported only where it runs
+
+    return FullDecode(q, K, V, pos, scale)
+
+
+def _fastest_full(ms, full_err, failed, tried, tag, problems):
+    """The fastest full-attention baseline that was timed -> (ms, name, {"sdpa", "triton": fastest ms
+    of each kind}, its rel_err); every candidate's line goes to ``tried``."""
+    full_ms, full_name, by_kind = float("inf"), "", {"sdpa": float("nan"), "triton": float("nan")}
+    for name, c in full_err.items():
+        if f"full:{name}" not in ms:
+            tried.append(f"{name}: {failed.get(f'full:{name}', 'not timed')}")
+            continue
+        t = ms[f"full:{name}"]
+        tried.append(f"{name}: {t:.4f} ms ({c})")
+        kind = "triton" if name.startswith("triton") else "sdpa"
+        if not by_kind[kind] <= t:  # nan or larger
+            by_kind[kind] = t
+        if t < full_ms:
+            full_ms, full_name = t, name
+    if not full_name:
+        problems.append(f"{tag}: no SDPA backend ran the full-attention baseline ({'; '.join(tried)})")
+    full_rel = full_err[full_name].rel_err if full_name else float("nan")
+    return full_ms, full_name, by_kind, full_rel
+
+
 def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]:
     """One (S, B) point -> (CSV row, problems). See the module docstring for what is timed."""
     import torch
@@ -180,7 +261,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
             cache = m.new_cache(B, S, page_size=o["page_size"] or None)
             cache.fill_random_(S - 1, generator=gen)
     x = torch.randn(B, 1, dim, device=device, dtype=dtype, generator=gen)
-    dec = m.decoder(cache, impl=o["impl"])
+    dec = m.decoder(cache, impl=o["kernel"])
     dec.x.copy_(x)
     dec.pos.fill_(S - 1)
     ref_cache = cache.to(dtype=torch.float64)  # context before the step, for the float64 reference
@@ -239,37 +320,10 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         # -- full-attention baseline over the same S tokens: every SDPA backend that runs ----------
         qf = q.reshape(B, G, h, dk)
         kf, vf = cache.sel_dense(S)  # views (dense cache) or a gathered copy (paged): the baseline is dense
-        ref_full = torch.softmax((qf.double() @ kf.double().transpose(-1, -2)) * dec.scale, -1) @ vf.double()
-        tried, full_err = [], {}
-        for name, ctxf in _sdpa_backends(device):
-            def full(ctxf=ctxf, name=name):
-                with ctxf():
-                    outs[f"full:{name}"] = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, scale=dec.scale)
-            try:
-                full()
-            except RuntimeError as e:  # backend not available for these shapes / dtype
-                tried.append(f"{name}: unavailable ({str(e).strip().splitlines()[0][:80]})")
-                continue
-            c = compare(outs[f"full:{name}"], ref_full, dtype)
-            full_err[name] = c
-            if not c.ok:
-                problems.append(f"{tag}: SDPA {name} vs float64 math: {c}")
-            fns[f"full:{name}"] = full
-        if device == "cuda" and _triton_ok():  # flash-decoding (split over the keys) with the decode kernels
-            from nsa_runner.measure.decode_baselines import FullDecode
-
-            fd = (FullDecode(q, kf.contiguous(), vf.contiguous(), dec.pos, dec.scale) if cache.paged
-                  else FullDecode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale))
-
-            def full_tri():
-                outs["full:triton_splitk"] = fd()
-            full_tri()
-            c = compare(outs["full:triton_splitk"], ref_full, dtype)
-            full_err["triton_splitk"] = c
-            if not c.ok:
-                problems.append(f"{tag}: Triton split-K full attention vs float64 math: {c}")
-            fns["full:triton_splitk"] = full_tri
-        del ref_full
+        tried, full_err = _full_baselines(
+            qf, kf, vf, dec.scale, device, dtype, tag, outs, fns, problems,
+            lambda: (_full_decode(q, kf.contiguous(), vf.contiguous(), dec.pos, dec.scale) if cache.paged
+                     else _full_decode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale)))
         runs, failed = (timing.graph_replays(fns, optional=[k for k in fns if k.startswith("full:")])
                         if device == "cuda" and o["graphs"] else (fns, {}))
         tm, _ = timing.bench_round_robin(runs, device=device, warmup=o["warmup"], iters=o["iters"])
@@ -284,21 +338,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
                 problems.append(f"{tag}: non-finite output of '{k}'")
         if not bool(torch.isfinite(dec.y).all()):
             problems.append(f"{tag}: non-finite step output")
-        full_ms, full_name, by_kind = float("inf"), "", {"sdpa": float("nan"), "triton": float("nan")}
-        for name, c in full_err.items():
-            if f"full:{name}" not in ms:
-                tried.append(f"{name}: {failed.get(f'full:{name}', 'not timed')}")
-                continue
-            t = ms[f"full:{name}"]
-            tried.append(f"{name}: {t:.4f} ms ({c})")
-            kind = "triton" if name.startswith("triton") else "sdpa"
-            if not by_kind[kind] <= t:  # nan or larger
-                by_kind[kind] = t
-            if t < full_ms:
-                full_ms, full_name = t, name
-        if not full_name:
-            problems.append(f"{tag}: no SDPA backend ran the full-attention baseline ({'; '.join(tried)})")
-        full_rel = full_err[full_name].rel_err if full_name else float("nan")
+        full_ms, full_name, by_kind, full_rel = _fastest_full(ms, full_err, failed, tried, tag, problems)
     log(f"{tag}: full-attention baselines: " + "; ".join(tried))
 
     es = torch.empty((), dtype=dtype).element_size()
@@ -307,7 +347,8 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     full_bytes = B * G * S * (dk + dv) * es
     shares = part.shares()
     row = {
-        "S": S, "B": B, "impl": o["impl"] + (f"/paged{o['page_size']}" if o["page_size"] else ""), "fill": fill,
+        "S": S, "B": B, "impl": BUILTIN, "kernel": o["kernel"] + (f"/paged{o['page_size']}" if o["page_size"] else ""),
+        "fill": fill,
         "ms_step": ms["step"], "ms_attn": ms["attn"], **{f"ms_{k}": part.parts.get(k, 0.0) for k in SHARE_PARTS},
         "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
         "speedup": full_ms / ms["attn"], "speedup_step": full_ms / ms["step"],
@@ -322,13 +363,228 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         "GB/s": nsa_bytes / (ms["attn"] * 1e-3) / 1e9, "GB/s_full": full_bytes / (full_ms * 1e-3) / 1e9,
         "full_backend": full_name, "parity_rel_err": par.rel_err, "parity_tol": par.tol, "sel_agree": agree,
         "full_rel_err": full_rel, "ms_profiled": part.total, "share_method": part.method,
+        "status": "", "note": "",
     }
     log(f"{tag}: step partition ({part.method}, {part.passes} passes, {part.total * 1e3:.1f} us per pass): "
         + "; ".join(f"{lab}/{name} {v * 1e3:.1f} us" for (lab, name), v in sorted(part.items.items(),
                                                                                key=lambda kv: -kv[1])[:12]))
     if set(part.parts) - set(SHARE_PARTS):
         problems.append(f"{tag}: the step partition has labels outside {SHARE_PARTS}: {sorted(part.parts)}")
+    row["status"] = "FAIL" if problems else "PASS"
     return row, problems
+
+
+# ---- an implementation's decode_step (nsa_runner.impls.DECODE_STEP) -------------------------------
+
+def _step_result(out, B: int, HQ: int, G: int, dv: int, n: int):
+    """The step's (o, block_idx, block_count), shapes checked; ValueError naming what is wrong."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise ValueError(f"step must return (o, block_idx, block_count), got {type(out).__name__}"
+                         + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    o, idx, cnt = out
+    for what, x, want in (("o", o, (B, 1, HQ, dv)), ("block_idx", idx, (B, 1, G, n)), ("block_count", cnt, (B, 1, G))):
+        if tuple(getattr(x, "shape", ())) != want:
+            raise ValueError(f"step returned {what} of shape {tuple(getattr(x, 'shape', ()))}, expected {list(want)}")
+    return o, idx, cnt
+
+
+def _selection_rows(idx, cnt, ref_idx, ref_cnt, q64, ref_cache, t: int, cfg, band: float) -> dict:
+    """One step's selection [B, G] rows vs the float64 reference's: malformed rows (ids not ascending,
+    out of 0..t // l', or -1 padding not after block_count), rows that differ, and differing rows that
+    are near-ties (the reference scores of the two sets within ``band`` relative, DESIGN §7)."""
+    import torch
+
+    from nsa_core import functional as F
+
+    nb = t // cfg.l_sel + 1
+    ix, ct = idx[:, 0].long(), cnt[:, 0].long()  # [B, G, n], [B, G]
+    n = ix.shape[-1]
+    slot = torch.arange(n, device=ix.device)
+    live = slot < ct[..., None]
+    bad = ((ct < 0) | (ct > n)
+           | (live & ((ix < 0) | (ix >= nb))).any(-1)
+           | (~live & (ix != -1)).any(-1)
+           | (live[..., 1:] & (ix[..., 1:] <= ix[..., :-1])).any(-1))
+
+    def member(x, c):
+        x, c = x.long(), c.long()
+        ok = (torch.arange(x.shape[-1], device=x.device) < c[..., None]) & (x >= 0) & (x < nb)
+        m = torch.zeros(*x.shape[:-1], nb + 1, dtype=torch.bool, device=x.device)
+        m.scatter_(-1, torch.where(ok, x, torch.full_like(x, nb)), True)
+        return m[..., :nb]
+
+    a, b = member(ix, ct), member(ref_idx[:, 0], ref_cnt[:, 0])
+    differ = (a != b).any(-1) & ~bad
+    near = torch.zeros_like(differ)
+    if bool(differ.any()):
+        kc, _ = ref_cache.cmp_kv(cfg.num_cmp(t + 1))
+        scores = F.block_scores(q64, kc, t + 1, cfg)[:, 0, :, :nb]  # [B, G, nb]
+        sa, sb = (scores * a).sum(-1), (scores * b).sum(-1)
+        near = (sa - sb).abs() <= band * sb.abs().clamp_min(1e-30)
+    first = ""
+    far = differ & ~near
+    for mask, what in ((bad, "malformed"), (far, "differs from the reference")):
+        if not first and bool(mask.any()):
+            bb, gg = (int(v) for v in mask.nonzero()[0])
+            first = (f"b={bb} g={gg}: {what}: {ix[bb, gg].tolist()} (count {int(ct[bb, gg])}) vs reference "
+                     f"{ref_idx[bb, 0, gg].tolist()}")
+    return {"rows": differ.numel(), "bad": int(bad.sum()), "differ": int(differ.sum()),
+            "ties": int((differ & near).sum()), "first": first}
+
+
+def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict, list[str]]:
+    """One (S, B) point of an implementation's ``decode_step`` -> (CSV row, problems).
+
+    The same layer (weights, seed) as nsa_core's point gives a context of S - k tokens (--fill
+    prefill: projections of random tokens; random: random per-branch keys/values) and k = min(d, S-1)
+    new tokens, so a compressed token is made among the steps. ``decode_step`` gets the context, then
+    steps at t = S-k .. S-1; each step is checked: its output vs the float64 reference of prefill at
+    position t fed the step's selection (``nsa_core.decode.reference.attend``, the prefill math for one
+    query; DESIGN §7 tolerance), its selection vs the reference's (near-ties within the dtype's
+    tolerance accepted, at most 0.1% of rows), its read counters vs the formula, finiteness. Timed:
+    the step at t = S-1 again (``ms_attn``: append + three branches + gates, what nsa_core's attn
+    covers) and the same full-attention baselines; ``ms_step`` (with projections) and the shares
+    are nsa_core's only (NaN here)."""
+    import torch
+
+    from nsa_core import NSAAttention, NSAConfig
+    from nsa_core import functional as F
+    from nsa_core.decode import cache as cache_mod
+    from nsa_core.decode import reference as _decode
+    from nsa_core.testing import compare, tolerance
+    from nsa_runner.measure import timing
+
+    problems: list[str] = []
+    nan = float("nan")
+    dtype = getattr(torch, DTYPES[o["dtype"]])
+    cfg = NSAConfig(**o["nsa"])
+    G, h = o["groups"], o["heads_per_group"]
+    HQ, dk, dv, dim = G * h, o["dk"], o["dv"], o["dim"]
+    torch.manual_seed(o["seed"] + S * 131 + B)
+    gen = torch.Generator(device=device).manual_seed(o["seed"] + S + 7 * B)
+    m = NSAAttention(dim, HQ, G, dk, dv, cfg).to(device=device, dtype=dtype).eval()
+    fill = o["fill"] if o["fill"] != "auto" else ("prefill" if S <= PREFILL_MAX_S else "random")
+    k = min(cfg.d, S - 1)
+    t0 = S - k
+    tag = f"{impl.name} S={S} B={B}"
+    with torch.no_grad():
+        if fill == "prefill":
+            p = m.project(torch.randn(B, t0, dim, device=device, dtype=dtype, generator=gen), 0)
+            context = [p.k_cmp, p.v_cmp, p.k_sel, p.v_sel, p.k_win, p.v_win]
+            del p
+        else:
+            context = [torch.randn(B, t0, G, d, device=device, dtype=dtype, generator=gen)
+                       for d in (dk, dv, dk, dv, dk, dv)]
+        new = m.project(torch.randn(B, k, dim, device=device, dtype=dtype, generator=gen), t0)
+    branch = (new.k_cmp, new.v_cmp, new.k_sel, new.v_sel, new.k_win, new.v_win)
+    ref = cache_mod.NSACache.empty(cfg, B, G, dk, dv, S, dtype=torch.float64, device=device)
+    c64 = [x.double() for x in context]
+    ref.fill_(*c64, F.compress(c64[0], cfg), F.compress(c64[1], cfg))
+    del c64
+    kf = torch.cat([context[2], new.k_sel], 1).transpose(1, 2).contiguous()  # [B, G, S, dk]: the baseline's keys
+    vf = torch.cat([context[3], new.v_sel], 1).transpose(1, 2).contiguous()
+    step = impl.parts["decode_step"](*context, cfg, S)
+    del context
+    worst, sel = None, {"rows": 0, "bad": 0, "differ": 0, "ties": 0, "first": ""}
+    band = tolerance(dtype)
+    reads = {}
+    for i in range(k):
+        t = t0 + i
+        args = (new.q[:, i:i + 1], *(x[:, i:i + 1] for x in branch), new.gates[:, i:i + 1])
+        y, idx, cnt = _step_result(step(t, *args), B, HQ, G, dv, cfg.n_sel)
+        with torch.no_grad():
+            ref.append_(*(x[:, i].double() for x in branch))
+            q64, g64 = new.q[:, i:i + 1].double(), new.gates[:, i:i + 1].double()
+            o_fed, _, _ = _decode.attend(q64, g64, ref, t, cfg, block_idx=idx.to(device), block_count=cnt.to(device))
+            _, ref_idx, ref_cnt = _decode.attend(q64, g64, ref, t, cfg)
+        if not bool(torch.isfinite(y).all()):
+            problems.append(f"{tag} t={t}: non-finite step output")
+        par = compare(y, o_fed, dtype)
+        if worst is None or not par.rel_err <= worst.rel_err:
+            worst = par
+        if not par.ok:
+            problems.append(f"{tag} t={t}: step output vs float64 prefill reference at t (same selection): {par}")
+        rows = _selection_rows(idx, cnt, ref_idx, ref_cnt, q64, ref, t, cfg, band)
+        for key in ("rows", "bad", "differ", "ties"):
+            sel[key] += rows[key]
+        if rows["first"] and not sel["first"]:
+            sel["first"] = f"t={t} {rows['first']}"
+        if rows["bad"] == 0:
+            want = cache_mod.formula_reads(t + 1, cfg)
+            r = cache_mod.read_counts(t + 1, idx[:, 0].to(device), cnt[:, 0].to(device), cfg)
+            for key in cache_mod.READ_KEYS:
+                off = r[key] != want[key]
+                if bool(off.any()):
+                    problems.append(f"{tag} t={t}: reads_{key} of the step's selection "
+                                    f"{sorted(set(r[key].flatten().tolist()))} != formula {want[key]} in "
+                                    f"{int(off.sum())} of {off.numel()} (b, group)")
+            reads = {key: int(r[key].max()) for key in r}
+    if sel["bad"]:
+        problems.append(f"{tag}: {sel['bad']} malformed selection row(s) (ids ascending in 0..t//l', -1 after "
+                        f"block_count): {sel['first']}")
+    far = sel["differ"] - sel["ties"]
+    if far or sel["ties"] > max(1, sel["rows"] // 1000):
+        problems.append(f"{tag}: selection vs float64 reference: {sel['rows'] - sel['differ'] - sel['bad']}/"
+                        f"{sel['rows']} (t, group) rows identical, {sel['ties']} near-tie(s), {far} differ"
+                        + (f"; first at {sel['first']}" if sel["first"] else "") + f" (over {k} steps)")
+    log(f"{tag}: {k} steps t={t0}..{S - 1} checked: worst parity {worst}; selection {sel['rows'] - sel['differ']}/"
+        f"{sel['rows']} rows as the reference ({sel['ties']} near-ties)")
+
+    # -- timing: the step at t = S-1 again (it overwrites token S-1) vs the full-attention baselines --
+    last = (new.q[:, k - 1:k], *(x[:, k - 1:k] for x in branch), new.gates[:, k - 1:k])
+    outs: dict = {}
+    scale = 1.0 / dk ** 0.5
+    with torch.no_grad():
+        def attn():
+            outs["attn"] = step(S - 1, *last)[0]
+
+        fns = {"attn": attn}
+        q = new.q[:, k - 1].contiguous()  # [B, HQ, dk]
+        tried, full_err = _full_baselines(q.reshape(B, G, h, dk), kf, vf, scale, device, dtype, tag, outs, fns,
+                                          problems, lambda: _full_decode(q, kf, vf, torch.tensor(S - 1, device=device),
+                                                                         scale))
+        note = ""
+        runs, failed = fns, {}
+        if device == "cuda" and o["graphs"]:
+            runs, failed = timing.graph_replays(fns, optional=list(fns))
+            if "attn" in failed:  # the step cannot be captured: time everything eagerly, alike
+                note = f"timed eagerly (CUDA-graph capture of the step failed: {failed['attn']})"
+                runs, failed = fns, {}
+        tm, _ = timing.bench_round_robin(runs, device=device, warmup=o["warmup"], iters=o["iters"])
+        ms = {name: t.ms for name, t in tm.items()}
+        for name, v in outs.items():
+            if not bool(torch.isfinite(v).all()):
+                problems.append(f"{tag}: non-finite output of '{name}'")
+        full_ms, full_name, by_kind, full_rel = _fastest_full(ms, full_err, failed, tried, tag, problems)
+    log(f"{tag}: full-attention baselines: " + "; ".join(tried))
+    es = torch.empty((), dtype=dtype).element_size()
+    total = sum(reads.values()) if reads else 0
+    row = {c: nan for c in COLUMNS}
+    row.update({
+        "S": S, "B": B, "impl": impl.name, "kernel": "decode_step", "fill": fill, "ms_attn": ms["attn"],
+        "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
+        "speedup": full_ms / ms["attn"],
+        **_spread_cols(tm, {"ms_attn": "attn", "ms_full": f"full:{full_name}"}),
+        "reads_cmp": reads.get("cmp", -1), "reads_sel": reads.get("sel", -1), "reads_win": reads.get("win", -1),
+        "reads_total": total, "reads_bound": cache_mod.paper_bound(S, cfg), "reads_full": S,
+        "read_ratio": S / total if total else nan,
+        "GB/s": B * G * total * (dk + dv) * es / (ms["attn"] * 1e-3) / 1e9,
+        "GB/s_full": B * G * S * (dk + dv) * es / (full_ms * 1e-3) / 1e9,
+        "full_backend": full_name, "parity_rel_err": worst.rel_err, "parity_tol": worst.tol,
+        "sel_agree": (sel["rows"] - sel["differ"] - sel["bad"]) / sel["rows"], "full_rel_err": full_rel,
+        "share_method": "", "status": "FAIL" if problems else "PASS",
+        "note": "; ".join(filter(None, [f"{k} steps checked (t={t0}..{S - 1}); ms_attn = its step (append + branches"
+                                        " + gates); ms_step and shares: nsa_core only", note, impl.note])),
+    })
+    return row, problems
+
+
+def _unmeasured(S: int, B: int, name: str, status: str, note: str) -> dict:
+    """A row for an (S, B) point an implementation did not run: SKIP (its reason) or ERROR."""
+    row = {c: float("nan") for c in COLUMNS}
+    row.update({"S": S, "B": B, "impl": name, "kernel": "-", "fill": "-", "full_backend": "", "share_method": "",
+                "status": status, "note": note})
+    return row
 
 
 # ---- outputs -----------------------------------------------------------------------------------
@@ -357,17 +613,17 @@ def _env_lines(device: str) -> list[str]:
 
 
 def _table(rows: list[dict]) -> str:
-    head = (f"{'S':>6} {'B':>3} {'impl':>6} {'fill':>7} {'step':>8} {'attn':>8} {'cmp%':>6} {'sel%':>6} {'win%':>6} "
-            f"{'shrd%':>6} {'other%':>6} {'rem%':>6} {'sum%':>6} {'full':>8} {'speedup':>7} "
+    head = (f"{'S':>6} {'B':>3} {'impl':>10} {'kernel':>14} {'fill':>7} {'step':>8} {'attn':>8} {'cmp%':>6} "
+            f"{'sel%':>6} {'win%':>6} {'shrd%':>6} {'other%':>6} {'rem%':>6} {'sum%':>6} {'full':>8} {'speedup':>7} "
             f"{'reads cmp/sel/win=total':>24} {'bound':>7} {'full':>6} {'full/nsa':>8}")
     out = [head, "-" * len(head)]
     for r in rows:
         reads = f"{r['reads_cmp']}/{r['reads_sel']}/{r['reads_win']}={r['reads_total']}"
-        out.append(f"{r['S']:>6} {r['B']:>3} {r['impl']:>6} {r['fill']:>7} {r['ms_step']:>8.4f} {r['ms_attn']:>8.4f} "
-                   f"{r['share_cmp']:>6.1f} {r['share_sel']:>6.1f} {r['share_win']:>6.1f} {r['share_shared']:>6.1f} "
-                   f"{r['share_other']:>6.1f} {r['share_remainder']:>6.1f} {r['share_sum']:>6.1f} "
-                   f"{r['ms_full']:>8.4f} {r['speedup']:>7.2f} {reads:>24} {r['reads_bound']:>7.0f} "
-                   f"{r['reads_full']:>6} {r['read_ratio']:>8.2f}")
+        out.append(f"{r['S']:>6} {r['B']:>3} {r['impl']:>10} {r['kernel']:>14} {r['fill']:>7} {r['ms_step']:>8.4f} "
+                   f"{r['ms_attn']:>8.4f} {r['share_cmp']:>6.1f} {r['share_sel']:>6.1f} {r['share_win']:>6.1f} "
+                   f"{r['share_shared']:>6.1f} {r['share_other']:>6.1f} {r['share_remainder']:>6.1f} "
+                   f"{r['share_sum']:>6.1f} {r['ms_full']:>8.4f} {r['speedup']:>7.2f} {reads:>24} "
+                   f"{r['reads_bound']:>7.0f} {r['reads_full']:>6} {r['read_ratio']:>8.2f}")
     return "\n".join(out)
 
 
@@ -379,18 +635,29 @@ def _plot(rows: list[dict], path, title: str) -> None:
     import matplotlib.ticker  # noqa: F401
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
     for B in sorted({r["B"] for r in rows}):
-        rs = sorted((r for r in rows if r["B"] == B), key=lambda r: r["S"])
-        S = [r["S"] for r in rs]
-        line = a1.plot(S, [r["ms_attn"] * 1e3 for r in rs], "o-", label=f"NSA attn B={B}")[0]
-        a1.plot(S, [r["ms_step"] * 1e3 for r in rs], "o:", color=line.get_color(), label=f"NSA layer step B={B}")
-        a1.plot(S, [r["ms_full"] * 1e3 for r in rs], "s--", color=line.get_color(), alpha=0.6,
-                label=f"full attn (fastest baseline) B={B}")
+        for impl in impls:  # nsa_core: "NSA ..." as always; another implementation by its name (attn only)
+            rs = sorted((r for r in rows if r["B"] == B and r["impl"] == impl), key=lambda r: r["S"])
+            S = [r["S"] for r in rs]
+            if not rs:
+                continue
+            if impl != BUILTIN:
+                a1.plot(S, [r["ms_attn"] * 1e3 for r in rs], "^-.", label=f"{impl} attn (decode_step) B={B}")
+                continue
+            line = a1.plot(S, [r["ms_attn"] * 1e3 for r in rs], "o-", label=f"NSA attn B={B}")[0]
+            a1.plot(S, [r["ms_step"] * 1e3 for r in rs], "o:", color=line.get_color(), label=f"NSA layer step B={B}")
+            a1.plot(S, [r["ms_full"] * 1e3 for r in rs], "s--", color=line.get_color(), alpha=0.6,
+                    label=f"full attn (fastest baseline) B={B}")
+        if BUILTIN not in impls:
+            rs = sorted({r["S"]: r for r in rows if r["B"] == B}.values(), key=lambda r: r["S"])
+            a1.plot([r["S"] for r in rs], [r["ms_full"] * 1e3 for r in rs], "s--", alpha=0.6,
+                    label=f"full attn (fastest baseline) B={B}")
     a1.set(xscale="log", yscale="log", xlabel="cached length S", ylabel="µs per decode step", title="latency")
     a1.set_xticks(sorted({r["S"] for r in rows}), [str(s) for s in sorted({r["S"] for r in rows})])
     a1.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     a1.legend(fontsize=7)
-    rs = sorted({r["S"]: r for r in rows}.values(), key=lambda r: r["S"])
+    rs = sorted({r["S"]: r for r in rows if r["impl"] == impls[0]}.values(), key=lambda r: r["S"])
     S = [r["S"] for r in rs]
     a2.plot(S, [r["reads_total"] for r in rs], "o-", label="NSA reads (counted)")
     a2.plot(S, [r["reads_bound"] for r in rs], "k:", label="paper bound (s-l)/d + n l' + w")
@@ -430,14 +697,15 @@ class DecodeBench(Stage):
         Option("--dim", _pos, None, "model dim (default CUDA 2048, CPU 64)"),
         Option("--nsa", parse_nsa, None, "geometry, e.g. l=32,d=16,l_sel=64,n_sel=16,w=512 (default CUDA: paper; "
                "CPU: l=16,d=8,l_sel=32,n_sel=8,w=128)"),
-        Option("--impl", str, "auto", "decode step implementation (auto: triton on CUDA, torch on CPU; fused: the "
-               "attention part in two Triton launches)", choices=("auto", "torch", "triton", "fused")),
+        Option("--kernel", str, "auto", "nsa_core's decode step kernel (auto: triton on CUDA, torch on CPU; fused: "
+               "the attention part in two Triton launches)", choices=("auto", "torch", "triton", "fused")),
         Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
                f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),
         Option("--page-size", _nonneg, 0, "paged raw KV cache with this many tokens per page (block table, "
                "as vLLM / FlashInfer); 0 = dense"),
         Option("--graphs", str, "on", "CUDA graphs for the timed functions (CUDA only)", choices=("on", "off")),
         Option("--seed", _nonneg, 0, "seed of weights and inputs"),
+        _parity.impl_option(),
     )
 
     def resolve(self, ctx) -> dict:
@@ -458,16 +726,17 @@ class DecodeBench(Stage):
             raise ValueError(f"decode-bench: --dtype must be one of {', '.join(DTYPES)}, got {o['dtype']!r}")
         if not o["S_list"] or any(s < 2 for s in o["S_list"]):
             raise ValueError(f"decode-bench: every S in --S-list must be >= 2, got {o['S_list']}")
-        if o["impl"] == "auto":
-            o["impl"] = "triton" if dev == "cuda" and _triton_ok() else "torch"
-        if o["impl"] in ("triton", "fused") and dev == "cpu":
+        if o["kernel"] == "auto":
+            o["kernel"] = "triton" if dev == "cuda" and _triton_ok() else "torch"
+        if o["kernel"] in ("triton", "fused") and dev == "cpu":
             import os
 
             if os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError(f"decode-bench: --impl {o['impl']} on CPU needs TRITON_INTERPRET=1 "
+                raise ValueError(f"decode-bench: --kernel {o['kernel']} on CPU needs TRITON_INTERPRET=1 "
                                  "(the executor sets it)")
-        if o["impl"] == "triton" and o["dtype"] not in DTYPES:
-            raise ValueError("decode-bench: --impl triton supports fp32/fp16/bf16")
+        if o["kernel"] == "triton" and o["dtype"] not in DTYPES:
+            raise ValueError("decode-bench: --kernel triton supports fp32/fp16/bf16")
+        o["impl"] = o.get("impl") or BUILTIN
         o["graphs"] = o.get("graphs", "on") in ("on", True)
         o["page_size"] = o.get("page_size") or 0
         o["iters"] = max(o["iters"], 1)
@@ -484,30 +753,52 @@ class DecodeBench(Stage):
 
         rows, problems, errors = [], [], []
         started = now_iso()
-        log(f"seed {o['seed']}; replay with: {seeds.replay_command(ctx, self.name, o['seed'])} (+ this run's options)")
+        impl_text = o["impl"] if o["impl"] != BUILTIN else None
+        log(f"seed {o['seed']}; replay with: {seeds.replay_command(ctx, self.name, o['seed'], impl=impl_text)} "
+            "(+ this run's options)")
         import torch
 
+        entries = _parity.impl_entries(ctx)
         threads = torch.get_num_threads()
         if dev == "cpu":  # one thread: CPU timings on a shared machine are steadier
             torch.set_num_threads(1)
         try:
-            _points(o, dev, log, rows, problems, errors)
+            for entry in entries:
+                if _is_builtin(entry):  # nsa_core: the whole layer step, its kernels, counters and shares
+                    _points(o, dev, log, rows, problems, errors)
+                else:
+                    _impl_points(entry, o, dev, log, rows, problems)
         finally:
             torch.set_num_threads(threads)
         files = self._write(ctx, o, dev, rows, errors + problems, started, log_lines)
         if errors:  # the stage broke on a point (exception, CUDA fault): ERROR, the other points are written
             return StageResult(Status.ERROR, f"{len(errors)} point(s) raised: {errors[0]}", files=files)
-        metrics = {"points": len(rows), "impl": o["impl"], "dtype": o["dtype"],
-                   "max_speedup": max(r["speedup"] for r in rows),
-                   "speedup_largest_S": {str(r["B"]): round(r["speedup"], 3) for r in rows
-                                         if r["S"] == max(x["S"] for x in rows)}}
+        names = [e.name for e in entries]
+        measured = [r for r in rows if r["status"] in ("PASS", "FAIL")]
+        skipped = list(dict.fromkeys(r["note"] for r in rows if r["status"] == "SKIP"))
+        skip_note = f"; not run: {'; '.join(skipped)}"[:800] if skipped else ""
+        timed = [r for r in measured if r["speedup"] == r["speedup"]]
+        metrics = {"points": len(measured), "kernel": o["kernel"], "impls": names, "dtype": o["dtype"],
+                   "max_speedup": max((r["speedup"] for r in timed), default=None),
+                   "speedup_largest_S": {(str(r["B"]) if names == [BUILTIN] else f"{r['impl']}:B={r['B']}"):
+                                         round(r["speedup"], 3) for r in timed
+                                         if r["S"] == max(x["S"] for x in timed)},
+                   "skipped": skipped}
         if problems:
-            return StageResult(Status.FAIL, f"{len(problems)} check(s) failed: {problems[0]}", files=files,
-                               metrics=metrics)
-        largest = max(rows, key=lambda r: (r["S"], r["B"]))
-        return StageResult(Status.PASS, f"{len(rows)} points; counters = formula, parity ok; S={largest['S']} "
-                           f"B={largest['B']}: {largest['speedup']:.2f}x vs full attention, reads "
-                           f"{largest['reads_total']} vs {largest['S']}", files=files, metrics=metrics)
+            return StageResult(Status.FAIL, f"{len(problems)} check(s) failed: {problems[0]}{skip_note}"[:2000],
+                               files=files, metrics=metrics)
+        if not measured:
+            return StageResult(Status.SKIP, f"no implementation's decode step runs here{skip_note}", files=files,
+                               metrics=metrics, hint="an implementation with a decode_step part (nsa-run list "
+                               "--impls); default --impl nsa_core")
+        main = [r for r in measured if r["impl"] == BUILTIN] or measured
+        largest = max(main, key=lambda r: (r["S"], r["B"]))
+        per_impl = "" if names == [BUILTIN] else " (" + ", ".join(
+            f"{n}: {sum(r['impl'] == n for r in measured)} points" for n in names) + ")"
+        who = "" if names == [BUILTIN] else f"{largest['impl']} "
+        return StageResult(Status.PASS, f"{len(measured)} points{per_impl}; counters = formula, parity ok; {who}"
+                           f"S={largest['S']} B={largest['B']}: {largest['speedup']:.2f}x vs full attention, reads "
+                           f"{largest['reads_total']} vs {largest['S']}{skip_note}", files=files, metrics=metrics)
 
     def _write(self, ctx, o, dev, rows, problems, started, log_lines) -> list[str]:
         import pandas as pd
@@ -516,7 +807,11 @@ class DecodeBench(Stage):
 
         d = ctx.dir
         cfg = NSAConfig(**o["nsa"])
-        fills = sorted({r["fill"] for r in rows})
+        measured = [r for r in rows if r["status"] in ("PASS", "FAIL")]
+        not_run = [r for r in rows if r not in measured]
+        fills = sorted({r["fill"] for r in measured})
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        impl_arg = o["impl"] if o["impl"] != BUILTIN else None
         fill_note = {"prefill": "prefill of S-1 tokens through the module",
                      "random": "direct cache fill with random data (every cache independent: the compressed cache "
                                "is not the compression of the raw one)"}
@@ -526,9 +821,11 @@ class DecodeBench(Stage):
             f"# layer: dim={o['dim']} G={o['groups']} h={o['heads_per_group']} "
             f"(HQ={o['groups'] * o['heads_per_group']}) dk={o['dk']} dv={o['dv']} dtype={o['dtype']}  "
             f"NSA {cfg.to_dict()}",
-            f"# impl={o['impl']}  graphs={'on' if o['graphs'] and dev == 'cuda' else 'off'}  iters={o['iters']} "
-            f"warmup={o['warmup']}  seed={o['seed']}",
-            f"# replay: {seeds.replay_command(ctx, 'decode-bench', o['seed'])} (+ the options above)",
+            f"# kernel={o['kernel']} (nsa_core's step)  graphs={'on' if o['graphs'] and dev == 'cuda' else 'off'}  "
+            f"iters={o['iters']} warmup={o['warmup']}  seed={o['seed']}",
+            f"# impls={','.join(impls) or o['impl']}: nsa_core = the whole layer step (its kernel above); another "
+            "implementation = its decode_step part (nsa_runner.impls.DECODE_STEP) in the same layer",
+            f"# replay: {seeds.replay_command(ctx, 'decode-bench', o['seed'], impl=impl_arg)} (+ the options above)",
             *[f"# context fill '{f}': {fill_note[f]}" for f in fills],
             "# times in ms, medians" + (" of CUDA-graph replays (CUDA events, L2 flushed before each)"
                                         if dev == "cuda" else " of perf_counter (CPU, torch.set_num_threads(1))"),
@@ -539,41 +836,57 @@ class DecodeBench(Stage):
             "# tiles, combine, fused kernels); other = projections etc.; rem = idle between kernels (CPU: no op)",
             "# speedup = full / attn (attention vs attention); reads = tokens per step per KV group",
         ]
-        text = "\n".join(head) + "\n\n" + (_table(rows) if rows else "(no rows)") + "\n"
+        if any(r["impl"] != BUILTIN for r in measured):
+            head += ["# an implementation's row: its decode_step, steps t = S-k..S-1 (k = d) checked against the",
+                     "# float64 reference of prefill at t (same selection), its selection against the reference's, its",
+                     "# read counters against the formula; attn = its step at t = S-1 again; step, shares: nsa_core's"]
+        text = "\n".join(head) + "\n\n" + (_table(measured) if measured else "(no measured rows)") + "\n"
+        if not_run:
+            text += "\nnot run:\n" + "\n".join(f"  {r['status']} {r['impl']} S={r['S']} B={r['B']}: {r['note']}"
+                                                 for r in not_run) + "\n"
         text += "\nchecks:\n" + ("\n".join(f"  FAIL {p}" for p in problems) if problems else
-                                 "  counters == formula for every (b, group); parity ok; outputs finite") + "\n"
+                                 "  counters == formula for every (b, group); parity ok; outputs finite"
+                                 + ("; selections as the reference's" if len(impls) > 1 or impls != [BUILTIN] else ""))
+        text += "\n"
         text += "\nlog:\n" + "\n".join(f"  {line}" for line in log_lines) + "\n"
         write_text(d / "decode_bench.txt", text)
         df = pd.DataFrame(rows, columns=COLUMNS) if rows else pd.DataFrame(columns=COLUMNS)
         write_csv(d / "decode.csv", df)
-        write_text(d / "decode_summary.txt", self._summary(rows, problems, o, dev, head))
+        write_text(d / "decode_summary.txt", self._summary(measured, not_run, problems, o, dev, head))
         files = ["decode_bench.txt", "decode.csv", "decode_summary.txt"]
-        if rows:
-            _plot(rows, d / "decode.png", f"NSA decode ({o['impl']}, {o['dtype']}, G={o['groups']} h="
+        if measured:
+            what = o["kernel"] if impls == [BUILTIN] else ", ".join(
+                f"{n} ({o['kernel']})" if n == BUILTIN else n for n in impls if any(r["impl"] == n for r in measured))
+            _plot(measured, d / "decode.png", f"NSA decode ({what}, {o['dtype']}, G={o['groups']} h="
                   f"{o['heads_per_group']} dk={o['dk']} dv={o['dv']}) vs full attention, {_env_lines(dev)[-1][:60]}")
             files.append("decode.png")
         return files
 
     @staticmethod
-    def _summary(rows, problems, o, dev, head) -> str:
-        out = ["# decode-bench summary", *[h for h in head[1:] if h.startswith(("# torch", "# triton", "# device",
-                                                                                 "# layer", "# impl"))], ""]
-        out.append(f"verdict: {'FAIL' if problems else 'PASS'} ({len(problems)} failed checks)")
+    def _summary(rows, not_run, problems, o, dev, head) -> str:
+        keep = ("# torch", "# triton", "# device", "# layer", "# kernel", "# impls")
+        out = ["# decode-bench summary", *[h for h in head[1:] if h.startswith(keep)], ""]
+        verdict = "FAIL" if problems else "PASS" if rows else "SKIP"
+        out.append(f"verdict: {verdict} ({len(problems)} failed checks)")
         for p in problems:
             out.append(f"  - {p}")
+        for r in not_run:
+            out.append(f"  {r['status']} {r['impl']} S={r['S']} B={r['B']}: {r['note']}")
         out.append("")
+        many = len({r["impl"] for r in rows}) > 1 or any(r["impl"] != BUILTIN for r in rows)
+        who = (lambda r: f"{r['impl']:>10} ") if many else (lambda r: "")
         out.append("per point: speedup (full/attn), speedup_step (full/step), NSA KV read ratio, fastest "
                    "full-attention baseline")
         for r in rows:
-            out.append(f"  S={r['S']:>6} B={r['B']:>3}: attn {r['ms_attn'] * 1e3:9.1f} us  step "
+            out.append(f"  {who(r)}S={r['S']:>6} B={r['B']:>3}: attn {r['ms_attn'] * 1e3:9.1f} us  step "
                        f"{r['ms_step'] * 1e3:9.1f} us  full {r['ms_full'] * 1e3:9.1f} us  -> {r['speedup']:6.2f}x "
                        f"({r['speedup_step']:5.2f}x with projections)  reads {r['read_ratio']:5.1f}x fewer  "
                        f"[{r['full_backend']}]  {r['GB/s']:7.1f} GB/s NSA vs {r['GB/s_full']:7.1f} GB/s full")
         out.append("")
         out.append("shares of the step (%, one profiled pass partitioned): cmp / sel / win / shared / other / "
                    "remainder = sum")
-        for r in rows:
-            out.append(f"  S={r['S']:>6} B={r['B']:>3}: {r['share_cmp']:5.1f} / {r['share_sel']:5.1f} / "
+        for r in (r for r in rows if r["impl"] == BUILTIN):
+            out.append(f"  {who(r)}S={r['S']:>6} B={r['B']:>3}: {r['share_cmp']:5.1f} / {r['share_sel']:5.1f} / "
                        f"{r['share_win']:5.1f} / {r['share_shared']:5.1f} / {r['share_other']:5.1f} / "
                        f"{r['share_remainder']:5.1f} = {r['share_sum']:5.1f}   [{r['share_method']}]"
                        + (f"   (eager, no graph: {r['ms_step_eager'] * 1e3:.1f} us)" if dev == "cuda" else ""))
@@ -600,6 +913,61 @@ def _points(o, dev, log, rows, problems, errors) -> None:
             log(f"S={S:>6} B={B:>3} step {row['ms_step']:.4f} ms attn {row['ms_attn']:.4f} ms full "
                 f"{row['ms_full']:.4f} ms speedup {row['speedup']:.2f}x reads {row['reads_total']} "
                 f"(bound {row['reads_bound']:.0f}, full {S}) parity {row['parity_rel_err']:.2e}")
+
+
+def _is_builtin(entry) -> bool:
+    """nsa_core as this project registers it (decode-bench runs its whole layer step, not an adapter)."""
+    return (entry.name == BUILTIN and entry.impl is not None
+            and entry.dist.lower().replace("_", "-") == "nsa-run")
+
+
+def _impl_points(entry, o, dev, log, rows, problems) -> None:
+    """Every (S, B) of one implementation through its ``decode_step`` part: a point outside its
+    constraints is a SKIP row naming them; a broken adapter or a step that raises is an ERROR row
+    (and a failed check: the implementation under test broke, not the stage)."""
+    from nsa_core import NSAConfig
+    from nsa_runner.impls import Case
+
+    impl, cfg = entry.impl, NSAConfig(**o["nsa"])
+    G, h = o["groups"], o["heads_per_group"]
+    if impl is not None and impl.note:
+        log(f"# {entry.name}: {impl.note}")
+    for S in o["S_list"]:
+        for B in o["batch_list"]:
+            tag = f"{entry.name} S={S} B={B}"
+            if impl is None:
+                why = f"{entry.name}: broken adapter: {entry.error}"
+                rows.append(_unmeasured(S, B, entry.name, "ERROR", why))
+                problems.append(f"{tag}: {why}")
+                log(f"[ERROR] {tag}: {why}")
+                continue
+            case = Case(B=B, T=S, HQ=G * h, G=G, dk=o["dk"], dv=o["dv"], dtype=o["dtype"], device=dev, cfg=cfg)
+            why = impl.excluded(case, "decode_step")
+            if why is None and cfg.phi != "avg":
+                why = (f"{entry.name}: phi={cfg.phi!r} has learned weights, which decode_step does not take "
+                       "(its steps compress with the mean)")
+            if why:
+                more = impl.differences.get("decode_step")
+                why += f" ({more})" if more and "does not provide" in why else ""
+                rows.append(_unmeasured(S, B, entry.name, "SKIP", why))
+                log(f"[SKIP] {tag}: {why}")
+                continue
+            try:
+                row, probs = measure_impl(S, B, o, dev, log, impl)
+            except Exception as e:  # noqa: BLE001 - the implementation under test broke on this point
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                why = f"{entry.name}: decode_step raised {type(e).__name__}: {first}"
+                log(traceback.format_exc())
+                rows.append(_unmeasured(S, B, entry.name, "ERROR", why))
+                problems.append(f"{tag}: {why}")
+                continue
+            finally:
+                _free(dev)
+            rows.append(row)
+            problems += probs
+            log(f"[{row['status']}] {tag}: attn {row['ms_attn']:.4f} ms full {row['ms_full']:.4f} ms speedup "
+                f"{row['speedup']:.2f}x reads {row['reads_total']} (full {S}) parity {row['parity_rel_err']:.2e} "
+                f"selection {row['sel_agree']:.0%} as the reference")
 
 
 def _free(dev: str) -> None:

@@ -41,8 +41,8 @@ def _impls(text: str | None) -> str | None:
 
 def _with_impl(entry, options: dict, impls: str | None) -> dict:
     """Hand ``--impl`` to every stage that takes implementations under test (the parity and bench
-    stages: their ``--impl`` defaults to the built-in ``nsa_core``; decode-bench's own ``--impl`` picks
-    its decode kernel and is left alone)."""
+    stages, decode-bench included: their ``--impl`` defaults to the built-in ``nsa_core``; decode-bench's
+    decode kernel is its own ``--kernel``, left alone)."""
     from nsa_runner.impls import BUILTIN
 
     if impls is not None and any(o.flag == "--impl" and o.default == BUILTIN for o in entry.options):

@@ -3,10 +3,12 @@ makes the kernel the parity stages check pluggable, the way stages are.
 
 An implementation is an :class:`Impl`: a name, the parts it provides (callables with the DESIGN §3
 signatures, see :data:`PARTS`), its :class:`Constraints`, and notes on where its semantics differ
-from DESIGN §2. It is found through the entry-point group ``nsa_runner.impls``; the entry point
-names an ``Impl`` or a zero-argument callable returning one (a factory can import an optional
-dependency and say it is missing instead of failing to import). ``nsa_core`` is registered in this
-project's pyproject.toml exactly like a third-party one::
+from DESIGN §2. Every part is one call, except ``decode_step``: a factory given the context that
+returns the step (the adapter converts the context to its own cache once; :data:`DECODE_STEP` is
+its contract, ``decode-bench`` checks and times it). It is found through the entry-point group
+``nsa_runner.impls``; the entry point names an ``Impl`` or a zero-argument callable returning one (a
+factory can import an optional dependency and say it is missing instead of failing to import).
+``nsa_core`` is registered in this project's pyproject.toml exactly like a third-party one::
 
     [project.entry-points."nsa_runner.impls"]
     mykernel = "my_kernel:IMPL"
@@ -32,8 +34,29 @@ PARTS: dict[str, str] = {
     "compressed_attention": "compressed_attention(q, k_cmp, v_cmp, cfg) -> o [B,T,HQ,dv]   (raw keys in)",
     "sliding_attention": "sliding_attention(q, k, v, cfg) -> o [B,T,HQ,dv]",
     "nsa_attention": "nsa_attention(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, cfg) -> o [B,T,HQ,dv]",
-    "decode_step": "decode_step(module, x_t, cache) -> (y_t, cache)   (NSAAttention-compatible decode)",
+    "decode_step": "decode_step(k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, cfg, capacity) -> step;  "
+                   "step(t, q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates) -> (o [B,1,HQ,dv], "
+                   "block_idx [B,1,G,n] int32 ascending -1 padded, block_count [B,1,G] int32)   (see DECODE_STEP)",
 }
+# The decode_step part in full (DESIGN §4 decode over the DESIGN §3 layout; decode-bench calls it).
+DECODE_STEP = """\
+decode_step(k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, cfg, capacity) -> step
+    Prepare a decode over a context: tokens 0..t0-1 of each branch, [B, t0, G, dk|dv] (keys RAW and
+    RoPE'd, as nsa_attention takes them: the step compresses k_cmp/v_cmp itself, phi = mean; the
+    adapter converts them to its own cache layout here, once). capacity: every position t given
+    to step is < capacity (preallocate for it).
+step(t, q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates)
+        -> (o [B, 1, HQ, dv], block_idx [B, 1, G, n] int32, block_count [B, 1, G] int32)
+    One decode step of the token at position t: q [B, 1, HQ, dk], k_*/v_* [B, 1, G, dk|dv] (its
+    RoPE'd keys and values per branch), gates [B, 1, HQ, 3] (cmp, slc, win). Writes token t into the
+    caches (a compressed token when the block [t-l+1, t] completes: t + 1 >= l and (t + 1 - l) % d
+    == 0), then attends exactly as prefill does at position t (DESIGN §2: the compressed tokens
+    visible at t, top-n with the forced blocks, selected blocks causal, window t-w+1..t, gated sum)
+    and returns the output and the blocks it selected (ascending, -1 padded, as select returns).
+    Positions come in order t0, t0+1, ...; the last t may be repeated (a benchmark times the same
+    step again): the token at t is then overwritten, not appended twice. No host sync is required;
+    o in q's dtype.
+"""
 DTYPES = ("fp32", "fp16", "bf16")
 
 
@@ -170,4 +193,4 @@ class Impl:
         return f"{self.name}: {why}" if why else None
 
 
-__all__ = ["BUILTIN", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl"]
+__all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl"]

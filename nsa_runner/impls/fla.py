@@ -26,6 +26,9 @@ names it, and the comparable cases are checked with our tolerances):
 - a query with no selected block gives 0/0 = NaN (DESIGN: 0): ragged selections are not run;
 - heads per group must be a power of two, >= 16 on CUDA (a ``tl.dot`` tile; the Triton
   interpreter on CPU takes any power of two); the window branch needs flash-attn (CUDA, fp16/bf16).
+
+No ``decode_step``: ``parallel_nsa`` attends whole sequences (no KV cache, no one-token step), so
+decode-bench records fla's points as SKIP ("fla: does not provide decode_step (...)").
 """
 
 from __future__ import annotations
@@ -116,7 +119,9 @@ def make() -> Impl:
                               "ties broken by a bitonic sort: compared with DESIGN §7's near-tie rule",
                     "nsa_attention": "one shared K/V for cmp/slc/win; l = d = l'; window via flash-attn "
                                      "(off: gate 0, where flash-attn is missing)",
-                    "selection_attention": "a query with no selected block gives NaN (DESIGN: 0)"},
+                    "selection_attention": "a query with no selected block gives NaN (DESIGN: 0)",
+                    "decode_step": "no decode step: this adapter wraps parallel_nsa, which attends whole sequences "
+                                   "(no KV cache, no one-token step); decode-bench records fla as SKIP"},
                 constraints=Constraints(dtypes=("fp32", "fp16", "bf16"), max_head_dim=256, heads_per_group_pow2=True,
                                         varlen=True, check=_check))
     try:

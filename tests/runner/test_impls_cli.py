@@ -223,5 +223,5 @@ def test_oneshot_hands_impl_only_to_stages_that_take_implementations():
     entries = {e.name: e for e in discover()}
     for name in ("sanity", "triton-fwd", "triton-bwd", "selection-map", "prefill-bench"):
         assert _with_impl(entries[name], {}, "nsa_core,goodk") == {"impl": "nsa_core,goodk"}, name
-    # decode-bench's own --impl picks its decode kernel (auto/torch/triton/fused): left alone
-    assert _with_impl(entries["decode-bench"], {"impl": "auto"}, "nsa_core,goodk") == {"impl": "auto"}
+    # decode-bench takes implementations too; its decode kernel option is --kernel (auto/torch/triton/fused): kept
+    assert _with_impl(entries["decode-bench"], {"kernel": "auto"}, "a,b") == {"kernel": "auto", "impl": "a,b"}

@@ -60,7 +60,8 @@ def test_quick_profile_passes_and_writes_everything(quick_run):
         assert r.share_sum == pytest.approx(sum(shares)) and r.share_sum == pytest.approx(100.0, abs=1e-6)
         assert sum(r[f"ms_{k}"] for k in decode_bench.SHARE_PARTS) == pytest.approx(r.ms_profiled, rel=1e-9)
         assert all(x >= 0 for x in shares) and r.share_method.startswith("torch.profiler")
-        assert r.parity_rel_err <= r.parity_tol and r.fill == "prefill" and r.impl == "torch"
+        assert r.parity_rel_err <= r.parity_tol and r.fill == "prefill" and r.kernel == "torch"
+        assert r.impl == "nsa_core" and r.status == "PASS"
     # S=1024 with n_sel=8 blocks of 32: top-n really picks 8 of 32 blocks
     assert int(df[df.S == 1024].reads_sel.iloc[0]) == 8 * 32
     text = (d / "decode_bench.txt").read_text()
@@ -134,7 +135,10 @@ def test_option_parsers():
     with pytest.raises(ValueError):
         opt["--iters"].convert("0")
     with pytest.raises(ValueError, match="not one of"):
-        opt["--impl"].convert("cuda")
+        opt["--kernel"].convert("cuda")
+    assert opt["--kernel"].default == "auto" and opt["--impl"].default == "nsa_core"
+    with pytest.raises(ValueError, match="unknown implementation"):
+        opt["--impl"].convert("torch")  # a kernel name is not an implementation
     assert DecodeBench.name == "decode-bench" and DecodeBench.order == 60
 
 
@@ -145,18 +149,18 @@ def test_paged_cache_option(tmp_path, fill):
     res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[2], iters=1, warmup=0, fill=fill, page_size=16))
     assert res.status == Status.PASS, res.reason
     df = pd.read_csv(tmp_path / "decode.csv")
-    assert df.impl.tolist() == ["torch/paged16"] and df.fill.tolist() == [fill]
+    assert df.kernel.tolist() == ["torch/paged16"] and df.fill.tolist() == [fill]
     assert df.share_sum.iloc[0] == pytest.approx(100.0, abs=1e-6)
     assert df.parity_rel_err.iloc[0] <= df.parity_tol.iloc[0]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU check")
 def test_fused_impl_runs_in_the_interpreter(tmp_path):
-    """--impl fused (two launches) on CPU: parity vs float64, counters, the partition sums to 100%."""
+    """--kernel fused (two launches) on CPU: parity vs float64, counters, the partition sums to 100%."""
     pytest.importorskip("triton")
-    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[1], iters=1, warmup=0, impl="fused",
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[1], iters=1, warmup=0, kernel="fused",
                                  profile_passes=1))
     assert res.status == Status.PASS, res.reason
     r = pd.read_csv(tmp_path / "decode.csv").iloc[0]
-    assert r.impl == "fused" and r.parity_rel_err <= r.parity_tol
+    assert r.kernel == "fused" and r.parity_rel_err <= r.parity_tol
     assert r.share_sum == pytest.approx(100.0, abs=1e-6) and r.share_shared > 0
