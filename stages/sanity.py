@@ -294,6 +294,8 @@ def _check_impl_shared(c: _Checks, skips: list, impl, testing, profile: str, gen
 def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, dtype, shape):
     import torch
 
+    from .selection_map import stored_mean
+
     B, T, HQ, _ = q.shape
     gates = torch.rand(B, T, HQ, 3, generator=gen).to(device=device, dtype=dtype)
     gates[..., 2] = 0  # window branch off (see SHARED)
@@ -306,7 +308,9 @@ def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, d
     do = _rand(gen, *o.shape, device=device, dtype=dtype)
     o.backward(do)
     r = [x.detach().to(torch.float64).requires_grad_(True) for x in (q, k, v)]
-    ref = F.nsa_attention(r[0], r[1], r[2], r[1], r[2], r[1], r[2], gates.to(torch.float64), cfg, "reference")
+    phi = stored_mean(dtype)  # compressed keys/values as a `dtype` pipeline holds them (see there)
+    ref = F.nsa_attention(r[0], r[1], r[2], r[1], r[2], r[1], r[2], gates.to(torch.float64), cfg, "reference",
+                          phi_k=phi, phi_v=phi)
     ref.backward(do.to(torch.float64))
     tf32 = device == "cuda" and dtype == torch.float32
     cmp = testing.compare(o, ref, dtype, tf32=tf32)
@@ -331,7 +335,7 @@ def _select_vs_reference(c: _Checks, impl, F, q, k, cfg, shape):
           or f"ascending, -1 padded, forced blocks present, causal, counts min(n, t//l'+1) [{shape}]")
     if bad:
         return
-    d = against_reference(idx, cnt, q, k, cfg)
+    d = against_reference(idx, cnt, q, k, cfg, stored_dtype=q.dtype)
     c.add(f"{impl.name} select vs fp64 reference", d["ok"], f"{d['detail']} [{shape}]")
 
 

@@ -157,3 +157,64 @@ def test_report_embeds_the_real_selection_picture(tmp_path):
     assert info["summary_written"] is True
     assert '<img alt="Selection picture (selection-map stage)" src="data:image/png;base64,' in html
     assert "sel_ranges.jsonl: 192 sampled (t, group) rows." in html
+
+
+# ---- the float64 reference of a bf16 pipeline (sanity's shared-K/V case on the GPU) -------------
+def _bf16_case(seed: int):
+    import torch
+
+    from nsa_core import NSAConfig
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = NSAConfig(l=64, d=64, l_sel=64, n_sel=16, w=512)
+    q = torch.randn(1, 2048, 16, 64, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    k = torch.randn(1, 2048, 1, 64, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    return q, k, cfg
+
+
+def test_stored_reference_accepts_a_bf16_pipeline_that_a_plain_float64_one_rejects():
+    """An exact bf16 implementation (compressed keys held in bf16, scores in fp32) picks other blocks
+    than a float64 reference that never rounds the compressed keys: the H100 failure of sanity's
+    shared-K/V case (nsa_core and fla alike). Rounding the reference's compressed keys once to bf16
+    (stored_mean) makes it agree on every row."""
+    import torch
+
+    from nsa_core import functional as F
+    from stages.selection_map import against_reference
+
+    q, k, cfg = _bf16_case(0)
+    idx, cnt = F.select_blocks(q, k, cfg, backend="reference")  # bf16 compress, fp32 scores
+    plain = against_reference(idx, cnt, q, k, cfg)
+    stored = against_reference(idx, cnt, q, k, cfg, stored_dtype=torch.bfloat16)
+    assert not plain["ok"] and plain["differ"] > 2, plain
+    assert stored["ok"] and stored["differ"] == 0, stored
+
+
+def test_stored_reference_still_rejects_a_wrong_block():
+    import torch
+
+    from nsa_core import functional as F
+    from stages.selection_map import against_reference
+
+    q, k, cfg = _bf16_case(0)
+    idx, cnt = F.select_blocks(q, k, cfg, backend="reference")
+    t = 1500  # 24 candidate blocks, 16 chosen: swap a chosen, not forced one for an unchosen one
+    row = idx[0, t, 0].tolist()
+    gone = row[5]
+    new = next(j for j in range(t // 64 + 1) if j not in row)
+    bad = idx.clone()
+    bad[0, t, 0] = torch.tensor(sorted([j for j in row if j != gone] + [new]), dtype=idx.dtype)
+    d = against_reference(bad, cnt, q, k, cfg, stored_dtype=torch.bfloat16)
+    assert not d["ok"] and d["differ"] == 1 and "t=1500" in d["detail"], d
+
+
+def test_stored_mean_rounds_once_and_passes_the_gradient_through():
+    import torch
+
+    from stages.selection_map import stored_mean
+
+    x = torch.randn(2, 3, 1, 64, 8, dtype=torch.float64, requires_grad=True)
+    y = stored_mean(torch.bfloat16)(x)
+    assert torch.equal(y.detach(), x.detach().mean(-2).to(torch.bfloat16).double())
+    (y * 3).sum().backward()
+    assert torch.allclose(x.grad, torch.full_like(x, 3 / 64))
