@@ -54,9 +54,10 @@ weights, context): :func:`measure_impl` checks k = d steps against the float64 p
 each position (same selection), its selection against the reference's (DESIGN §7 near-ties), its
 read counters against the formula, and times its step at t = S-1 (``ms_attn``) against the same
 full-attention baselines. One that provides no decode_step (fla), or whose constraints exclude the
-point, gets SKIP rows naming the reason; a broken adapter or a step that raises gets ERROR rows and
-fails the stage. decode.csv: one row per (S, B, impl); ``impl`` names the implementation,
-``kernel`` nsa_core's step kernel (``decode_step`` for another's), ``status`` / ``note`` the row's verdict.
+point, is SKIP naming the reason; a broken adapter or a step that raises is ERROR and fails the
+stage (both listed under "not run" in decode_bench.txt and decode_summary.txt, and in the stage's
+reason). decode.csv: one row per measured (S, B, impl); ``impl`` names the implementation,
+``kernel`` nsa_core's step kernel (``decode_step`` for another's), ``status`` (PASS / FAIL) and ``note``.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ COLUMNS = ["S", "B", "impl", "kernel", "fill", "ms_step", "ms_attn", *[f"ms_{k}"
            "ms_step_eager_p20", "ms_step_eager_p80",
            # the partition: ms of one profiled pass of the step (the shares' 100%) and its method
            "ms_profiled", "share_method",
-           # PASS / FAIL (the point's checks), SKIP (outside the implementation's constraints: the reason in
-           # note) or ERROR (its step raised, or a broken adapter)
+           # PASS / FAIL: the point's checks (a point an implementation did not run, SKIP or ERROR, is
+           # listed in decode_bench.txt and decode_summary.txt, not here); note: what the row measured
            "status", "note"]
 
 
@@ -477,10 +478,8 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
                        for d in (dk, dv, dk, dv, dk, dv)]
         new = m.project(torch.randn(B, k, dim, device=device, dtype=dtype, generator=gen), t0)
     branch = (new.k_cmp, new.v_cmp, new.k_sel, new.v_sel, new.k_win, new.v_win)
-    ref = cache_mod.NSACache.empty(cfg, B, G, dk, dv, S, dtype=torch.float64, device=device)
-    c64 = [x.double() for x in context]
-    ref.fill_(*c64, F.compress(c64[0], cfg), F.compress(c64[1], cfg))
-    del c64
+    ref = cache_mod.NSACache.empty(cfg, B, G, dk, dv, S, dtype=torch.float64, device=device)  # the reference's
+    ref.fill_(*context, F.compress(context[0].double(), cfg), F.compress(context[1].double(), cfg))  # float64 copy
     kf = torch.cat([context[2], new.k_sel], 1).transpose(1, 2).contiguous()  # [B, G, S, dk]: the baseline's keys
     vf = torch.cat([context[3], new.v_sel], 1).transpose(1, 2).contiguous()
     step = impl.parts["decode_step"](*context, cfg, S)
@@ -850,7 +849,9 @@ class DecodeBench(Stage):
         text += "\n"
         text += "\nlog:\n" + "\n".join(f"  {line}" for line in log_lines) + "\n"
         write_text(d / "decode_bench.txt", text)
-        df = pd.DataFrame(rows, columns=COLUMNS) if rows else pd.DataFrame(columns=COLUMNS)
+        # measured rows only: a SKIP / ERROR point has no number to plot or compare (it is in the txt, the
+        # summary and the stage's reason)
+        df = pd.DataFrame(measured, columns=COLUMNS) if measured else pd.DataFrame(columns=COLUMNS)
         write_csv(d / "decode.csv", df)
         write_text(d / "decode_summary.txt", self._summary(measured, not_run, problems, o, dev, head))
         files = ["decode_bench.txt", "decode.csv", "decode_summary.txt"]

@@ -120,8 +120,8 @@ def make() -> Impl:
                     "nsa_attention": "one shared K/V for cmp/slc/win; l = d = l'; window via flash-attn "
                                      "(off: gate 0, where flash-attn is missing)",
                     "selection_attention": "a query with no selected block gives NaN (DESIGN: 0)",
-                    "decode_step": "no decode step: this adapter wraps parallel_nsa, which attends whole sequences "
-                                   "(no KV cache, no one-token step); decode-bench records fla as SKIP"},
+                    "decode_step": "this adapter wraps parallel_nsa, which attends whole sequences (no KV cache, "
+                                   "no one-token step)"},
                 constraints=Constraints(dtypes=("fp32", "fp16", "bf16"), max_head_dim=256, heads_per_group_pow2=True,
                                         varlen=True, check=_check))
     try:
