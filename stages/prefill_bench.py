@@ -68,6 +68,7 @@ import math
 import os
 import platform
 import threading
+import time
 import traceback
 from types import SimpleNamespace
 
@@ -844,9 +845,11 @@ class PrefillBench(Stage):
         log_lines: list[str] = []
         lock = threading.Lock()
 
-        def log(msg: str) -> None:
+        t_start = time.monotonic()
+
+        def log(msg: str) -> None:  # the stage log gets the seconds since the start (where the time goes)
             with lock:
-                print(msg, flush=True)
+                print(f"[{time.monotonic() - t_start:6.1f} s] {msg}", flush=True)
                 log_lines.append(msg)
 
         import torch
@@ -888,6 +891,7 @@ class PrefillBench(Stage):
                     rows += r
                     problems += p
                     warnings += w
+                    log(f"T={T}: {len(r)} timing rows")
         finally:
             torch.set_num_threads(threads)
         files = self._write(ctx, o, rows if not _parity_failed(par_rows) else [], par_rows, problems, warnings,
