@@ -112,20 +112,24 @@ from pathlib import Path
 
 src, hdims, splitkv, disable, cxx_std = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 ALL_HDIMS = [32, 64, 96, 128, 192, 256]  # 2.8.3's HEADDIM_SWITCH rounding steps
-hdims = sorted({int(h) for h in hdims.split()})
-if not hdims or any(h not in ALL_HDIMS for h in hdims):
-    sys.exit(f"trim: FA2_HDIMS={sys.argv[2]!r}: each must be one of {ALL_HDIMS}")
+
+
+def bad_knob(msg):  # a bad setting: one line, exit code 2, nothing touched yet
+    print(f"trim: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+hdims = sorted({int(h) for h in hdims.split() if h.isdigit()})
+if not hdims or len(hdims) != len(set(sys.argv[2].split())) or any(h not in ALL_HDIMS for h in hdims):
+    bad_knob(f"FA2_HDIMS={sys.argv[2]!r}: each must be one of {ALL_HDIMS}")
 if splitkv not in ("keep", "drop"):
-    sys.exit(f"trim: FA2_SPLITKV={splitkv!r}: keep or drop")
-known = {"DROPOUT", "ALIBI", "SOFTCAP", "UNEVEN_K", "LOCAL", "BACKWARD"}
+    bad_knob(f"FA2_SPLITKV={splitkv!r}: keep or drop")
 disable = sorted(set(disable.split()))
-if set(disable) - known or {"LOCAL", "BACKWARD"} & set(disable):
-    sys.exit(f"trim: FA2_DISABLE={sys.argv[4]!r}: any of DROPOUT ALIBI SOFTCAP UNEVEN_K "
-             "(nsa-run needs local/window and backward)")
+if set(disable) - {"DROPOUT", "ALIBI", "SOFTCAP", "UNEVEN_K"}:
+    bad_knob(f"FA2_DISABLE={sys.argv[4]!r}: any of DROPOUT ALIBI SOFTCAP UNEVEN_K "
+             "(LOCAL and BACKWARD stay: nsa-run needs window attention and gradients)")
 if cxx_std not in ("c++17", "c++20"):
-    sys.exit(f"trim: FA2_CXX_STD={cxx_std!r}: c++17 or c++20")
-if 32 in hdims and "UNEVEN_K" in disable:
-    pass  # fine: 32 is a multiple of 32
+    bad_knob(f"FA2_CXX_STD={cxx_std!r}: c++17 or c++20")
 defines = [f"-DFLASHATTENTION_DISABLE_{d}" for d in disable]
 config = {"hdims": hdims, "splitkv": splitkv, "disable": disable, "cxx_std": cxx_std}
 MARK = "nsa-run trim"
