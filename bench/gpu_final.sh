@@ -28,7 +28,7 @@ start)
   python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$L/pip.log" 2>&1 \
     || { echo "pip install -e . failed"; tail -3 "$L/pip.log"; exit 2; }
   if [ -d "$R/.devcarry/fa2" ] && [ -f bench/gpu_fa2_build.sh ]; then
-    FA2_CARRY="$R/.devcarry/fa2" bash bench/gpu_fa2_build.sh start 2>&1 | tail -5
+    MAX_JOBS=10 FA2_CARRY="$R/.devcarry/fa2" bash bench/gpu_fa2_build.sh start 2>&1 | tail -5
   fi
   cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
