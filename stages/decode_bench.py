@@ -491,10 +491,11 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
         t = t0 + i
         args = (new.q[:, i:i + 1], *(x[:, i:i + 1] for x in branch), new.gates[:, i:i + 1])
         y, idx, cnt = _step_result(step(t, *args), B, HQ, G, dv, cfg.n_sel)
+        idx, cnt = idx.to(device), cnt.to(device)
         with torch.no_grad():
             ref.append_(*(x[:, i].double() for x in branch))
             q64, g64 = new.q[:, i:i + 1].double(), new.gates[:, i:i + 1].double()
-            o_fed, _, _ = _decode.attend(q64, g64, ref, t, cfg, block_idx=idx.to(device), block_count=cnt.to(device))
+            o_fed, _, _ = _decode.attend(q64, g64, ref, t, cfg, block_idx=idx, block_count=cnt)
             _, ref_idx, ref_cnt = _decode.attend(q64, g64, ref, t, cfg)
         if not bool(torch.isfinite(y).all()):
             problems.append(f"{tag} t={t}: non-finite step output")
@@ -510,7 +511,7 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
             sel["first"] = f"t={t} {rows['first']}"
         if rows["bad"] == 0:
             want = cache_mod.formula_reads(t + 1, cfg)
-            r = cache_mod.read_counts(t + 1, idx[:, 0].to(device), cnt[:, 0].to(device), cfg)
+            r = cache_mod.read_counts(t + 1, idx[:, 0], cnt[:, 0], cfg)
             for key in cache_mod.READ_KEYS:
                 off = r[key] != want[key]
                 if bool(off.any()):
