@@ -572,7 +572,7 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
         "GB/s_full": B * G * S * (dk + dv) * es / (full_ms * 1e-3) / 1e9,
         "full_backend": full_name, "parity_rel_err": worst.rel_err, "parity_tol": worst.tol,
         "sel_agree": (sel["rows"] - sel["differ"] - sel["bad"]) / sel["rows"], "full_rel_err": full_rel,
-        "share_method": "", "status": "FAIL" if problems else "PASS",
+        "share_method": "-", "status": "FAIL" if problems else "PASS",
         "note": "; ".join(filter(None, [f"{k} steps checked (t={t0}..{S - 1}); ms_attn = its step (append + branches"
                                         " + gates); ms_step and shares: nsa_core only", note, impl.note])),
     })
