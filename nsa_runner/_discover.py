@@ -7,8 +7,9 @@ The parent (``nsa_runner.registry.discover_group``) writes a JSON request on std
 
 For every entry point of ``group`` (except the keys in ``skip``; only ``only`` when given) the
 child appends ``{"loading": key}`` to RESULT, imports it, and appends ``{"entry": record}`` with
-what ``describe(obj, ep)`` returned (a JSON-able dict) or the error. ``{"done": true}`` ends a
-complete pass. A plugin whose import segfaults, hangs or calls ``os._exit`` leaves a ``loading``
+what ``describe(obj, ep)`` returned (a JSON-able dict) or the error. ``{"done": NONCE}`` (the
+request's ``nonce``) ends a complete pass; the parent checks every record again (plugin code ran
+here). A plugin whose import segfaults, hangs or calls ``os._exit`` leaves a ``loading``
 line without its ``entry``: the parent names that plugin as broken and starts a new child for the
 rest. The child's stdout and stderr are not the CLI's: a plugin that prints on import changes
 nothing the user sees.
@@ -60,9 +61,10 @@ def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dic
 
 
 def main(argv: list[str]) -> int:
-    from nsa_runner._worker import _die_with_parent
+    from nsa_runner._worker import _die_with_parent, become_subreaper, linger
 
     _die_with_parent()  # the CLI killed (kill -9, SIGHUP): this child goes with it
+    become_subreaper()  # a daemon a plugin's import started stays in this tree (killed with it)
     result_path = argv[0]
     req = json.loads(sys.stdin.read())
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]
@@ -116,9 +118,10 @@ def main(argv: list[str]) -> int:
             except (TypeError, ValueError) as e:
                 emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version")}
                       | {"error": f"{ep.value}: its description is not JSON ({e})"}})
-    emit({"done": True})
+    emit({"done": req.get("nonce", True)})
     out.close()
     sys.stdout.flush()
+    linger()  # what a plugin's import left running stays in this tree until the parent kills it
     os._exit(0)  # a plugin's atexit handlers or threads never hold the CLI up
 
 

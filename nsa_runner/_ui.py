@@ -110,7 +110,9 @@ class ProgressObserver(Observer):
 
     def _plain(self, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        print(f"{stamp} +{time.monotonic() - self.t0:6.1f}s {text}", file=self.console.file, flush=True)
+        # plain print (no markup), but a stage's reason never sends escape sequences to the terminal
+        print(f"{stamp} +{time.monotonic() - self.t0:6.1f}s {_CONTROL.sub('', text)}", file=self.console.file,
+              flush=True)
 
     def __enter__(self) -> ProgressObserver:
         if self.live:

@@ -37,6 +37,52 @@ from nsa_runner.stage import Stage, StageResult, Status
 COOKIE_ENV = "NSA_RUN_STAGE_COOKIE"
 PARENT_ENV = "NSA_RUN_PARENT_PID"
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def signal_name(rc: int) -> str:
+    """A negative exit status (``Popen.returncode``) as the signal's name: ``SIGSEGV``, or ``signal 99``."""
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def _prctl(option: int, arg: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def become_subreaper() -> None:
+    """Linux: orphaned descendants (a daemon that double-forked, cleared its environment and left
+    the session) are re-parented to this process instead of init, so they stay in its process tree
+    (``stage_processes`` finds them without the cookie) while it lives: see ``linger``."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def linger(max_s: float = 3600.0) -> None:
+    """Once a stage (or a plugin import) is done: wait while any descendant still lives, reaping
+    zombies, so that the runner's tree kill still finds every one of them (``become_subreaper``).
+    The runner kills this process and its tree as soon as the result is there."""
+    import psutil
+
+    deadline = time.monotonic() + max_s
+    me = psutil.Process()
+    while time.monotonic() < deadline:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            if not [c for c in me.children() if c.status() != psutil.STATUS_ZOMBIE]:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.05)
 
 
 def stage_processes(cookie: str, root: int | None = None) -> list:
@@ -126,10 +172,7 @@ class Watchdog:
 
 def _die_with_parent() -> None:
     """Linux: the kernel sends this process SIGKILL when the runner that started it dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the watchdog alone covers runner death
+    if not _prctl(PR_SET_PDEATHSIG, signal.SIGKILL):  # not Linux: the watchdog alone covers runner death
         return
     parent = os.environ.get(PARENT_ENV)
     if parent and parent.isdigit() and os.getppid() != int(parent):  # the runner died before prctl
@@ -139,8 +182,26 @@ def _die_with_parent() -> None:
 def watchdog(argv: list[str]) -> int:
     """``--watchdog FD COOKIE WORKER_PID TMPDIR``: wait for the runner; on EOF without the "done"
     byte (the runner died) kill the stage's processes and remove its temp folder."""
+    import select
+
+    import psutil
+
     fd, cookie, worker, tmpdir = int(argv[0]), argv[1], int(argv[2]), argv[3]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's to handle
+    # the worker's tree, seen every half second: a descendant without the cookie (a daemon that
+    # cleared its environment) is still known when the runner and the worker die at once
+    seen: dict[int, psutil.Process] = {}
+    while True:
+        try:
+            ready = select.select([fd], [], [], 0.5)[0]
+        except (OSError, ValueError):
+            ready = [fd]
+        if ready:
+            break
+        try:
+            seen.update((c.pid, c) for c in psutil.Process(worker).children(recursive=True))
+        except psutil.Error:
+            pass
     try:
         data = os.read(fd, 1)
     except OSError:
@@ -148,6 +209,11 @@ def watchdog(argv: list[str]) -> int:
     if data == b"d":
         return 0
     kill_processes(cookie, worker, grace_s=2.0)
+    for p in seen.values():  # psutil checks the pid still names the same process (creation time)
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
     shutil.rmtree(tmpdir, ignore_errors=True)
     return 0
 
@@ -180,6 +246,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m nsa_runner._worker JOB RESULT", file=sys.stderr)
         return 2
     job_path, result_path = argv
+    become_subreaper()  # orphans of the stage stay in this tree: killed with it
     faulthandler.enable()
     with open(job_path, "rb") as f:
         job = pickle.load(f)
@@ -214,6 +281,7 @@ def main(argv: list[str]) -> int:
         write_json(result_path, _error(f"stage result is not JSON-serialisable ({e}); "
                                        f"it was {out['result']['status']}: {out['result']['reason']}",
                                        out["traceback"]))
+    linger()  # what the stage left running stays in this tree until the runner kills it
     return 0
 
 

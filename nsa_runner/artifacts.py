@@ -131,7 +131,8 @@ class UnsafeFileError(ValueError):
     """A file a reader refuses before reading: not a regular file (FIFO, device, folder) or too big."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words ("a FIFO", "a folder", ...)."""
     for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
         if test(mode):
@@ -151,7 +152,7 @@ def read_limited(path: str | os.PathLike, limit: int | None = None) -> bytes:
     limit = MAX_READ_BYTES if limit is None else limit
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFileError(f"{path}: is {_kind(st.st_mode)}, not a regular file; refused")
+        raise UnsafeFileError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; refused")
     if st.st_size > limit:
         raise UnsafeFileError(f"{path}: {st.st_size / 2**20:.0f} MiB, more than the {limit / 2**20:.0f} MiB "
                               f"this reader accepts; refused")
@@ -159,7 +160,7 @@ def read_limited(path: str | os.PathLike, limit: int | None = None) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(f"{path}: is {_kind(st.st_mode)}, not a regular file; refused")
+            raise UnsafeFileError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; refused")
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, 1 << 20)
@@ -305,7 +306,37 @@ def load_manifest(path: str | os.PathLike) -> dict:
                                         f" got {type(s[key]).__name__}")
             if not all(isinstance(f, str) for f in s.get("files") or []):
                 raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'files' must be a list of strings")
+    for i, p in enumerate(data.get("pending") or []):
+        problem = _pending_problem(p)
+        if problem:
+            raise ManifestError(f"{path}: pending[{i}]: {problem}")
     return data
+
+
+def _pending_problem(p: Any) -> str:
+    """What is wrong with one ``pending`` note (a stage some nsa-run runs or reruns here), "" if nothing.
+
+    Reruns act on these notes (which stage is busy, whose process, where the earlier files went),
+    so a hand-edited note is checked like the rest: ``moved_to`` must be a folder under history/."""
+    if not isinstance(p, dict):
+        return f"must be an object, got {type(p).__name__}"
+    if not isinstance(p.get("stage"), str):
+        return f"'stage' must be a string, got {type(p.get('stage')).__name__}"
+    for key in ("token", "since", "moved_to"):
+        if key in p and not isinstance(p[key], str):
+            return f"{key!r} must be a string, got {type(p[key]).__name__}"
+    owner = p.get("owner", {})
+    if not isinstance(owner, dict):
+        return f"'owner' must be an object, got {type(owner).__name__}"
+    if owner and not _is(owner.get("pid"), (int,)) or not _is(owner.get("hostname", ""), (str,)) \
+            or not _is(owner.get("pid_started"), (int, float, type(None))):
+        return "'owner' must hold pid (an integer), hostname (a string) and pid_started (a number or null)"
+    moved = p.get("moved_to")
+    if moved is not None:
+        parts = Path(moved).parts
+        if Path(moved).is_absolute() or ".." in parts or len(parts) < 2 or parts[0] != "history":
+            return f"'moved_to' must be a folder under history/, got {moved!r}"
+    return ""
 
 
 # the types of the manifest fields readers use (a hand-edited or foreign manifest is checked, not trusted)
@@ -378,6 +409,51 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
     if _runner_name(inner, allowed):
         return "shared", f"{rel} points into the run folder's shared {inner}"
     return None
+
+
+def runner_dirs_problem(run_dir: str | os.PathLike) -> str | None:
+    """Why the run folder's ``logs`` / ``history`` cannot be written into (a symlink, e.g. to a
+    folder outside the run, or not a folder), else None: logs are written and reruns move files
+    there, so either one pointing elsewhere would write or move outside the run folder."""
+    for name in ("logs", "history"):
+        p = Path(run_dir) / name
+        if p.is_symlink():
+            return f"{p} is a symlink (to {os.readlink(p)}), not the run folder's own {name} folder"
+        if os.path.lexists(p) and not p.is_dir():
+            return f"{p} is not a folder"
+    return None
+
+
+def open_log(run_dir: str | os.PathLike, rel: str) -> int:
+    """A descriptor to append to a stage's log ``rel`` (``logs/<stage>.log``) in ``run_dir``:
+    never through a symlink (the file or its folder), never a FIFO or device (a stage may plant
+    one for a later stage's log). Raises UnsafeFileError naming the problem."""
+    problem = runner_dirs_problem(run_dir)
+    if problem:
+        raise UnsafeFileError(problem)
+    path = Path(run_dir) / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # a symlink / a FIFO nobody reads
+            raise UnsafeFileError(f"{rel} is a symlink or a FIFO, not a log file; refused") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # a hard link would append to another file
+        os.close(fd)
+        what = file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else f"a hard link ({st.st_nlink} names)"
+        raise UnsafeFileError(f"{rel} is {what}, not a log file; refused")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def names_overlap(a: str, b: str) -> bool:
+    """Whether two declared names are the same file or one lies inside the other (``sub`` and
+    ``sub/f.txt``): moving either one into history would move (part of) the other."""
+    na, nb = os.path.normpath(a), os.path.normpath(b)
+    return na == nb or nb.startswith(na + os.sep) or na.startswith(nb + os.sep)
 
 
 def stage_allowed(name: str, builtin: bool = True) -> tuple[str, ...]:

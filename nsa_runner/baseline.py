@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from nsa_runner._readers import ArtifactError, Run, is_reads, is_speedup, key_columns, metric_columns, read_json
-from nsa_runner.artifacts import now_iso, write_json
+from nsa_runner.artifacts import file_kind, now_iso, write_json
 from nsa_runner.compare import Row, _same, _spread, judge_time
 
 SCHEMA_VERSION = 1
@@ -50,8 +51,13 @@ def _tolerance(path: Path, where: str, v: Any) -> float:
 def load(path: str | Path) -> dict:
     """Read and validate a baseline file. Raises BaselineError naming the problem."""
     path = Path(path)
-    if not path.is_file():
-        raise BaselineError(f"{path}: no such baseline file")
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as e:  # missing, a symlink loop, no permission
+        raise BaselineError(f"{path}: no such baseline file" if isinstance(e, FileNotFoundError)
+                            else f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not stat.S_ISREG(mode):  # a FIFO, /dev/zero, a folder: named as what it is, never read
+        raise BaselineError(f"{path}: is {file_kind(mode)}, not a baseline file (a regular JSON file)")
     try:
         data = read_json(path, (SCHEMA_VERSION,))
     except ArtifactError as e:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import site
 import stat
 import subprocess
@@ -35,9 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import nsa_runner
-from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes
+from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes, signal_name
 from nsa_runner._worker import Watchdog as _Watchdog
-from nsa_runner.artifacts import ManifestError, declared_file_problem, load_manifest, mark_owned, now_iso, stage_allowed
+from nsa_runner.artifacts import (
+    ManifestError,
+    UnsafeFileError,
+    declared_file_problem,
+    load_manifest,
+    mark_owned,
+    names_overlap,
+    now_iso,
+    open_log,
+    stage_allowed,
+)
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import ManifestBusy, RunManifest
 from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet
@@ -185,11 +194,7 @@ def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE
 
 def _describe_exit(rc: int) -> str:
     if rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        return f"process died with {name}"
+        return f"process died with {signal_name(rc)}"
     return f"process exited with code {rc} without a result"
 
 
@@ -238,7 +243,12 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     run_dir = ctx.dir
     log_rel = f"logs/{entry.name}.log"
     log_path = run_dir / log_rel
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # never through a symlink, a FIFO or a hard link (a stage may plant one for a later stage's log)
+        log_fd = open_log(run_dir, log_rel)
+    except (UnsafeFileError, OSError) as e:
+        rec.reason = f"the stage's log cannot be written: {getattr(e, 'strerror', None) or e}"
+        rec.finished = now_iso()
+        return rec
     rec.log = log_rel
     observer.on_start(entry)
     t0 = time.monotonic()
@@ -251,7 +261,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         with open(job, "wb") as f:
             pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
         env = _child_env(ctx.device, cookie)
-        with open(log_path, "ab") as log:
+        with os.fdopen(log_fd, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "nsa_runner._worker", str(job), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -261,7 +271,9 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         timed_out = False
         try:
             guard = _Watchdog(cookie, proc.pid, tmp, env)
-            while proc.poll() is None:
+            # the worker writes its result, then lingers while anything the stage started lives
+            # (``_worker.linger``): the result is the end of the stage, the tree is killed below
+            while proc.poll() is None and not result_path.exists():
                 elapsed = time.monotonic() - t0
                 if elapsed > timeout_s:
                     timed_out = True
@@ -382,12 +394,15 @@ def _not_anothers(rec: StageRecord, manifest: RunManifest) -> None:
         stages = manifest.stages
     owner = {os.path.normpath(f): s["name"] for s in stages if s.get("name") != rec.name
              for f in s.get("files") or [] if isinstance(f, str)}
-    taken = [f for f in rec.files if isinstance(f, str) and os.path.normpath(f) in owner]
+    # the same name, or one inside the other (a folder `sub` and another stage's `sub/f.txt`)
+    taken = {f: next(o for o in owner if names_overlap(f, o)) for f in rec.files
+             if isinstance(f, str) and any(names_overlap(f, o) for o in owner)}
     if not taken:
         return
     rec.files = [f for f in rec.files if f not in taken]
     note = ("declared file(s) of another stage, not this stage's own: "
-            + ", ".join(f"{f} (stage {owner[os.path.normpath(f)]})" for f in taken))
+            + ", ".join(f"{f} (stage {owner[o]}: {o})" if os.path.normpath(f) != o else f"{f} (stage {owner[o]})"
+                        for f, o in taken.items()))
     if rec.status in (Status.PASS, Status.SKIP):
         rec.status = Status.ERROR
     rec.reason = f"{rec.reason}; {note}" if rec.reason else note

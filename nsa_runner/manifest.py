@@ -35,9 +35,11 @@ from nsa_runner.artifacts import (
     ManifestError,
     create_run_folder,
     load_manifest,
+    names_overlap,
     now_iso,
     pid_alive,
     process_started,
+    runner_dirs_problem,
     stage_owns,
     write_json,
 )
@@ -142,8 +144,12 @@ class RunManifest:
     def open(cls, dir: Path, argv: list[str]) -> RunManifest:
         """An existing run folder (``nsa-run stage X`` into it). Raises ManifestError if unusable.
 
-        Reruns whose runner died (``pending`` of a process that is gone) are put back first."""
+        Reruns whose runner died (``pending`` of a process that is gone) are put back first. A
+        folder whose ``logs`` or ``history`` is a symlink is unusable (reruns write and move there)."""
         m = cls(dir, load_manifest(Path(dir) / MANIFEST_NAME))
+        problem = runner_dirs_problem(m.dir)
+        if problem:
+            raise ManifestError(problem)
         m.recover()
 
         def add(data: dict) -> None:
@@ -184,7 +190,7 @@ class RunManifest:
         for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
             # never anything outside the run folder, nor a shared name (logs, history, manifest),
             # nor a file another stage's entry lists
-            if not rel or not stage_owns(self.dir, name, rel, log=is_log) or os.path.normpath(rel) in others:
+            if not rel or not stage_owns(self.dir, name, rel, log=is_log) or any(names_overlap(rel, o) for o in others):
                 continue
             src = src_root / rel
             if src.is_file() or src.is_dir():
@@ -304,6 +310,21 @@ class RunManifest:
             return done
 
         return self.update(change)
+
+    @classmethod
+    def recover_folder(cls, dir: Path, data: dict) -> list[str]:
+        """``recover`` for any run folder of ``--out`` (not only the latest, which ``stage`` opens): a
+        rerun killed before a newer run folder appeared is put back at the next ``stage`` / ``oneshot``.
+        Best effort: a folder that cannot be recovered now is left as it is (and reported as
+        unfinished); nothing here stops the new run."""
+        if not any(isinstance(p, dict) and _dead(p.get("owner") or {}) for p in data.get("pending") or []):
+            return []
+        if runner_dirs_problem(dir):
+            return []
+        try:
+            return cls(dir, data).recover()
+        except (OSError, ManifestError):
+            return []
 
     def abandon(self) -> None:
         """Best effort after a runner error (e.g. a full disk): put back what this process set aside."""

@@ -35,7 +35,7 @@ GROUP = "nsa_runner.stages"
 BUILTIN_DIST = "nsa-run"
 KNOWN_REQUIREMENTS = ("cuda", "triton")
 # flags of `nsa-run stage` itself: a stage option may not reuse them
-RESERVED_FLAGS = ("--out", "--profile", "--device", "--strict", "--timeout", "--json", "--help")
+RESERVED_FLAGS = ("--out", "--profile", "--device", "--strict", "--timeout", "--json", "--help", "--debug")
 
 INSTALL_HINTS = {
     "cuda": "needs an NVIDIA GPU with a CUDA build of torch (see README: 'On a GPU pod')",
@@ -112,10 +112,18 @@ class StageInfo:
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def _problems(stage: Stage, ep_name: str) -> list[str]:
-    """What is wrong with a loaded stage's attributes (empty when it can run)."""
+STAGE_ATTRS = ("name", "order", "timeout_s", "description", "requires", "options")
+
+
+def _problems(info: dict, ep_name: str) -> list[str]:
+    """What is wrong with a stage's description (plain values: ``STAGE_ATTRS``, options as dicts
+    ``{"flag", "default", "help", "choices"}``); empty when it can run.
+
+    The discovery child checks what it read from the stage (each attribute read once: a property
+    cannot show one value to the check and another to the runner), and the CLI checks the child's
+    record again: the child ran plugin code, so what it sends is never trusted as it is."""
     problems = []
-    name = stage.name
+    name = info.get("name")
     if not name:
         problems.append("has no name")
     elif not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -123,29 +131,38 @@ def _problems(stage: Stage, ep_name: str) -> list[str]:
                         f"digit), got {name!r}")
     elif name != ep_name:
         problems.append(f"is named {name!r} but registered as {ep_name!r}")
-    if isinstance(stage.order, bool) or not isinstance(stage.order, int):
-        problems.append(f"order must be an int, got {stage.order!r}")
-    t = stage.timeout_s
+    order = info.get("order")
+    if isinstance(order, bool) or not isinstance(order, int):
+        problems.append(f"order must be an int, got {order!r}")
+    t = info.get("timeout_s")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
         problems.append(f"timeout_s must be a positive number of seconds, got {t!r}")
-    if not isinstance(stage.description, str):
-        problems.append(f"description must be a string, got {type(stage.description).__name__}")
-    requires = stage.requires
+    if not isinstance(info.get("description"), str):
+        problems.append(f"description must be a string, got {type(info.get('description')).__name__}")
+    requires = info.get("requires")
     if not isinstance(requires, (tuple, list)) or not all(isinstance(r, str) for r in requires):
         problems.append(f"requires must be a tuple of strings, got {requires!r}")
     else:
         unknown = [r for r in requires if r not in KNOWN_REQUIREMENTS]
         if unknown:
             problems.append(f"unknown requirement(s) {unknown} (known: {', '.join(KNOWN_REQUIREMENTS)})")
-    options = stage.options
-    if not isinstance(options, (tuple, list)) or any(not isinstance(o, Option) for o in options):
+    options = info.get("options")
+    if not isinstance(options, (tuple, list)) or any(not isinstance(o, dict) for o in options):
         problems.append("options must be a tuple of nsa_runner.Option instances")
         return problems
-    flags = [o.flag for o in options]
-    if any(not isinstance(f, str) or not f.startswith("--") for f in flags) or len(set(flags)) != len(flags):
+    flags = [o.get("flag") for o in options]
+    if any(not isinstance(f, str) or not f.startswith("--") for f in flags) or len(set(map(str, flags))) != len(flags):
         problems.append(f"option flags must start with '--' and be unique, got {flags}")
     elif any(f in RESERVED_FLAGS for f in flags):
         problems.append(f"option flags {[f for f in flags if f in RESERVED_FLAGS]} are reserved by nsa-run")
+    elif any(not isinstance(o.get("help"), str) or not isinstance(o.get("choices"), (list, tuple))
+             or not all(isinstance(c, str) for c in o.get("choices")) for o in options):
+        problems.append("option help must be a string and choices strings")
+    else:
+        bad = [o["flag"] for o in options if not _json_ok(o.get("default"))]
+        if bad:
+            problems.append(f"option default(s) of {', '.join(bad)} must be JSON values (numbers, strings, "
+                            "lists, null)")
     return problems
 
 
@@ -201,32 +218,31 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
                 "traceback": traceback.format_exc()}
     if not isinstance(stage, Stage):
         return {"error": f"{ep.value} is a {type(stage).__name__}, not an nsa_runner.Stage subclass"}
-    try:
-        problems = _problems(stage, ep.name)
-        if not problems:
-            bad = [o.flag for o in stage.options if not _json_ok(o.default)]
-            if bad:
-                problems.append(f"option default(s) of {', '.join(bad)} must be JSON values (numbers, strings, "
-                                "lists, null)")
+    try:  # every attribute read once: what is checked is what the runner gets
+        info = {k: getattr(stage, k) for k in STAGE_ATTRS}
+        options = info["options"]
+        if isinstance(options, (tuple, list)) and all(isinstance(o, Option) for o in options):
+            options = tuple(options)
+            info["options"] = [{"flag": o.flag, "default": o.default, "help": str(o.help or ""),
+                                "choices": [str(c) for c in o.choices]} for o in options]
+        else:
+            info["options"] = None  # _problems names it
+        problems = _problems(info, ep.name)
     except Exception as e:  # noqa: BLE001 - a hostile attribute (e.g. a property that raises)
         problems = [f"attributes cannot be read: {type(e).__name__}: {e}"]
     if problems:
         return {"error": f"{ep.value}: stage " + "; ".join(problems)}
-    out: dict[str, Any] = {"stage": {
-        "name": stage.name, "order": stage.order, "requires": list(stage.requires),
-        "description": stage.description, "timeout_s": float(stage.timeout_s),
-        "options": [{"flag": o.flag, "default": o.default, "help": str(o.help or ""),
-                     "choices": [str(c) for c in o.choices]} for o in stage.options],
-    }}
+    info["requires"], info["timeout_s"] = list(info["requires"]), float(info["timeout_s"])
+    out: dict[str, Any] = {"stage": info}
     if args is not None:
         try:
-            values = parse_args(stage.name, tuple(stage.options), list(args))
+            values = parse_args(info["name"], options, list(args))
         except OptionError as e:
             out["option_error"], out["option_hint"] = str(e), e.hint
         else:
             bad = [k for k, v in values.items() if not _json_ok(v)]
             if bad:
-                out["option_error"] = (f"stage {stage.name}: option value(s) for {', '.join(bad)} are not JSON "
+                out["option_error"] = (f"stage {info['name']}: option value(s) for {', '.join(bad)} are not JSON "
                                        "values (the plugin's parse returned an object)")
                 out["option_hint"] = ""
             else:
@@ -255,13 +271,9 @@ def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float) -> str:
         return f"its import did not finish within {limit:g}s (hangs?); stopped"
     rc = proc.returncode
     if rc is not None and rc < 0:
-        import signal
+        from nsa_runner._worker import signal_name
 
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        return f"importing it killed the discovery process ({name})"
+        return f"importing it killed the discovery process ({signal_name(rc)})"
     return f"importing it ended the discovery process (exit code {rc}, e.g. os._exit or sys.exit in C)"
 
 
@@ -284,8 +296,9 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
             mark_owned(tmp)
             result = os.path.join(tmp, "result.jsonl")
             log = os.path.join(tmp, "child.log")
+            nonce = uuid.uuid4().hex  # the child's "done" carries it: a plugin's stray lines cannot end the pass
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
-                   "only": only, "parse": parse}
+                   "only": only, "parse": parse, "nonce": nonce}
             from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
@@ -312,15 +325,15 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                     pos, lines = _read_new(result, pos)
                     for line in lines:
                         last, talked = time.monotonic(), True
-                        if "loading" in line:
+                        if isinstance(line.get("loading"), str):
                             loading = line["loading"]
-                        elif "entry" in line and isinstance(line["entry"], dict):
+                        elif isinstance(line.get("entry"), dict) and isinstance(line["entry"].get("key"), str):
                             rec = line["entry"]
                             records[rec["key"]] = rec
                             order.append(rec["key"])
                             skip.add(rec["key"])
                             loading = None
-                        elif line.get("done"):
+                        elif line.get("done") == nonce:
                             done = True
                     if done or exited:
                         break
@@ -404,13 +417,19 @@ def _stop(proc: subprocess.Popen, cookie: str) -> None:
 
 
 def _entry_of(rec: dict) -> StageEntry:
-    ep_name = rec.get("name") or "?"
+    """A discovery record as a StageEntry; a record that does not describe a usable stage (the child
+    ran plugin code: its records are checked again here) is a broken entry, never a crash."""
+    ep_name = str(rec.get("name") or "?")
     shown = ep_name if NAME_RE.fullmatch(ep_name) else "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", ep_name)
-    entry = StageEntry(shown, rec.get("value", "?"), rec.get("dist", "?"), rec.get("version", "?"))
+    entry = StageEntry(shown, str(rec.get("value", "?")), str(rec.get("dist", "?")), str(rec.get("version", "?")))
     info = rec.get("stage")
     if rec.get("error") or not isinstance(info, dict):
         entry.error = str(rec.get("error") or "the discovery process described it wrongly")
         entry.traceback = str(rec.get("traceback") or "")
+        return entry
+    problems = _problems(info, ep_name)
+    if problems:
+        entry.error = f"{entry.value}: stage " + "; ".join(problems)
         return entry
     entry.stage = StageInfo(
         name=info["name"], order=info["order"], requires=tuple(info["requires"]), description=info["description"],
@@ -422,8 +441,10 @@ def _entry_of(rec: dict) -> StageEntry:
 def discover() -> list[StageEntry]:
     """Every stage of the entry-point group, sorted by (order, name); broken ones first.
 
-    Imported in a child process (``discover_group``). Two usable entries with the same name are
-    both marked broken ("duplicate"): which one would run must never depend on install order.
+    Imported in a child process (``discover_group``). Two plugin entries with the same name are
+    both marked broken ("duplicate"): which one would run must never depend on install order. A
+    plugin that takes a built-in stage's name is broken and the built-in stays (a plugin never
+    switches off one of nsa-run's own stages).
     """
     entries = [_entry_of(r) for r in discover_group(GROUP, DESCRIBE_STAGE)]
     by_name: dict[str, list[StageEntry]] = {}
@@ -431,6 +452,16 @@ def discover() -> list[StageEntry]:
         by_name.setdefault(e.name, []).append(e)
     for name, group in by_name.items():
         if len(group) > 1:
+            builtin = [e for e in group if e.builtin]
+            if len(builtin) == 1:
+                for e in group:
+                    if e is not builtin[0]:
+                        e.error = (f"stage name {name!r} is taken by the built-in stage ({builtin[0].value}); "
+                                   f"{e.value} ({e.source}) is left out: rename it")
+                        e.stage = None
+                        # its own name in lists and manifests: the built-in's record stays the built-in's
+                        e.name = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", f"{e.dist}.{name}")
+                continue
             where = ", ".join(f"{e.value} ({e.source})" for e in group)
             for e in group:
                 e.error = f"duplicate stage name {name!r}: declared by {where}"
@@ -449,7 +480,7 @@ def parse_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
         return parse_args(entry.name, tuple(entry.options), list(args))
     recs = discover_group(GROUP, DESCRIBE_STAGE, only=key, parse={"key": key, "args": list(args)})
     rec = recs[0] if recs else {"error": "the stage was not found again"}
-    if "parsed" in rec:
+    if isinstance(rec.get("parsed"), dict) and set(rec["parsed"]) == {o.dest for o in entry.options}:
         return rec["parsed"]
     if "option_error" in rec:
         raise OptionError(rec["option_error"], rec.get("option_hint") or "")

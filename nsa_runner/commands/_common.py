@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from nsa_runner._ui import ProgressObserver, err_console, fail, report
+from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report
 from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
 from nsa_runner.executor import RunInterrupted, Settings, execute, exit_code
 from nsa_runner.manifest import ManifestBusy, RunManifest
@@ -80,7 +80,11 @@ def check_out(out: Path) -> Path:
     relative ``--out`` never lands nested inside the run folder (DESIGN §7). What an earlier
     nsa-run killed mid-way left (``.incoming-`` folders, stage temp folders) is removed here.
     """
-    out = Path(out).expanduser().resolve()
+    try:
+        out = Path(out).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        fail(f"--out {out}: cannot be resolved ({getattr(e, 'strerror', None) or e})",
+             "choose a folder that is not a symlink loop with --out")
     try:
         check_writable(out)
         free = shutil.disk_usage(out).free
@@ -107,10 +111,11 @@ def check_earlier_runs(out: Path, rid: str) -> list[Path]:
         except OSError:
             pass
         try:
-            load_manifest(folder)
+            data = load_manifest(folder)
         except ManifestError as e:
             fail(f"earlier run folder is unusable: {e}",
                  f"nothing was changed; repair or move {folder} aside, then rerun")
+        RunManifest.recover_folder(folder, data)  # a rerun whose runner died: its earlier result back
         folders.append(folder)
     return folders
 
@@ -183,7 +188,7 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     """
     settings = Settings(device=machine.device, profile=profile, timeout_s=timeout, strict=strict)
     err = err_console()
-    err.print(f"[bold]nsa-run[/] run {manifest.data['run_id']} -> {manifest.dir}  "
+    err.print(f"[bold]nsa-run[/] run {plain_text(manifest.data['run_id'])} -> {plain_text(manifest.dir)}  "
               f"(device={machine.device}, profile={profile})")
     interrupted = False
     previous = signal.getsignal(signal.SIGTERM)
@@ -231,7 +236,7 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     }
     if interrupted:
         err.print("[bold red]interrupted[/]: the running stage was stopped; finished stages are kept")
-    err.print(f"artifacts: {manifest.dir}")
+    err.print(f"artifacts: {plain_text(manifest.dir)}", soft_wrap=True)  # a path stays copy-pasteable
     report(records, as_json=as_json, payload=payload, strict=strict,
            title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")
     sys.stdout.flush()

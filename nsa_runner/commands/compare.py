@@ -157,7 +157,7 @@ def compare(
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file, or compare other runs")
     if saved is not None:
-        err_console().print(f"baseline written: {saved} ({subject.machine()['label']})")
+        err_console().print(f"baseline written: {escape(str(saved))} ({escape(str(subject.machine()['label']))})")
     if as_json:
         print(json.dumps(cmp.to_dict(), indent=2, default=str))
     elif markdown:

@@ -31,6 +31,9 @@ def report(
     """Write report.html (and summary.md if absent) into a run folder."""
     try:
         folder = resolve_run(run, out)
+    except ArtifactError as e:  # no such run (yet: a run that is starting has no folder until its manifest)
+        fail(str(e), "nothing was written")
+    try:
         info = report_mod.write(folder)
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file aside, then rerun")

@@ -92,9 +92,13 @@ def test_malformed_plugins_fail_loudly_at_load_time(plugins):
     assert "not an nsa_runner.Stage" in by["notastage", "odd-plugin"].error
     assert "unknown requirement(s) ['tpu']" in by["badreq", "odd-plugin"].error
     assert "reserved by nsa-run" in by["reserved", "odd-plugin"].error
-    # a duplicate name makes both unusable: which one runs must not depend on install order
-    dups = [e for e in discover() if e.name == "sanity"]
-    assert len(dups) == 2 and all("duplicate stage name 'sanity'" in e.error and e.stage is None for e in dups)
+    # a plugin taking a built-in's name is broken and the built-in stays (issue 16, red-team round 3):
+    # which one runs never depends on install order, and a plugin never switches a built-in off
+    entries = discover()
+    (builtin,) = [e for e in entries if e.name == "sanity"]
+    assert builtin.builtin and builtin.stage is not None and not builtin.error
+    (plugin,) = [e for e in entries if e.dist == "odd-plugin" and e.value == "odd_plugin_mod:Dup"]
+    assert plugin.stage is None and "'sanity' is taken by the built-in stage" in plugin.error
 
 
 def test_readme_plugin_example_works_as_written(plugins, cli, tmp_path):
