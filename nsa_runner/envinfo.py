@@ -3,7 +3,8 @@ records "where was this measured" (benchmarks). Each probe returns plain JSON-ab
 never raises: a failure is recorded as text.
 
 ``collect()`` does not import flash-attn in this process (a broken build can abort the
-interpreter): ``probe_flash()`` imports the flash modules in a child process.
+interpreter): ``probe_flash()`` runs nsa_core.flash.detect (the shared "is it really FA-2 / FA-4"
+check) in a child process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import textwrap
 
 # (module, what it is, distribution names that provide it, install hint)
+# (what is really FA-2 / FA-4 is decided by nsa_core.flash.detect, not by the module name)
 FLASH_MODULES = (
     ("flash_attn", "FA-2", ("flash-attn", "flash_attn"),
      "pip install flash-attn --no-build-isolation  (pick the prebuilt wheel matching torch/CUDA)"),
@@ -154,65 +156,96 @@ def nvidia_smi() -> dict:
     return out
 
 
+# The child runs nsa_core.flash.detect (loaded from its file, so a broken nsa_core import cannot
+# hide the facts): the one detection adapters / routing / fa2-probe use too. A module name is not
+# enough: FA-4's wheel leaves an empty `flash_attn` namespace (no FA-2), FA-2's bundles an early
+# flash_attn.cute (no FA-4).
 _FLASH_PROBE = textwrap.dedent("""
-    import faulthandler, importlib, json, sys
+    import faulthandler, importlib.util, json, sys
     faulthandler.enable()
-    for mod in sys.argv[1:]:
-        print(json.dumps({"module": mod, "start": True}), flush=True)
-        try:
-            m = importlib.import_module(mod)
-            rec = {"module": mod, "ok": True, "version": getattr(m, "__version__", None),
-                   "file": getattr(m, "__file__", None)}
-        except ModuleNotFoundError as e:
-            missing = e.name or ""
-            rec = {"module": mod, "ok": False, "missing": missing,
-                   "not_installed": mod == missing or mod.startswith(missing + ".") if missing else False,
-                   "error": f"{type(e).__name__}: {e}"}
-        except BaseException as e:
-            rec = {"module": mod, "ok": False, "not_installed": False, "error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(rec), flush=True)
+    spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
+    det = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(det)
+    for path in sys.argv[2:]:
+        print(json.dumps({"path": path, "start": True}), flush=True)
+        print(json.dumps(det.detect(path)), flush=True)
 """)
 
 
-def probe_flash(timeout_s: float = 300.0) -> list[dict]:
-    """Import each flash module in a child process; one record per module.
+def detect_file() -> str | None:
+    """nsa_core/flash/detect.py, located without importing nsa_core."""
+    import importlib.util
+    from pathlib import Path
 
-    Record: ``{"module", "what", "hint", "ok", "version", "not_installed", "error"}``. An import
-    that kills the child (abort, segfault) is recorded as an error with the exit status.
+    try:
+        spec = importlib.util.find_spec("nsa_core")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        f = Path(loc) / "flash" / "detect.py"
+        if f.is_file():
+            return str(f)
+    return None
+
+
+def probe_flash(timeout_s: float = 300.0) -> list[dict]:
+    """Detect each flash-attn package in a child process (``nsa_core.flash.detect``); one record per
+    package.
+
+    Record: ``{"module", "what", "hint", "path", "ok", "version", "not_installed", "reason",
+    "error", "dist_version", "build"}``. ``ok``: the real package imports and has what nsa-run
+    calls; ``not_installed``: absent, ``reason`` says what is there instead (e.g. "absent (the
+    `flash_attn` package here is FA-4's namespace: flash_attn.cute only, ...)"); neither: broken
+    (``error``). An import that kills the child (abort, segfault) is recorded as an error with the
+    exit status.
     """
-    mods = [m for m, *_ in FLASH_MODULES]
+    paths = [FLASH_PATH[m] for m, *_ in FLASH_MODULES]
     recs: dict[str, dict] = {}
     crashed: str | None = None
-    try:
-        r = subprocess.run([sys.executable, "-c", _FLASH_PROBE, *mods], capture_output=True, text=True,
-                           timeout=timeout_s)
-        lines, rc, stderr = r.stdout.splitlines(), r.returncode, r.stderr
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        lines, rc, stderr = out.splitlines(), None, f"timed out after {timeout_s:g}s"
+    det = detect_file()
+    if det is None:
+        lines, rc, stderr = [], None, "nsa_core/flash/detect.py not found (nsa_core not installed?)"
+    else:
+        try:
+            r = subprocess.run([sys.executable, "-c", _FLASH_PROBE, det, *paths], capture_output=True, text=True,
+                               timeout=timeout_s)
+            lines, rc, stderr = r.stdout.splitlines(), r.returncode, r.stderr
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            lines, rc, stderr = out.splitlines(), None, f"timed out after {timeout_s:g}s"
     started = None
     for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
             continue
+        if not isinstance(rec, dict) or "path" not in rec:
+            continue
         if rec.get("start"):
-            started = rec["module"]
+            started = rec["path"]
         else:
-            recs[rec["module"]] = rec
+            recs[rec["path"]] = rec
             started = None
     if started is not None:
         crashed = started
     out = []
     for mod, what, dists, hint in FLASH_MODULES:
-        rec = recs.get(mod)
-        if rec is None:
-            why = ("import crashed the interpreter" if mod == crashed else "not probed")
+        path = FLASH_PATH[mod]
+        d = recs.get(path)
+        if d is None:
+            why = ("import crashed the interpreter" if path == crashed else "not probed")
             status = f"exit status {rc}" if rc is not None else stderr
             tail = " | ".join(stderr.strip().splitlines()[-3:])
-            rec = {"module": mod, "ok": False, "not_installed": False,
-                   "error": f"{why} ({status}) {tail}".strip()}
-        rec.update({"what": what, "hint": hint, "dist_version": dist_version(*dists), "path": FLASH_PATH[mod]})
+            err = f"{why} ({status}) {tail}".strip()
+            rec = {"module": mod, "ok": False, "not_installed": False, "version": None, "file": None,
+                   "error": err, "reason": err}
+        else:
+            rec = {"module": mod, "ok": bool(d.get("present")), "not_installed": bool(d.get("not_installed")),
+                   "version": d.get("version"), "file": d.get("file"), "reason": d.get("reason") or "",
+                   "error": d.get("error") or ("" if d.get("present") or d.get("not_installed")
+                                               else d.get("reason") or "unknown"),
+                   "dist": d.get("dist")}
+        rec.update({"what": what, "hint": hint, "dist_version": dist_version(*dists), "path": path})
         try:
             rec["build"] = flash_build(dists)
         except Exception as e:  # noqa: BLE001 - facts are best effort, never a crash

@@ -5,7 +5,10 @@ The verdict comes from facts, never from a hand-written version table:
 - a real tiny Triton launch (the interpreter on CPU, compiled on GPU);
 - a real tiny CUDA op, and the driver's CUDA version vs torch's CUDA runtime;
 - real imports of flash_attn (FA-2), flash_attn_interface (FA-3), flash_attn.cute (FA-4), in a
-  child process, and each package's build facts read from disk (envinfo.flash_build: version,
+  child process, through nsa_core.flash.detect: the real package, not the module name (FA-4's
+  wheel leaves an empty ``flash_attn`` namespace, which is no FA-2: "FA-2 absent (the `flash_attn`
+  package here is FA-4's namespace: flash_attn.cute only, ...)"; FA-2's wheel bundles an early
+  flash_attn.cute 0.1.0, which is no FA-4), and each package's build facts read from disk (envinfo.flash_build: version,
   wheel tag ``+cu12torch2.7``, the libcudart / libc10 its extension links, FA-4's CuTe DSL
   library flavour). "Not installed" is reported with an install hint and is not a failure; an
   import that fails (e.g. an undefined symbol: built for another torch) is a FAIL, and so is a
@@ -184,7 +187,7 @@ def _flash_checks(probes: list[dict], torch_version: str | None, torch_cuda: str
                 checks.append(_check(p["module"], INFO if soft else OK,
                                      f"{label} {v} imports; {built or 'no build facts'}; {_verified(p)}{note}"))
         elif p.get("not_installed"):
-            checks.append(_check(p["module"], INFO, f"{label} not installed (fix: {p['hint']}); {_verified(p)}"))
+            checks.append(_check(p["module"], INFO, f"{label} {_absent(p)} (fix: {p['hint']}); {_verified(p)}"))
         elif "undefined symbol" in p["error"]:
             sym = p["error"].split("undefined symbol:")[-1].strip()[:120]
             checks.append(_check(p["module"], FAIL, f"{p['module']}: undefined symbol — built for another torch "
@@ -192,21 +195,46 @@ def _flash_checks(probes: list[dict], torch_version: str | None, torch_cuda: str
                                  f"{p['module']} {v}" + (f", {built}" if built else "")
                                  + (f"; ABI mismatch: {'; '.join(hard)}" if hard else "")))
         else:
-            checks.append(_check(p["module"], FAIL, f"{p['module']} {v}: import failed: {p['error'][:400]}"
-                                 + (f" ({built})" if built else "")))
+            why = p.get("reason") or ""
+            what = why if why and not why.startswith("fails to import") else f"import failed: {p['error'][:400]}"
+            checks.append(_check(p["module"], FAIL, f"{p['module']} {v}: {what}" + (f" ({built})" if built else "")))
     return checks
 
 
-def _paths(facts: dict, checks: dict[str, dict], device: str) -> dict[str, str]:
+def _absent(p: dict) -> str:
+    """'not installed' or what is there instead, from nsa_core.flash.detect: 'absent (the
+    `flash_attn` package here is FA-4's namespace: flash_attn.cute only, ...)'."""
+    why = p.get("reason") or ""
+    return why if why.startswith("absent") else "not installed"
+
+
+def _flash_word(p: dict) -> str:
+    """The verdict's word for one package: 'FA-2 ok', 'FA-3 absent', 'FA-2 absent (the ...)'."""
+    return f"{p['what']} " + ("ok" if p["ok"] else _absent(p).replace("not installed", "absent"))
+
+
+def _flash_can_run(flash: list[dict], module: str, checks: dict[str, dict], cuda: bool, ok_status) -> str:
+    """'yes' only when the real package was detected (nsa_core.flash.detect), its check passed
+    and a GPU is visible; else 'no: <why>'."""
+    p = next((r for r in flash if r.get("module") == module), None)
+    if p is None:
+        return "no: not probed"
+    if not p["ok"]:
+        return f"no: {p['what']} " + (_absent(p) if p.get("not_installed") else "BROKEN (see checks)")
+    if checks.get(module, {}).get("status") not in ok_status:
+        return f"no: {checks.get(module, {}).get('detail', 'check failed')[:200]}"
+    return "yes" if cuda else "no: no CUDA GPU here"
+
+
+def _paths(facts: dict, checks: dict[str, dict], device: str, flash: list[dict] | None = None) -> dict[str, str]:
     tri = checks.get("triton-launch", {})
+    cuda = bool(facts["gpu"]["cuda_available"])
+    flash = flash or []
     paths = {
         "triton selection kernel": (f"yes ({'interpreter' if device == 'cpu' else 'compiled'})"
                                     if tri.get("status") == OK else f"no: {tri.get('detail', '')}"),
-        "flash-attn (FA-2) varlen": ("yes" if checks.get("flash_attn", {}).get("status") == OK
-                                     and facts["gpu"]["cuda_available"] else "no"),
-        "flash-attn-4 (FA-4)": ("yes" if checks.get("flash_attn.cute", {}).get("status") in (OK, INFO)
-                                          and "imports" in checks.get("flash_attn.cute", {}).get("detail", "")
-                                          and facts["gpu"]["cuda_available"] else "no"),
+        "flash-attn (FA-2) varlen": _flash_can_run(flash, "flash_attn", checks, cuda, (OK,)),
+        "flash-attn-4 (FA-4)": _flash_can_run(flash, "flash_attn.cute", checks, cuda, (OK, INFO)),
         "torch SDPA": "yes",
     }
     try:
@@ -273,7 +301,7 @@ def _render(env: dict) -> str:
     for p in env["flash"]:
         b = p.get("build") or {}
         v = b.get("version") or p.get("dist_version") or p.get("version")
-        state = (v or "ok") if p["ok"] else ("not installed" if p.get("not_installed")
+        state = (v or "ok") if p["ok"] else (_absent(p) if p.get("not_installed")
                                              else f"BROKEN ({v or 'unknown version'}): " + p["error"][:200])
         lines.append(f"{p['what']:<13} {p['module']}: {state}  [{_verified(p)}]")
         if b.get("built_for"):
@@ -322,10 +350,10 @@ class EnvPairing(Stage):
             reason = (f"torch {facts['torch']['version']} ({facts['torch']['build']}), triton "
                       f"{facts['triton'].get('version') or 'absent'}"
                       + (" launch ok" if tri.get("status") == OK else "")
-                      + ", flash: " + ", ".join(f"{p['what']} " + ("ok" if p["ok"] else "absent") for p in flash))
+                      + ", flash: " + ", ".join(_flash_word(p) for p in flash))
         env = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": ctx.device,
                "verdict": status.value, "reason": reason, "checks": checks,
-               "paths": _paths(facts, {c["check"]: c for c in checks}, ctx.device),
+               "paths": _paths(facts, {c["check"]: c for c in checks}, ctx.device, flash),
                "flash": flash, "plugins": _plugins(), "facts": facts}
         env["routing_thresholds"], extra = _thresholds_copy(ctx.dir)
         write_json(ctx.dir / "env.json", env)

@@ -11,6 +11,10 @@ flash-attn conventions, independent of nsa_core: bottom-right causal / window
 (``key j visible to query i iff i + Sk - Sq - left <= j <= i + Sk - Sq + right``), GQA
 (query head h uses KV head ``h // (H // Hk)``), an empty row gives 0 and lse -inf.
 
+``install`` puts module objects into sys.modules (the kernels' tests); ``install_dists`` writes
+installs laid out as the real wheels leave them (dist-info, FA-4's namespace-only ``flash_attn``,
+FA-2's compiled extension and bundled early cute) for the "is it really FA-2 / FA-4" detection.
+
 Signatures copied from: flash-attn 2.8 ``flash_attn/flash_attn_interface.py`` and flash-attn-4
 4.0.0b36 ``flash_attn/cute/interface.py`` (the wheel bench/prepare_fa4.sh downloads;
 tests/core/test_flash.py compares the FA-4 one with that file when the wheel is present).
@@ -194,3 +198,109 @@ def present_on_cpu(monkeypatch, paths=("fa2", "fa4")) -> None:
         return real(path, device_type)
 
     monkeypatch.setattr(adapters, "status", status)
+
+
+# ---- FAKE installs on disk, laid out as the real wheels leave them --------------------------
+# For the "is it really FA-2 / FA-4" detection (nsa_core.flash.detect), which reads distribution
+# metadata and imports through the real import system (also in env-pairing's child process):
+#   flash-attn 2.8.3:        flash_attn/__init__.py (imports flash_attn_interface, which imports the
+#                            compiled flash_attn_2_cuda), flash_attn_2_cuda (top level), and its
+#                            bundled early flash_attn/cute (__version__ "0.1.0", no return_lse);
+#                            dist-info flash_attn-2.8.3 whose RECORD lists all of them.
+#   flash-attn-4 4.0.0b36:   flash_attn/cute/ ONLY (no flash_attn/__init__.py: `flash_attn` is an
+#                            empty namespace package); dist-info flash_attn_4-4.0.0b36.
+# Both: FA-4 installed after FA-2, so flash_attn/cute holds FA-4's files (both RECORDs list them).
+# The functions are the fakes above (same signatures as the real ones); flash_attn_2_cuda is a .py
+# module standing in for the compiled extension.
+
+_FA2_INIT = '''"""FAKE flash-attn 2.8.3 (tests/_fake_flash.py)."""
+__version__ = "2.8.3"
+from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+'''
+_FA2_INTERFACE = '''import flash_attn_2_cuda as flash_attn_gpu  # the compiled extension in the real package
+from tests._fake_flash import fa2_flash_attn_func as flash_attn_func
+from tests._fake_flash import fa2_flash_attn_varlen_func as flash_attn_varlen_func
+'''
+_FA2_EXT = '"""FAKE stand-in for flash-attn 2\'s compiled extension flash_attn_2_cuda."""\n'
+# flash-attn 2.8's bundled early CuTe port: another flash_attn_func (no return_lse, returns (out, lse))
+_CUTE_010_INIT = '''"""FAKE flash-attn 2.8.3 bundled flash_attn/cute (Flash Attention CUTE, early port)."""
+__version__ = "0.1.0"
+from .interface import flash_attn_func, flash_attn_varlen_func
+'''
+_CUTE_010_INTERFACE = '''def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None),
+                    learnable_sink=None, softcap=0.0, pack_gqa=None):
+    raise NotImplementedError("FAKE flash-attn 2.8.3 bundled cute 0.1.0: not FA-4")
+
+
+def flash_attn_varlen_func(*args, **kwargs):
+    raise NotImplementedError("FAKE flash-attn 2.8.3 bundled cute 0.1.0: not FA-4")
+'''
+# flash-attn-4 4.0.0b36's flash_attn/cute/__init__.py (its __version__ reads a distribution "fa4")
+_CUTE_4_INIT = '''"""FAKE flash-attn-4 4.0.0b36 flash_attn/cute (tests/_fake_flash.py)."""
+from importlib.metadata import PackageNotFoundError, version
+try:
+    __version__ = version("fa4")
+except PackageNotFoundError:
+    __version__ = "0.0.0"
+from .interface import flash_attn_func, flash_attn_varlen_func
+'''
+_CUTE_4_INTERFACE = '''from tests._fake_flash import fa4_flash_attn_func as flash_attn_func
+from tests._fake_flash import fa4_flash_attn_varlen_func as flash_attn_varlen_func
+'''
+FLASH_MODULE_NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.cute",
+                      "flash_attn.cute.interface", "flash_attn_2_cuda")
+
+
+def _write_dist(site, dist: str, version: str, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        f = site / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("flash_attn\n")
+    record = [*files, f"{info.name}/METADATA", f"{info.name}/top_level.txt", f"{info.name}/RECORD"]
+    (info / "RECORD").write_text("".join(f"{r},,\n" for r in record))
+
+
+def install_dists(monkeypatch, site, which=("fa2", "fa4"), last="fa4"):
+    """Write FAKE flash-attn 2.8.3 and/or flash-attn-4 4.0.0b36 installs into ``site`` (a folder),
+    put it first on sys.path and on PYTHONPATH (with this checkout, for env-pairing's child
+    process), and forget every imported flash module and the adapters' cached detection. All of
+    it is undone after the test. ``last``: with both, the one pip installed last, whose
+    flash_attn/cute files are on disk ("fa2": FA-2's bundled 0.1.0 overwrote FA-4's)."""
+    import importlib
+    import os
+    import sys
+    from pathlib import Path
+
+    from nsa_core.flash import adapters
+
+    site = Path(site)
+    site.mkdir(parents=True, exist_ok=True)
+    order = [p for p in ("fa4", "fa2") if p != last] + [last]
+    for path in order:
+        if path not in which:
+            continue
+        if path == "fa2":
+            _write_dist(site, "flash_attn", "2.8.3", {
+                "flash_attn/__init__.py": _FA2_INIT, "flash_attn/flash_attn_interface.py": _FA2_INTERFACE,
+                "flash_attn_2_cuda.py": _FA2_EXT,
+                "flash_attn/cute/__init__.py": _CUTE_010_INIT, "flash_attn/cute/interface.py": _CUTE_010_INTERFACE})
+        else:
+            _write_dist(site, "flash-attn-4", "4.0.0b36", {
+                "flash_attn/cute/__init__.py": _CUTE_4_INIT, "flash_attn/cute/interface.py": _CUTE_4_INTERFACE})
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(repo), os.environ.get("PYTHONPATH", "")]))
+    for name in FLASH_MODULE_NAMES:
+        # set then delete: the test starts without the module, and whatever the test imports
+        # under that name is removed again at teardown (monkeypatch undoes in reverse order)
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(adapters, "_imported", {})
+    for var in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    importlib.invalidate_caches()
+    return site

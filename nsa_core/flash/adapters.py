@@ -25,12 +25,13 @@ Each flash-attn call is written against that package's real signature (``_fa2``,
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import os
 
 import torch
 import torch.nn.functional as F
+
+from nsa_core.flash import detect as _detect
 
 # name -> (branches it serves, SDPA backend name or None)
 PATHS = {
@@ -47,11 +48,13 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
 
-_MODULES = {"fa3": "flash_attn_interface", "fa2": "flash_attn", "fa4": "flash_attn.cute"}
+# the module each flash-attn path calls; whether it is the real package is decided by
+# nsa_core.flash.detect (one answer for adapters, routing, fa2-probe and env-pairing)
+_MODULES = dict(_detect.MODULES)
 # distributions that provide each module (their version is the package version; FA-4's own
 # ``flash_attn.cute.__version__`` reads a distribution named "fa4" and says "0.0.0")
-DISTS = {"fa3": ("flash-attn-3", "flash_attn_3"), "fa2": ("flash-attn", "flash_attn"),
-         "fa4": ("flash-attn-4", "flash_attn_4")}
+DISTS = dict(_detect.DISTS)
+detect = _detect.detect
 # Whether each flash-attn adapter ran on a GPU here (shown by `nsa-run list fa2-probe`, env.txt
 # and fa2_probe.txt). None = not GPU-verified: only CPU tests through a fake module with the
 # package's real signature (tests/core/test_flash.py) cover it. Update with the run that did it.
@@ -62,7 +65,7 @@ GPU_VERIFIED: dict[str, str | None] = {
 }
 # paths whose adapter can also return the softmax statistics (attention_lse)
 LSE_PATHS = ("fa4",)
-_imported: dict[str, object] = {}
+_imported: dict[str, object] = {}  # path -> module; "detect:<path>" -> detect.detect(path)
 
 
 # what exercises each adapter on CPU (tests/_fake_flash.py)
@@ -92,18 +95,31 @@ def fa4_jit_cache_dir():
     return user_cache_path("nsa-run", appauthor=False) / "fa4_jit"
 
 
+def _before_import(path: str) -> None:
+    if path == "fa4":
+        # FA-4 JIT-compiles every kernel configuration (2-3 s each on an H100; fa2-probe's
+        # parity needs ~20 forward + ~20 backward ones). Its own persistent cache (keyed by
+        # its sources, cutlass / tvm-ffi / Python versions) makes a second process or run
+        # reuse them; read once at its import. An explicit setting of the user's wins.
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(fa4_jit_cache_dir()))
+
+
 def _import(path: str):
     if path not in _imported:
-        if path == "fa4":
-            # FA-4 JIT-compiles every kernel configuration (2-3 s each on an H100; fa2-probe's
-            # parity needs ~20 forward + ~20 backward ones). Its own persistent cache (keyed by
-            # its sources, cutlass / tvm-ffi / Python versions) makes a second process or run
-            # reuse them; read once at its import. An explicit setting of the user's wins.
-            os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-            os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(fa4_jit_cache_dir()))
+        _before_import(path)
         mod = importlib.import_module(_MODULES[path])
         _imported[path] = mod
     return _imported[path]
+
+
+def _detected(path: str) -> dict:
+    """detect.detect(path), once per process (kept in ``_imported``, which tests reset)."""
+    key = f"detect:{path}"
+    if key not in _imported:
+        _before_import(path)
+        _imported[key] = _detect.detect(path)
+    return _imported[key]
 
 
 def install_hint(path: str) -> str:
@@ -123,13 +139,16 @@ def status(path: str, device_type: str) -> dict:
         out["reason"] = f"device {device_type}: flash kernels run on CUDA only"
         return out
     if path in _MODULES:
+        # the real package, not the module name: FA-4's wheel leaves an empty `flash_attn`
+        # namespace (no FA-2), FA-2's wheel bundles an early flash_attn.cute (no FA-4); detect.py
         name = _MODULES[path]
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):  # flash_attn.cute without a flash_attn package
-            found = False
-        if not found:
-            out["reason"] = f"{name} not installed ({install_hint(path)})"
+        found = _detected(path)
+        if found["not_installed"]:
+            out["reason"] = f"{name} {found['reason']} (install: {install_hint(path)})"
+            return out
+        if not found["present"]:
+            out["reason"] = f"{name} {found['reason']}" + (
+                "; typically a wheel built for another torch/CUDA" if "import" in found["reason"] else "")
             return out
         try:
             _import(path)
