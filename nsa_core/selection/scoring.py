@@ -52,6 +52,11 @@ try:  # optional dependency: the module imports without triton, the functions th
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
+try:
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # pragma: no cover - older triton / none
+    class OutOfResources(Exception):  # noqa: N818 - stands in for triton's name
+        pass
 
 __all__ = ["fused_select_blocks", "fused_select_blocks_launch", "topn_from_scores", "supports", "available", "CONFIG"]
 
@@ -70,6 +75,14 @@ CONFIG = {
 # BK=128 BM=256 (estimate 192 KiB) compile; fp32 BK=256 BM=256 (estimate 384 KiB, Triton asked for
 # 328 KiB) does not. Wider rows (fp32, dk > 128) get a smaller BM (then BC) to stay under this.
 SMEM_BUDGET_BYTES = 192 * 1024
+# The estimate is a first guess, not the compiler's figure: on the H100 fp32 BK=128 BM=256 with
+# one head per group (estimate 192 KiB) asked for 228 KiB (Triton's layout conversions of the
+# per-head score tile). When Triton refuses a launch for shared memory (OutOfResources, raised
+# before anything runs) the launcher halves BM, then BC, and retries; the fitting launch is
+# remembered per (dtype, dk, heads per group, geometry, device) in _FITTED (what shrank and why:
+# _SHRUNK).
+_FITTED: dict[tuple, dict] = {}
+_SHRUNK: list[str] = []
 # The compact score buffer [B, chunk, G, NB] fp32 is bounded by this; longer inputs run in chunks.
 SCORE_BUDGET_BYTES = 1 << 29
 MAX_NB = 1 << 14  # selection blocks per row the one-program top-n handles (T <= 1M with l' = 64)
@@ -277,6 +290,38 @@ def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: N
     """
     c_s = {**CONFIG["score"], **((config or {}).get("score") or {})}
     c_t = {**CONFIG["topn"], **((config or {}).get("topn") or {})}
+    fit_key = _fit_key(q, kc, cfg, c_s)
+    c_s.update(_FITTED.get(fit_key, {}))
+    while True:
+        try:
+            return _launch_all(q, kc, S, cfg, scale, c_s, c_t, chunk, lse)
+        except OutOfResources as e:  # raised before the launch: nothing was written yet
+            smaller = _shrink(q, kc, S, cfg, c_s)
+            if smaller is None:
+                raise
+            c_s.update(smaller)
+            _FITTED[fit_key] = smaller
+            _SHRUNK.append(f"{fit_key}: {e} -> BM={smaller['BM']} BC={smaller['BC']}")
+
+
+def _fit_key(q, kc, cfg, c_s) -> tuple:
+    h = q.shape[2] // max(1, kc.shape[2])
+    return (q.dtype, q.shape[3], h, cfg.l, cfg.d, cfg.l_sel, q.device.index, c_s["BM"], c_s["BC"], c_s["num_stages"])
+
+
+def _shrink(q, kc, S, cfg, c_s) -> dict | None:
+    """The next smaller score launch after Triton refused one for shared memory: fewer query rows
+    (BM) first, then fewer compressed keys per tile (BC); None when both are at their minimum."""
+    geo = _geometry(q, kc, S, cfg, c_s)
+    BM, BC = geo["BT"] * geo["HP"], geo["BC"]
+    if BM // 2 >= max(16, geo["HP"]):
+        return {"BM": BM // 2, "BC": BC}
+    if BC // 2 >= max(16, np2(geo["A"] + geo["BB"] - 1)):
+        return {"BM": BM, "BC": BC // 2}
+    return None
+
+
+def _launch_all(q, kc, S, cfg, scale, c_s, c_t, chunk, lse):
     geo = _geometry(q, kc, S, cfg, c_s)
     B, Tq, G, NB, n = geo["B"], geo["Tq"], geo["G"], geo["NB"], cfg.n_sel
     dev = q.device

@@ -150,6 +150,52 @@ def test_wide_rows_get_a_launch_that_fits_shared_memory():
     check_choice(idx, cnt, q, kc, 70, cfg)
 
 
+class _PickyKernel:
+    """Stands in for _score_kernel: refuses (OutOfResources, as Triton does before a launch) any
+    launch with more than ``max_rows`` query rows, else runs the real kernel (interpreter)."""
+
+    def __init__(self, real, max_rows):
+        self.real, self.max_rows, self.seen = real, max_rows, []
+
+    def __getitem__(self, grid):
+        def call(*args, **meta):
+            rows = meta["BT"] * meta["HP"]
+            self.seen.append((rows, meta["BC"]))
+            if rows > self.max_rows:
+                raise scoring.OutOfResources(rows * 1000, self.max_rows * 1000, "shared memory")
+            return self.real[grid](*args, **meta)
+        return call
+
+
+def test_a_launch_refused_for_shared_memory_is_retried_smaller_and_remembered(monkeypatch):
+    """On the H100, fp32 dk=128 with one head per group asked for 228 KiB (> 227 KiB) where the estimate
+    said 192 KiB fits (triton-fwd/bwd ERROR, OutOfResources). The launcher halves BM until Triton
+    accepts, the choice is still the reference's, and the next call starts at the launch that fit."""
+    cfg = NSAConfig(l=8, d=4, l_sel=16, n_sel=4)
+    picky = _PickyKernel(scoring._score_kernel, max_rows=32)
+    monkeypatch.setattr(scoring, "_score_kernel", picky)
+    monkeypatch.setattr(scoring, "_FITTED", {})
+    q, k = _inputs(1, 80, 4, 4, 32, seed=5, scale=1.5)
+    kc = F.compress(k, cfg)
+    idx, cnt = scoring.fused_select_blocks(q, kc, 80, cfg)
+    check_choice(idx, cnt, q, kc, 80, cfg)
+    first = picky.seen[0][0]
+    assert first > 32 and picky.seen[-1][0] <= 32, picky.seen  # refused, then smaller
+    assert [r for r, _ in picky.seen] == sorted({r for r, _ in picky.seen}, reverse=True)  # each try halves
+    picky.seen.clear()
+    idx2, _ = scoring.fused_select_blocks(q, kc, 80, cfg)
+    assert all(r <= 32 for r, _ in picky.seen) and torch.equal(idx2, idx)  # remembered: no refused launch
+
+
+def test_a_launch_that_cannot_shrink_further_raises(monkeypatch):
+    cfg = NSAConfig(l=8, d=4, l_sel=16, n_sel=4)
+    monkeypatch.setattr(scoring, "_score_kernel", _PickyKernel(scoring._score_kernel, max_rows=0))
+    monkeypatch.setattr(scoring, "_FITTED", {})
+    q, k = _inputs(1, 40, 4, 4, 32, seed=6, scale=1.5)
+    with pytest.raises(scoring.OutOfResources):
+        scoring.fused_select_blocks(q, F.compress(k, cfg), 40, cfg)
+
+
 def test_select_blocks_backends_agree_and_scale():
     cfg = NSAConfig(l=4, d=2, l_sel=8, n_sel=4)
     q, k = _inputs(1, 50, 4, 2, 8, seed=5)
