@@ -146,6 +146,9 @@ def kernel_for(entry, case: Case):
     def call(q, k, v, block_idx, block_count, block_size, **_kw):
         return part(q, k, v, block_idx, block_count, cfg)
 
+    c = entry.impl.constraints
+    call.tf32 = bool(getattr(c, "fp32_dots_tf32", False))  # what the measure functions check against
+    call.deterministic = bool(getattr(c, "deterministic_backward", True))
     return call
 
 

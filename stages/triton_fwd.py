@@ -26,8 +26,10 @@ def _measure(case, device, seed, kernel=None):
         got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
         raise ValueError(f"output shape {got}, want {want} [B, T, HQ, dv]")
     ref = _parity.reference(q, k, v, idx, cnt, case.l_sel)
-    c = compare(o, ref, DTYPES_BY_NAME[case.dtype])
-    return {"max_abs": c.max_abs, "rel_err": c.rel_err, "tol": c.tol, "ok": c.ok, "n": case.n, "l_sel": case.l_sel}
+    tf32 = case.dtype == "fp32" and getattr(kernel, "tf32", False)  # declared by the implementation
+    c = compare(o, ref, DTYPES_BY_NAME[case.dtype], tf32=tf32)
+    return {"max_abs": c.max_abs, "rel_err": c.rel_err, "tol": c.tol, "ok": c.ok, "n": case.n, "l_sel": case.l_sel,
+            **({"note": "fp32 dots in tf32 (declared): tf32 tolerance"} if tf32 else {})}
 
 
 class TritonFwd(_parity.ParityStage):

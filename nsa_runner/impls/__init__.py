@@ -107,6 +107,9 @@ class Constraints:
     varlen: bool = True  # accepts variable-length batches
     needs_cuda: bool = False
     check: Callable[[Case, str], str | None] | None = None
+    # numerics it declares (the parity stages check against them instead of failing blindly):
+    fp32_dots_tf32: bool = False  # fp32 inputs, tf32 dots (Triton's default): DESIGN §7's tf32 tolerance
+    deterministic_backward: bool = True  # False: its backward accumulates with atomics (run to run != bitwise)
 
     def why_not(self, case: Case, part: str) -> str | None:
         if self.needs_cuda and case.device != "cuda":
@@ -131,7 +134,8 @@ class Constraints:
         return {"dtypes": list(self.dtypes), "max_head_dim": self.max_head_dim,
                 "heads_per_group": ("power of two" if self.heads_per_group_pow2 else "any")
                 + (f" >= {self.min_heads_per_group}" if self.min_heads_per_group > 1 else ""),
-                "varlen": self.varlen, "needs_cuda": self.needs_cuda,
+                "varlen": self.varlen, "needs_cuda": self.needs_cuda, "fp32_dots_tf32": self.fp32_dots_tf32,
+                "deterministic_backward": self.deterministic_backward,
                 "more": getattr(self.check, "__doc__", None) or ("yes" if self.check else None)}
 
 

@@ -119,11 +119,14 @@ def make() -> Impl:
                               "ties broken by a bitonic sort: compared with DESIGN §7's near-tie rule",
                     "nsa_attention": "one shared K/V for cmp/slc/win; l = d = l'; window via flash-attn "
                                      "(off: gate 0, where flash-attn is missing)",
-                    "selection_attention": "a query with no selected block gives NaN (DESIGN: 0)",
+                    "selection_attention": "a query with no selected block gives NaN (DESIGN: 0); fp32 runs its dots "
+                                           "in tf32 (checked with the tf32 tolerance); its backward accumulates dk/dv "
+                                           "with atomics (not bitwise repeatable: reported, not required)",
                     "decode_step": "this adapter wraps parallel_nsa, which attends whole sequences (no KV cache, "
                                    "no one-token step)"},
                 constraints=Constraints(dtypes=("fp32", "fp16", "bf16"), max_head_dim=256, heads_per_group_pow2=True,
-                                        varlen=True, check=_check))
+                                        varlen=True, check=_check, fp32_dots_tf32=True,
+                                        deterministic_backward=False))
     try:
         import fla.ops.nsa.parallel as P
         from fla.ops.nsa.compression import parallel_nsa_compression

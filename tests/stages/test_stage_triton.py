@@ -145,3 +145,45 @@ def test_case_ids_are_unique_and_follow_the_scheme():
     assert any(c.T % c.l_sel for c in _parity.FULL if c.gpu_only)  # T not a multiple of the block
     assert {c.dtype for c in _parity.FULL if c.gpu_only} == {"bf16", "fp16", "fp32"}
     assert {c.dtype for c in _parity.QUICK} <= {"fp32", "fp16"}  # bf16 is garbage in the interpreter
+
+
+# ---- numerics an implementation declares (fla on the H100: tf32 fp32 dots, atomics in backward) --
+def _declared_kernel(noise: float, *, tf32: bool, deterministic: bool = True):
+    """An implementation's selection kernel (the float64 reference plus relative noise of ``noise``,
+    standing in for tf32 rounding) wrapped by _parity.kernel_for with the given declarations."""
+    from nsa_runner.impls import Constraints, Impl
+
+    def part(q, k, v, block_idx, block_count, cfg):
+        o = _parity.reference(q, k, v, block_idx, block_count, cfg.l_sel).to(q.dtype)
+        g = torch.Generator().manual_seed(1)
+        return o * (1 + noise * torch.randn(o.shape, generator=g, dtype=o.dtype))
+
+    impl = Impl("declared", {"selection_attention": part},
+                Constraints(fp32_dots_tf32=tf32, deterministic_backward=deterministic))
+    entry = SimpleNamespace(name="declared", impl=impl, dist="declared-kernels")
+    return _parity.kernel_for(entry, _parity.QUICK[0])
+
+
+def test_declared_tf32_is_checked_with_the_tf32_tolerance_and_said():
+    from stages.triton_fwd import _measure
+
+    case = _parity.QUICK[0]  # fp32
+    assert case.dtype == "fp32"
+    honest = _measure(case, "cpu", 0, _declared_kernel(3e-4, tf32=True))
+    silent = _measure(case, "cpu", 0, _declared_kernel(3e-4, tf32=False))
+    assert honest["ok"] and honest["tol"] == 1e-3 and "tf32" in honest["note"], honest
+    assert not silent["ok"] and silent["tol"] == 1e-5 and "note" not in silent, silent
+    worse = _measure(case, "cpu", 0, _declared_kernel(3e-3, tf32=True))  # tf32 does not excuse everything
+    assert not worse["ok"] and worse["rel_err"] > 1e-3
+
+
+def test_a_backward_that_is_not_repeatable_fails_only_when_it_claims_to_be():
+    from stages.triton_bwd import repeat_verdict
+
+    assert repeat_verdict(True, "NO", True) == (False, "")  # nsa_core: deterministic=True is a promise
+    ok, note = repeat_verdict(True, "NO", False)  # declared atomics: reported, not failed
+    assert ok and "atomics" in note
+    assert repeat_verdict(False, "NO", False)[0] is False  # but the tolerance still holds
+    assert repeat_verdict(True, "yes", True) == (True, "")
+    k = _declared_kernel(0.0, tf32=False, deterministic=False)
+    assert k.deterministic is False and k.tf32 is False
