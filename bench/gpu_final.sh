@@ -20,7 +20,11 @@ export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
 case "${1:-}" in
 start)
   R=${2:-.}; mkdir -p "$L"; rm -rf "$SITE"
-  whl=("$R"/.whl/*.whl); [ -d "$R/.devcarry/fa4" ] && whl+=("$R"/.devcarry/fa4/*.whl)
+  whl=("$R"/.whl/*.whl)
+  for w in "$R"/.devcarry/fa4/*.whl; do  # one wheel per project: pip refuses the same one named twice
+    [ -e "$w" ] || continue; p=$(basename "$w" | cut -d- -f1)
+    ls "$R"/.whl/"$p"-*.whl > /dev/null 2>&1 || whl+=("$w")
+  done
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${whl[@]}" > "$L/pip.log" 2>&1 \
     || { echo "wheel install failed"; tail -3 "$L/pip.log"; }
   if [ -d /tmp/fa4_libs/nvidia_cutlass_dsl ]; then cp -a /tmp/fa4_libs/. "$SITE/"; echo "FA-4 libs copied in"
