@@ -3,9 +3,15 @@
 - :func:`names` reads the entry points' names only (nothing imported): the CLI checks ``--impl``
   against them in its own process;
 - :func:`load` imports one and validates it; it never raises: a broken adapter becomes an
-  :class:`ImplEntry` with ``error`` set (its cases are ERROR with that reason);
-- :func:`describe_all` loads every one in a CHILD process (``python -m nsa_runner.impls.discovery``),
-  so an adapter that hangs, crashes or exits at import cannot take ``nsa-run list --impls`` down.
+  :class:`ImplEntry` with ``error`` set (its cases are ERROR with that reason). A plugin's import is
+  first tried in a child process (:func:`import_problem`, through the stage plugins' machinery,
+  ``nsa_runner.registry.discover_group``, with its timeout): one whose import segfaults, hangs or
+  calls ``os._exit`` is broken with that reason and never imported in the stage's process, so the
+  other implementations' cases (nsa_core's included) still run. Built-in entries need no child;
+- :func:`describe_all` describes every one through ``discover_group`` too (one child for all in
+  the normal case; a child that dies or hangs names the entry point it was importing as broken and
+  a new child goes on with the rest), so one bad adapter cannot take ``nsa-run list --impls`` or
+  the other implementations down.
 """
 
 from __future__ import annotations
@@ -14,8 +20,6 @@ import importlib.metadata as md
 import json
 import os
 import re
-import subprocess
-import sys
 import traceback
 from dataclasses import dataclass
 
@@ -23,7 +27,7 @@ from nsa_runner.impls import BUILTIN, GROUP, PARTS, Impl
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 BUILTIN_DIST = "nsa-run"
-PROBE_TIMEOUT_S = 300.0
+DESCRIBE_IMPL = "nsa_runner.impls.discovery:describe_impl"
 
 
 @dataclass
@@ -45,9 +49,13 @@ class ImplEntry:
 def _entry_points() -> list[tuple[md.EntryPoint, str, str]]:
     out, seen = [], set()
     for dist in md.distributions():
-        dist_name = dist.metadata["Name"] or "?"
-        for ep in dist.entry_points:
-            if ep.group != GROUP or (dist_name.lower(), ep.name) in seen:
+        try:  # one distribution's unreadable metadata never hides the others (nor crashes the CLI)
+            dist_name = dist.metadata["Name"] or "?"
+            eps = [ep for ep in dist.entry_points if ep.group == GROUP]
+        except Exception:  # noqa: BLE001 - malformed entry_points.txt / METADATA: describe_all names it
+            continue
+        for ep in eps:
+            if (dist_name.lower(), ep.name) in seen:
                 continue  # the same distribution found twice on sys.path: first one wins
             seen.add((dist_name.lower(), ep.name))
             out.append((ep, dist_name, dist.version or "?"))
@@ -78,20 +86,16 @@ def impl_option_value(text: str) -> str:
     return ",".join(parse_names(text))
 
 
-def _load_one(ep: md.EntryPoint, dist: str, version: str) -> ImplEntry:
-    entry = ImplEntry(ep.name, ep.value, dist, version)
+def _check(obj, ep: md.EntryPoint) -> tuple[Impl | None, str, str]:
+    """(impl, error, traceback) for what an entry point loaded (an Impl or a factory of one)."""
     try:
-        obj = ep.load()
         impl = obj() if callable(obj) and not isinstance(obj, Impl) else obj
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
         if isinstance(e, KeyboardInterrupt):
             raise
-        entry.error = f"failed to load {ep.value}: {type(e).__name__}: {e}".strip()
-        entry.traceback = traceback.format_exc()
-        return entry
+        return None, f"failed to load {ep.value}: {type(e).__name__}: {e}".strip(), traceback.format_exc()
     if not isinstance(impl, Impl):
-        entry.error = f"{ep.value} gives a {type(impl).__name__}, not an nsa_runner.impls.Impl"
-        return entry
+        return None, f"{ep.value} gives a {type(impl).__name__}, not an nsa_runner.impls.Impl", ""
     try:
         problems = impl.problems()
         if impl.name != ep.name:
@@ -99,10 +103,57 @@ def _load_one(ep: md.EntryPoint, dist: str, version: str) -> ImplEntry:
     except Exception as e:  # noqa: BLE001 - hostile attributes
         problems = [f"attributes cannot be read: {type(e).__name__}: {e}"]
     if problems:
-        entry.error = f"{ep.value}: " + "; ".join(problems)
+        return None, f"{ep.value}: " + "; ".join(problems), ""
+    return impl, "", ""
+
+
+def _load_one(ep: md.EntryPoint, dist: str, version: str) -> ImplEntry:
+    entry = ImplEntry(ep.name, ep.value, dist, version)
+    if _norm(dist) != BUILTIN_DIST:  # a plugin: its import tried in a child first (built-ins need none)
+        problem = import_problem(ep, dist)
+        if problem:
+            entry.error = problem
+            return entry
+    try:
+        obj = ep.load()
+    except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        entry.error = f"failed to load {ep.value}: {type(e).__name__}: {e}".strip()
+        entry.traceback = traceback.format_exc()
         return entry
-    entry.impl = impl
+    entry.impl, entry.error, entry.traceback = _check(obj, ep)
     return entry
+
+
+def _norm(dist: str) -> str:
+    return str(dist).lower().replace("_", "-").replace(".", "-")
+
+
+_CHECKED: dict[str, str] = {}  # entry key -> '' (imports fine in a child) or why not; per process
+
+
+def import_problem(ep: md.EntryPoint, dist: str) -> str:
+    """'' when entry point ``ep`` of ``dist`` imports (and describes) fine in a child process, else
+    one line why not: its import segfaults / exits / hangs (``NSA_RUN_DISCOVERY_TIMEOUT`` s, default
+    60), raises, or it is not a usable Impl. The same child machinery as stage plugins
+    (``registry.discover_group``); remembered per process (a stage loads an implementation once
+    per case at most, the child runs once)."""
+    from nsa_runner._discover import entry_key
+    from nsa_runner.registry import discover_group
+
+    key = entry_key(dist, ep)
+    if key not in _CHECKED:
+        recs = discover_group(GROUP, DESCRIBE_IMPL, only=key)
+        rec = recs[0] if recs else {"error": f"{ep.value}: the import check in a child process did not find "
+                                             "this entry point again"}
+        if rec.get("error"):
+            _CHECKED[key] = str(rec["error"])
+        elif isinstance(rec.get("impl"), dict):
+            _CHECKED[key] = ""
+        else:
+            _CHECKED[key] = f"{ep.value}: the import check in a child process described it wrongly"
+    return _CHECKED[key]
 
 
 def load(name: str) -> ImplEntry:
@@ -118,59 +169,90 @@ def load(name: str) -> ImplEntry:
     return _load_one(*found[0])
 
 
-def _row(e: ImplEntry, device: str) -> dict:
-    impl = e.impl
+def describe_impl(obj, ep: md.EntryPoint, args=None) -> dict:
+    """(In the discovery child, ``registry.discover_group``) a loaded entry point ->
+    ``{"impl": {plain description}}`` or ``{"error": ...}``; plain JSON values only."""
+    impl, error, tb = _check(obj, ep)
     if impl is None:
-        runs, why = False, f"broken: {e.error}"
-    elif impl.unavailable:
-        runs, why = False, impl.unavailable + (f" (fix: {impl.hint})" if impl.hint else "")
-    elif impl.constraints.needs_cuda and device != "cuda":
+        return {"error": error, "traceback": tb}
+    c = impl.constraints
+    info = {"parts": [p for p in PARTS if p in impl.parts], "constraints": c.describe(),
+            "needs_cuda": bool(c.needs_cuda), "differences": {str(k): str(v) for k, v in impl.differences.items()},
+            "description": str(impl.description or ""), "note": str(impl.note or ""),
+            "unavailable": str(impl.unavailable or ""), "hint": str(impl.hint or "")}
+    return {"impl": json.loads(json.dumps(info, default=str))}
+
+
+def _info_problem(info) -> str:
+    """What is wrong with a child's description of an implementation (plugin code ran there: its
+    record is checked again here); '' when it can be shown."""
+    if not isinstance(info, dict):
+        return "the discovery process described it wrongly"
+    if not isinstance(info.get("parts"), list) or not all(p in PARTS for p in info["parts"]):
+        return f"parts must be among {', '.join(PARTS)}, got {info.get('parts')!r}"[:300]
+    cons = info.get("constraints")
+    if not isinstance(cons, dict) or not isinstance(cons.get("dtypes", []), list) \
+            or not all(isinstance(d, str) for d in cons.get("dtypes", [])):
+        return "constraints described wrongly"
+    if not isinstance(info.get("needs_cuda"), bool):
+        return "constraints.needs_cuda described wrongly"
+    diffs = info.get("differences")
+    if not isinstance(diffs, dict) or not all(isinstance(v, str) for v in diffs.values()):
+        return "differences must be a dict {part: text}"
+    bad = [k for k in ("description", "note", "unavailable", "hint") if not isinstance(info.get(k), str)]
+    return f"{', '.join(bad)} must be text" if bad else ""
+
+
+def _row(rec: dict, device: str, error: str = "") -> dict:
+    name = str(rec.get("name") or "?")
+    if not NAME_RE.fullmatch(name):  # shown in tables and manifests: a plain word, never markup
+        error = error or f"entry-point name {name!r} is not a plain word"
+        name = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    info = rec.get("impl")
+    error = error or str(rec.get("error") or "") or _info_problem(info)
+    if error:
+        info, runs, why = None, False, f"broken: {error}"
+    elif info["unavailable"]:
+        runs, why = False, info["unavailable"] + (f" (fix: {info['hint']})" if info["hint"] else "")
+    elif info["needs_cuda"] and device != "cuda":
         runs, why = False, "needs CUDA"
     else:
         runs, why = True, ""
+    dist, version = str(rec.get("dist", "?")), str(rec.get("version", "?"))
+    entry = ImplEntry(name, str(rec.get("value", "?")), dist, version)
     return {
-        "name": e.name, "source": e.source, "entry_point": e.value,
-        "parts": [p for p in PARTS if impl is not None and p in impl.parts],
-        "constraints": impl.constraints.describe() if impl is not None else None,
-        "differences": dict(impl.differences) if impl is not None else {},
-        "description": impl.description if impl is not None else "",
-        "note": impl.note if impl is not None else "",
-        "runs_here": runs, "why_not": why, "broken": impl is None,
+        "name": name, "source": entry.source, "entry_point": entry.value,
+        "parts": list(info["parts"]) if info else [],
+        "constraints": info["constraints"] if info else None,
+        "differences": dict(info["differences"]) if info else {},
+        "description": info["description"] if info else "",
+        "note": info["note"] if info else "",
+        "runs_here": runs, "why_not": why, "broken": info is None,
     }
 
 
-def _describe_here(device: str) -> list[dict]:
-    return [_row(load(n), device) for n in names()] + [
-        _row(ImplEntry(ep.name, ep.value, d, v, error=f"entry-point name {ep.name!r} is not a plain word"), device)
-        for ep, d, v in _entry_points() if not NAME_RE.fullmatch(ep.name)]
-
-
 def describe_all(device: str) -> list[dict]:
-    """Every registered implementation, loaded in a child process: parts, constraints, whether it
-    can run here and why not. A child that crashes or hangs marks every implementation broken."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    if device == "cpu":
-        env.setdefault("TRITON_INTERPRET", "1")
+    """Every registered implementation (built-in first): parts, constraints, whether it can run
+    here and why not. Imported in child processes (``registry.discover_group``): an adapter whose
+    import segfaults, hangs or exits is listed as broken with the reason, the others as usual."""
+    from nsa_runner.registry import discover_group
+
+    added = device == "cpu" and "TRITON_INTERPRET" not in os.environ
+    if added:  # the children import triton-based adapters as a CPU stage would (before triton loads)
+        os.environ["TRITON_INTERPRET"] = "1"
     try:
-        r = subprocess.run([sys.executable, "-m", "nsa_runner.impls.discovery", device], capture_output=True,
-                           text=True, env=env, timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-        doc = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
-        why = f"exit status {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1][:200]}"
-    except subprocess.TimeoutExpired:
-        doc, why = None, f"timed out after {PROBE_TIMEOUT_S:.0f} s"
-    except (OSError, ValueError) as e:
-        doc, why = None, f"{type(e).__name__}: {e}"
-    if isinstance(doc, list):
-        return doc
-    return [{"name": n, "source": "?", "entry_point": "?", "parts": [], "constraints": None, "differences": {},
-             "description": "", "note": "", "runs_here": False, "broken": True,
-             "why_not": f"broken: loading the implementations in a child process failed ({why})"} for n in names()]
-
-
-if __name__ == "__main__":
-    # the child of describe_all: only the JSON line on stdout (an adapter's prints go to stderr)
-    real_stdout, sys.stdout = sys.stdout, sys.stderr
-    rows = _describe_here(sys.argv[1] if len(sys.argv) > 1 else "cpu")
-    sys.stdout = real_stdout
-    print(json.dumps(rows, default=str))
+        recs = discover_group(GROUP, DESCRIBE_IMPL)
+    finally:
+        if added:
+            os.environ.pop("TRITON_INTERPRET", None)
+    by_name: dict[str, list[dict]] = {}
+    for rec in recs:
+        by_name.setdefault(str(rec.get("name") or "?"), []).append(rec)
+    rows = []
+    for name, group in by_name.items():
+        dup = ""
+        if len(group) > 1:  # as load(): a duplicate is broken, never a pick
+            dup = f"duplicate implementation name {name!r}: declared by " + ", ".join(
+                f"{r.get('value', '?')} ({r.get('dist', '?')})" for r in group)
+        rows += [_row(r, device, dup) for r in group]
+    return sorted(rows, key=lambda r: (r["name"] != BUILTIN, r["name"]))
