@@ -508,8 +508,6 @@ def impl_fns(entry, ins, do, cfg, device: str, dtype: str):
 
 def full_paths(device: str, wanted) -> list[tuple[str, str]]:
     """[(path, why not)] in order; why = '' when the path is worth trying here."""
-    import importlib.util
-
     out = []
     for p in FULL_PATHS:
         if p not in wanted:
@@ -518,9 +516,11 @@ def full_paths(device: str, wanted) -> list[tuple[str, str]]:
             out.append((p, "" if p == "sdpa-default" else "CUDA only"))
         elif p == "sdpa-default":
             out.append((p, "CPU only (on CUDA the named SDPA backends are timed)"))
-        elif p in ("fa2", "fa3"):
-            mod = "flash_attn" if p == "fa2" else "flash_attn_interface"
-            out.append((p, "" if importlib.util.find_spec(mod) else f"{mod} not installed"))
+        elif p in ("fa2", "fa3"):  # the real package, not the module name (FA-4 installs a flash_attn namespace)
+            from nsa_core.flash.detect import detect
+
+            d = detect(p, do_import=False)
+            out.append((p, "" if d["present"] else f"{d['module']} {d['reason'] or 'not usable'}"))
         else:
             out.append((p, ""))
     return out

@@ -33,7 +33,6 @@ decode-bench records fla's points as SKIP ("fla: does not provide decode_step (.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -105,11 +104,18 @@ def _check(case: Case, part: str) -> str | None:
         if not case.shared_kv:
             return "one shared K/V for all branches (DESIGN: k_cmp/k_sel/k_win apart): needs a shared-K/V case"
         if case.window:
-            if importlib.util.find_spec("flash_attn") is None or case.device != "cuda":
+            if case.device != "cuda" or not _fa2_present():
                 return "its window branch calls flash-attn (CUDA, not installed / not here): needs window gate 0"
             if case.dtype == "fp32":
                 return "its window branch (flash-attn) needs fp16/bf16"
     return None
+
+
+def _fa2_present() -> bool:
+    """fla's window branch calls FA-2's flash_attn_func: the real package, not FA-4's flash_attn namespace."""
+    from nsa_core.flash.detect import detect
+
+    return bool(detect("fa2", do_import=False)["present"])
 
 
 def make() -> Impl:

@@ -113,16 +113,18 @@ def _exercise_fa4_extras(device: str) -> tuple[bool, str]:
                 f"return_lse [B, Lq, H] max |lse - float64| = {lse_err:.1e}" + ("" if ok else " (WRONG)"))
 
 
-def _import_row(name: str, module: str, dists: tuple[str, ...], symbols: tuple[str, ...]) -> tuple[dict, object]:
+def _import_row(path: str, name: str, module: str, dists: tuple[str, ...], symbols: tuple[str, ...]
+                ) -> tuple[dict, object]:
     version = next((v for v in map(_version, dists) if v), None)
     row = {"name": name, "kind": "package", "present": False, "version": version,
            "works": None, "reason": "", "install": INSTALL.get(name, "")}
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # parent package missing (flash_attn.cute without flash_attn)
-        found = False
-    if not found:
-        row["reason"] = f"not installed ({module} not found); install: {row['install']}"
+    d = _k.detect(path)  # the real package (FA-4 installs a bare flash_attn namespace; FA-2 bundles a cute 0.1.0)
+    row["version"] = d.get("version") or version
+    if d["not_installed"]:
+        row["reason"] = f"not installed ({module} {d['reason']}); install: {row['install']}"
+        return row, None
+    if not d["present"]:
+        row["reason"] = f"{module} {d['reason']}"
         return row, None
     try:
         mod = importlib.import_module(module)
@@ -166,7 +168,7 @@ def probe(device: str = "cuda") -> list[dict]:
         ("fa3", "flash_attn_interface (FA-3)", "flash_attn_interface", ("flash_attn_func",)),
         ("fa4", "flash_attn.cute (FA-4)", "flash_attn.cute", ("flash_attn_func",)),
     ):
-        row, mod = _import_row(name, module, _k.DISTS[path], symbols)
+        row, mod = _import_row(path, name, module, _k.DISTS[path], symbols)
         row["gpu_verified"] = _k.verified_label(path)
         if mod is not None:
             st = _k.status(path, "cuda") if cuda else None

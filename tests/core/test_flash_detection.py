@@ -147,3 +147,31 @@ def test_detection_without_import_and_of_nothing(monkeypatch, tmp_path):
         assert r["not_installed"] and r["reason"].startswith("not installed"), r
     with pytest.raises(ValueError, match="unknown flash-attn path"):
         D.detect("fa5")
+
+
+def test_the_probe_table_prefill_baselines_and_fla_window_use_the_same_detection(monkeypatch, tmp_path):
+    """fa2-probe's package table (flash_probe.probe), prefill-bench's full-attention paths and fla's
+    window constraint decided "installed" by the module name: FA-4's namespace counted as FA-2, and
+    FA-2's bundled cute 0.1.0 as FA-4."""
+    from nsa_core import NSAConfig
+    from nsa_runner.impls import Case
+    from nsa_runner.impls import fla as fla_impl
+    from nsa_runner.measure import flash_probe
+    from stages import prefill_bench
+
+    fake.install_dists(monkeypatch, tmp_path / "a", which=("fa4",))
+    rows = {r["name"]: r for r in flash_probe.probe("cpu") if r["kind"] == "package"}
+    assert not rows["flash_attn (FA-2)"]["present"] and "FA-4's namespace" in rows["flash_attn (FA-2)"]["reason"]
+    assert rows["flash_attn.cute (FA-4)"]["present"]
+    why = dict(prefill_bench.full_paths("cuda", ["fa2"]))["fa2"]
+    assert why.startswith("flash_attn absent (the `flash_attn` package here is FA-4's namespace"), why
+    case = Case(B=1, T=256, HQ=16, G=1, dk=64, dv=64, dtype="bf16", device="cuda",
+                cfg=NSAConfig(l=64, d=64, l_sel=64, n_sel=4, w=64), shared_kv=True, window=True)
+    assert "window branch calls flash-attn" in fla_impl._check(case, "nsa_attention")
+
+    fake.install_dists(monkeypatch, tmp_path / "b", which=("fa2",))  # FA-2 now, above the FA-4 one
+    rows = {r["name"]: r for r in flash_probe.probe("cpu") if r["kind"] == "package"}
+    assert rows["flash_attn (FA-2)"]["present"]
+    assert not rows["flash_attn.cute (FA-4)"]["present"]
+    assert "bundle" in rows["flash_attn.cute (FA-4)"]["reason"]
+    assert dict(prefill_bench.full_paths("cuda", ["fa2"]))["fa2"] == ""
