@@ -293,6 +293,13 @@ def load_manifest(path: str | os.PathLike) -> dict:
             if s.get("status") not in STATUSES:  # DESIGN §5: exactly these words, upper case
                 raise ManifestError(f"{path}: {where}[{i}] ({s.get('name')!r}): status {s.get('status')!r}"
                                     f" is not one of {', '.join(STATUSES)}")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(stages):  # one current entry per stage (a rerun replaces it, history keeps the rest)
+        if s["name"] in seen:
+            raise ManifestError(f"{path}: stage {s['name']!r} is listed twice in 'stages' (entries {seen[s['name']]}"
+                                f" and {i}): a manifest holds one current entry per stage; earlier results belong"
+                                f" in 'history'")
+        seen[s["name"]] = i
     if not isinstance(data.get("run_id"), str):
         raise ManifestError(f"{path}: 'run_id' missing or not a string")
     for key, types in _TOP_TYPES.items():

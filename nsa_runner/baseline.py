@@ -195,7 +195,8 @@ def save_new(path: str | Path, data: dict) -> Path:
     """Write a baseline file; refuses to replace an existing one (BaselineError).
 
     The text goes to a temporary file first and is hard-linked into place, which fails if the
-    name exists by then: an existing file is never replaced, even by a concurrent writer.
+    name exists by then: an existing file is never replaced, even by a concurrent writer. An
+    OSError (unwritable folder, disk full) propagates with no temporary file left behind.
     """
     path = Path(path)
     if path.exists():
@@ -211,5 +212,8 @@ def save_new(path: str | Path, data: dict) -> Path:
         except FileExistsError:
             raise BaselineError(f"{path} exists: nothing was overwritten") from None
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
     return path

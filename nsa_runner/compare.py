@@ -22,6 +22,7 @@ as zero (round-off noise), so 0 -> 1e-12 is not a "2x" regression.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ from nsa_runner._readers import (
     metric_columns,
     spread_columns,
 )
+from nsa_runner._ui import _CONTROL
 from nsa_runner.results import FAILED, PARITY_REQUIRED
 
 SCHEMA_VERSION = 1
@@ -536,7 +538,11 @@ def compare_runs(A: Run, B: Run, settings: Settings | None = None) -> Comparison
 
 
 def _md(text: Any) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """One markdown line / table cell from file-provided text (CSV keys, baselines, manifests): escape
+    sequences and control characters removed (as ``_ui.plain_text`` does for the terminal),
+    whitespace collapsed, ``&`` ``<`` ``>`` as HTML entities (never raw HTML), ``|`` escaped."""
+    text = _CONTROL.sub("", str(text))
+    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
 
 
 def visible_rows(cmp: Comparison, show_all: bool = False) -> list[Row]:

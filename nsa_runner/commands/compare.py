@@ -17,12 +17,11 @@ import json
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from nsa_runner import baseline as bl
 from nsa_runner._readers import ArtifactError, Run, resolve_run
-from nsa_runner._ui import err_console, fail, out_console
+from nsa_runner._ui import err_console, fail, out_console, plain_text
 from nsa_runner.commands import _common as c
 from nsa_runner.compare import (
     MARKS,
@@ -41,7 +40,16 @@ from nsa_runner.compare import (
 THRESHOLD = typer.Option("10%", "--threshold", help="Timing noise threshold: flag B/A beyond 1+t (e.g. 10% or 0.1).")
 PARITY_FACTOR = typer.Option(2.0, "--parity-factor", help="Flag parity errors worse by more than this factor.")
 BASELINE = typer.Option(None, "--baseline", help="Check B (or A alone) against this baseline file (docs/baselines.md).")
-SAVE_BASELINE = typer.Option(None, "--save-baseline",
+
+
+def _save_path(text: str | Path) -> Path:
+    """``--save-baseline``: an empty path (which would mean the current folder) is refused."""
+    if not str(text).strip():
+        raise typer.BadParameter("empty path: give the new baseline file, e.g. --save-baseline h100.json")
+    return Path(text)
+
+
+SAVE_BASELINE = typer.Option(None, "--save-baseline", parser=_save_path,
                              help="Record the timing figures of B (or A) as a NEW baseline file.")
 SHOW_ALL = typer.Option(False, "--all", help="Show every row (default: only rows with a mark or a change).")
 ONLY_CHANGED = typer.Option(False, "--only-changed", hidden=True, help="The default now; kept for old scripts.")
@@ -74,17 +82,17 @@ def _open(arg: str, out: Path, which: str) -> Run:
 
 def _verdict(cmp: Comparison, con) -> None:
     verdict = cmp.verdict()
-    con.print(f"[bold red]{escape(verdict)}[/]" if cmp.regressions else f"[bold]{escape(verdict)}[/]")
+    con.print(f"[bold red]{plain_text(verdict)}[/]" if cmp.regressions else f"[bold]{plain_text(verdict)}[/]")
 
 
 def render(cmp: Comparison, show_all: bool = False, con=None) -> None:
     """The comparison for people: the verdict first, notes, a rich table per section with the rows
     that changed (every row with ``show_all``), the marks; the verdict again as the last line."""
     con = con or out_console()
-    con.print(f"[bold]{escape(title(cmp))}[/]")
+    con.print(f"[bold]{plain_text(title(cmp))}[/]")
     _verdict(cmp, con)
     for n in cmp.notes:
-        con.print(f"[yellow]note:[/] {escape(n)}")
+        con.print(f"[yellow]note:[/] {plain_text(n)}")
     rows = visible_rows(cmp, show_all)
     hidden = len(cmp.rows) - len(rows)
     if hidden:
@@ -101,9 +109,12 @@ def render(cmp: Comparison, show_all: bool = False, con=None) -> None:
             t.add_column(col, **kw)
         for r in sec:
             style = MARK_STYLE.get(r.mark, "")
-            mark = f"[{style}]{escape(r.mark)}[/]" if style else escape(r.mark)
-            t.add_row(mark, escape(r.source), escape(r.key), escape(r.metric), escape(fmt(r.a, r.metric)),
-                      escape(fmt(r.b, r.metric)), fmt_ratio(r.ratio), escape(r.note))
+            mark = f"[{style}]{plain_text(r.mark)}[/]" if style else plain_text(r.mark)
+            # every cell comes from files (CSV keys, baselines, manifests): escape sequences and
+            # control characters stripped, rich markup escaped (_ui.plain_text)
+            t.add_row(mark, plain_text(r.source), plain_text(r.key), plain_text(r.metric),
+                      plain_text(fmt(r.a, r.metric)), plain_text(fmt(r.b, r.metric)), plain_text(fmt_ratio(r.ratio)),
+                      plain_text(r.note))
         con.print(t)
     con.print("marks: " + ", ".join(f"{m} {w}" for m, w in MARKS.items()), style="dim")
     _verdict(cmp, con)
@@ -151,13 +162,22 @@ def compare(
             rows, notes = bl.check(subject, base)
             cmp.rows += rows
             cmp.notes += notes
-        saved = None
+        figures = None
         if save_baseline is not None:
-            saved = bl.save_new(save_baseline, bl.from_run(subject, settings.threshold or bl.DEFAULT_TOLERANCE))
+            figures = bl.from_run(subject, settings.threshold or bl.DEFAULT_TOLERANCE)
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file, or compare other runs")
+    saved = None
+    if figures is not None:
+        try:
+            saved = bl.save_new(save_baseline, figures)
+        except bl.BaselineError as e:  # exists by now, no such folder
+            fail(f"--save-baseline {e}", "nothing was written; choose a new file name")
+        except OSError as e:  # unwritable place (/proc, read-only), disk full: no temp file is left
+            fail(f"cannot write --save-baseline {save_baseline}: {e.strerror or e}",
+                 "nothing was written; choose a new file in a writable folder with free space")
     if saved is not None:
-        err_console().print(f"baseline written: {escape(str(saved))} ({escape(str(subject.machine()['label']))})")
+        err_console().print(f"baseline written: {plain_text(saved)} ({plain_text(subject.machine()['label'])})")
     if as_json:
         print(json.dumps(cmp.to_dict(), indent=2, default=str))
     elif markdown:
