@@ -46,14 +46,73 @@ def plain_text(text: object) -> str:
     return escape(_CONTROL.sub("", str(text)))
 
 
+MIN_WIDTH = 40  # COLUMNS=0 gave rich a width of 0: every table and line came out empty
+
+
+class _PipeSafe:
+    """``sys.stdout`` / ``sys.stderr`` as seen at each write, except that a write hitting a closed
+    pipe (``nsa-run oneshot 2>&1 | head -1``) sends that fd to /dev/null for the rest of the run:
+    the run goes on and records everything (its exit code stays its own) instead of dying on the
+    next progress line. SIGPIPE stays ignored (Python's default), so the write fails with EPIPE."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def _stream(self):
+        import sys
+
+        return getattr(sys, self._name)
+
+    def __getattr__(self, attr):
+        return getattr(self._stream(), attr)
+
+    def _closed_pipe(self) -> None:
+        stream = self._stream()
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        nul = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(nul, fd)
+        finally:
+            os.close(nul)
+        try:  # what the stream still holds goes to /dev/null now
+            stream.flush()
+        except OSError:
+            pass
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream().write(text)
+        except BrokenPipeError:
+            self._closed_pipe()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream().flush()
+        except BrokenPipeError:
+            self._closed_pipe()
+
+
+def _console(stream: str, **kw) -> Console:
+    c = Console(file=_PipeSafe(stream), highlight=False, emoji=False, **kw)
+    if c.width < MIN_WIDTH:
+        c.width = MIN_WIDTH
+    return c
+
+
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False, emoji=False)
+    return _console("stderr")
 
 
 def out_console() -> Console:
-    c = Console(highlight=False, soft_wrap=False, emoji=False)
-    if not c.is_terminal and "COLUMNS" not in os.environ:  # logs / CI / pipes: do not fold at 80
-        c = Console(highlight=False, soft_wrap=False, width=140, emoji=False)
+    c = _console("stdout", soft_wrap=False)
+    cols = os.environ.get("COLUMNS", "")
+    if not c.is_terminal and not (cols.isdigit() and int(cols) >= MIN_WIDTH):  # logs / CI / pipes: do not
+        # fold at 80 (nor at a COLUMNS too small to hold a table)
+        c = _console("stdout", soft_wrap=False, width=140)
     return c
 
 

@@ -112,25 +112,88 @@ def stage_processes(cookie: str, root: int | None = None) -> list:
 
 def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
     """SIGTERM every process of the stage (and the worker's process group), wait up to ``grace_s``,
-    then SIGKILL what is left, looking again for processes started meanwhile."""
+    then SIGKILL what is left.
+
+    The tree is known before anything is signalled and never forgotten: each process found is kept
+    as (pid, create time) — psutil refuses to signal a pid that was reused — and the tree is frozen
+    (SIGSTOP, looked at again until nothing new shows) before each signal. Once SIGTERM ends the
+    worker (the subreaper), a TERM-ignoring daemon that cleared its environment is re-parented to
+    init and carries no cookie: only the earlier look still knows it, so its SIGKILL comes from
+    there, as does that of any child such a survivor forks meanwhile (its descendants are looked
+    at too)."""
     import psutil
 
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        procs = stage_processes(cookie, root)
-        if root is not None:
+    known: dict[tuple[int, float], psutil.Process] = {}
+
+    def live() -> list:
+        out = []
+        for p in known.values():
             try:
-                os.killpg(root, sig)
-            except (ProcessLookupError, PermissionError):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
                 pass
+        return out
+
+    def look() -> bool:  # True when a process not known before was found
+        found = stage_processes(cookie, root)
+        for p in live():
+            try:
+                found += p.children(recursive=True)
+            except psutil.Error:
+                pass
+        new = False
+        for p in found:
+            try:
+                key = (p.pid, p.create_time())
+            except psutil.Error:
+                continue
+            if key not in known and p.pid != os.getpid():
+                known[key] = p
+                new = True
+        return new
+
+    def send(procs: list, sig: int) -> None:
         for p in procs:
             try:
                 p.send_signal(sig)
             except psutil.Error:
                 pass
-        if wait > 0 and procs:
-            psutil.wait_procs(procs, timeout=wait)
-        if not stage_processes(cookie, root):
+
+    def freeze() -> None:  # a stopped process neither forks nor lets a child slip away
+        for _ in range(20):
+            new = look()
+            send(live(), signal.SIGSTOP)
+            if not new:
+                return
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        freeze()
+        procs = live()
+        if not procs:
             return
+        if root is not None:
+            try:
+                os.killpg(root, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        send(procs, sig)
+        send(procs, signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs again
+        if wait > 0:
+            psutil.wait_procs(procs, timeout=wait)
+
+
+def _above_std(fd: int) -> int:
+    """``fd`` moved to 3 or above (close-on-exec): were fd 0-2 closed, ``os.pipe`` returns one of
+    them, and a child started with stdin/stdout/stderr=DEVNULL gets /dev/null in the pipe's place."""
+    if fd > 2:
+        return fd
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
 
 
 class Watchdog:
@@ -141,7 +204,7 @@ class Watchdog:
 
     def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
         self.proc = None
-        r, self.w = os.pipe()
+        r, self.w = (_above_std(fd) for fd in os.pipe())
         try:
             env = {k: v for k, v in env.items() if k not in (COOKIE_ENV, PARENT_ENV)}
             self.proc = subprocess.Popen(

@@ -68,6 +68,7 @@ def main() -> None:
     import os
     import sys
 
+    _reopen_closed_std_fds()
     debug = "--debug" in sys.argv[1:] or os.environ.get("NSA_RUN_DEBUG", "") not in ("", "0")
     sys.argv[1:] = [a for a in sys.argv[1:] if a != "--debug"]
     try:
@@ -76,9 +77,35 @@ def main() -> None:
         if debug:
             raise
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        print(f"error: {type(e).__name__}: {first}" + (" " if first else "")
-              + "(unexpected: rerun with --debug for the traceback)", file=sys.stderr)
+        try:  # stderr may be a closed pipe (``| head``): the exit code still says it
+            print(f"error: {type(e).__name__}: {first}" + (" " if first else "")
+                  + "(unexpected: rerun with --debug for the traceback)", file=sys.stderr, flush=True)
+        except OSError:
+            pass
         sys.exit(2)
+
+
+def _reopen_closed_std_fds() -> None:
+    """``nsa-run ... <&-`` (or ``>&-``, ``2>&-``): a closed fd 0-2 is reopened on /dev/null before
+    anything opens a file, so no pipe or file the runner opens later lands on it (a child started
+    with stdin/stdout/stderr=DEVNULL would have it replaced: the watchdog read EOF at once and
+    killed every stage). Python set the matching ``sys.std*`` to None; they are given back."""
+    import os
+    import sys
+
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        nul = os.open(os.devnull, os.O_RDWR)
+        if nul != fd:
+            os.dup2(nul, fd)
+            os.close(nul)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, errors="backslashreplace",
+                                    **({"buffering": 1} if mode == "w" else {})))
 
 
 if __name__ == "__main__":
