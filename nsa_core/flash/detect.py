@@ -161,11 +161,8 @@ def _fa2(do_import: bool) -> dict:
             return rec
         rec.update(present=True, reason="found (not imported)")
         return rec
-    try:
-        mod = importlib.import_module("flash_attn")
-    except Exception as e:  # noqa: BLE001 - an ABI mismatch shows up as any exception type
-        rec["error"] = _first_line(e) if err is None else err
-        rec["reason"] = f"fails to import ({rec['error']})"
+    mod = _import_into(rec, "flash_attn", err)
+    if mod is None:
         return rec
     rec["file"] = getattr(mod, "__file__", None) or rec["file"]
     mver = getattr(mod, "__version__", None)
@@ -189,6 +186,17 @@ def _fa2(do_import: bool) -> dict:
     return rec
 
 
+def _import_into(rec: dict, module: str, err: str | None):
+    """Import ``module``; on failure record it in ``rec`` (error, reason) and return None. Any
+    exception type counts: an ABI mismatch shows up as any of them. ``err``: locating it failed."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = _first_line(e) if err is None else err
+        rec["reason"] = f"fails to import ({rec['error']})"
+        return None
+
+
 def _fa3(do_import: bool) -> dict:
     dname, dver, _ = dist_info(DISTS["fa3"])
     rec = _record("fa3", dist=dname, version=dver)
@@ -200,11 +208,8 @@ def _fa3(do_import: bool) -> dict:
     if not do_import:
         rec.update(present=True, reason="found (not imported)")
         return rec
-    try:
-        mod = importlib.import_module("flash_attn_interface")
-    except Exception as e:  # noqa: BLE001
-        rec["error"] = _first_line(e) if err is None else err
-        rec["reason"] = f"fails to import ({rec['error']})"
+    mod = _import_into(rec, "flash_attn_interface", err)
+    if mod is None:
         return rec
     rec["version"] = dver or getattr(mod, "__version__", None)
     if not callable(getattr(mod, "flash_attn_func", None)):
@@ -245,11 +250,8 @@ def _fa4(do_import: bool) -> dict:
     if not do_import:
         rec.update(present=True, reason="found (not imported)")
         return rec
-    try:
-        mod = importlib.import_module("flash_attn.cute")
-    except Exception as e:  # noqa: BLE001
-        rec["error"] = _first_line(e) if err is None else err
-        rec["reason"] = f"fails to import ({rec['error']})"
+    mod = _import_into(rec, "flash_attn.cute", err)
+    if mod is None:
         return rec
     rec["file"] = getattr(mod, "__file__", None) or rec["file"]
     mver = getattr(mod, "__version__", None)
