@@ -67,33 +67,76 @@ class _PipeSafe:
         return getattr(self._stream(), attr)
 
     def _closed_pipe(self) -> None:
-        stream = self._stream()
-        try:
-            fd = stream.fileno()
-        except (OSError, ValueError, AttributeError):
-            return
-        nul = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(nul, fd)
-        finally:
-            os.close(nul)
-        try:  # what the stream still holds goes to /dev/null now
-            stream.flush()
-        except OSError:
-            pass
+        to_devnull(self._stream())
+
+    def _lost(self) -> tuple[type[BaseException], ...]:
+        # stderr carries diagnostics only (the manifest records everything): any write error (a
+        # full disk under ``2>>log``, ``2>/dev/full``) sends it to /dev/null and the run goes on;
+        # stdout: a reader gone only (other errors are the output lost: cli.main's OutputError)
+        return (OSError,) if self._name == "stderr" else (BrokenPipeError,)
 
     def write(self, text: str) -> int:
         try:
             return self._stream().write(text)
-        except BrokenPipeError:
+        except self._lost():
             self._closed_pipe()
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream().flush()
-        except BrokenPipeError:
+        except self._lost():
             self._closed_pipe()
+
+
+def to_devnull(stream) -> None:
+    """Point ``stream``'s fd at /dev/null (its reader is gone): later writes succeed and go nowhere."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    nul = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(nul, fd)
+    finally:
+        os.close(nul)
+    try:  # what the stream still holds goes to /dev/null now
+        stream.flush()
+    except OSError:
+        pass
+
+
+class OutputError(Exception):
+    """The command's own output (stdout) cannot be written: a full disk, ``> /dev/full``, an I/O error."""
+
+
+class GuardedStdout:
+    """``sys.stdout`` of the ``nsa-run`` script (``cli.main``), for ``print`` and the consoles alike: a
+    reader gone (``| head -1``, EPIPE) sends stdout to /dev/null and the command keeps its own exit
+    code (a compare verdict of 0 or 1 stays what it is); any other write error raises OutputError,
+    which ``cli.main`` reports in one line (exit 2): the output is lost, and no verdict may be read
+    from an exit code whose output never arrived."""
+
+    def __init__(self, stream):
+        self._s = stream
+
+    def __getattr__(self, attr):
+        return getattr(self._s, attr)
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except BrokenPipeError:
+            to_devnull(self._s)
+            return len(args[0]) if args else None
+        except OSError as e:
+            raise OutputError(e.strerror or str(e)) from None
+
+    def write(self, text: str) -> int:
+        return self._call(self._s.write, text)
+
+    def flush(self) -> None:
+        self._call(self._s.flush)
 
 
 def _console(stream: str, **kw) -> Console:

@@ -597,6 +597,15 @@ def runner_died(m: dict) -> str | None:
     return None
 
 
+def unfinished(m: dict) -> str | None:
+    """One line when the run of manifest ``m`` did not finish: the runner stopped it itself
+    (``incomplete``: a full disk, a lock held too long) or the runner died (``runner_died``);
+    None otherwise. ``report`` prints it, report.html and summary.md show it."""
+    if isinstance(m.get("incomplete"), str) and m["incomplete"]:
+        return f"incomplete: {m['incomplete']}"
+    return runner_died(m)
+
+
 def process_started(pid: int | None = None) -> float:
     import psutil
 

@@ -90,6 +90,9 @@ def load(path: str | Path) -> dict:
             v = f.get("value")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise _bad(path, f"{w}.value", f"must be a finite number >= 0, got {v!r}")
+            if v == 0 and not is_reads(f["metric"]):  # a time or speedup of 0 was never measured
+                raise _bad(path, f"{w}.value", f"must be > 0 for {f['metric']!r} (a ratio to 0 means nothing; "
+                                               "only read counters reads_* may be 0)")
             f["tolerance"] = _tolerance(path, f"{w}.tolerance", f.get("tolerance", default_tol))
             better = f.get("better", "higher" if is_speedup(f["metric"]) else "lower")
             if better not in ("lower", "higher"):
@@ -168,7 +171,9 @@ def from_run(run: Run, tolerance: float = DEFAULT_TOLERANCE, note: str = "") -> 
             key = {k: _py(r[k]) for k in keys}
             for m in metric_columns(df):
                 v = _py(r[m])
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+                # what load() accepts: a time or speedup of 0 is no measurement (a read count of 0 is)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+                        and (v > 0 or (v == 0 and is_reads(m))):
                     fig = {"file": name, "key": key, "metric": m, "value": v}
                     if is_reads(m):
                         fig["tolerance"] = 0.0  # read counters are deterministic

@@ -68,11 +68,24 @@ def main() -> None:
     import os
     import sys
 
+    from nsa_runner._ui import GuardedStdout, OutputError, to_devnull
+
     _reopen_closed_std_fds()
     debug = "--debug" in sys.argv[1:] or os.environ.get("NSA_RUN_DEBUG", "") not in ("", "0")
     sys.argv[1:] = [a for a in sys.argv[1:] if a != "--debug"]
+    sys.stdout = GuardedStdout(sys.stdout)
     try:
-        app()
+        try:
+            app()
+        finally:  # buffered output fails here, not in the interpreter's exit (a traceback, exit 120)
+            sys.stdout.flush()
+    except OutputError as e:  # > /dev/full, a full disk under a redirect: the output is lost
+        to_devnull(sys.stdout)
+        try:
+            print(f"error: cannot write the output (stdout): {e}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        sys.exit(2)
     except Exception as e:  # noqa: BLE001 - a traceback is for --debug only
         if debug:
             raise

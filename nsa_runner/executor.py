@@ -367,6 +367,11 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
     rec.status, rec.reason, rec.hint = result.status, result.reason, result.hint
     rec.files, rec.metrics = list(result.files), dict(result.metrics)
     rec.traceback = payload.get("traceback") or ""
+    if rec.status is Status.SKIP and not rec.reason.strip():  # DESIGN §5: a skip always says why
+        rec.status = Status.ERROR
+        rec.reason = ("the stage returned SKIP without a reason: a skip must say why it could not run here "
+                      "(and the fix, as hint=)")
+        rec.log_tail = tail(log_path)
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
     outside, shared = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))

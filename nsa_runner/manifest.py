@@ -17,13 +17,16 @@ retires it to ``history``. An interrupted rerun (``restore``) or one whose runne
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import re
 import shutil
 import socket
 import sys
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,74 @@ from nsa_runner.artifacts import (
 )
 
 LOCK_NAME = ".manifest.lock"
-LOCK_TIMEOUT_S = 120.0
+LOCK_TIMEOUT_S = 120.0  # a manifest change holds the lock for milliseconds; NSA_RUN_LOCK_TIMEOUT overrides
+LOCK_TIMEOUT_ENV = "NSA_RUN_LOCK_TIMEOUT"
+LOCK_NOTICE_S = 2.0  # after this long, say once what the runner waits for
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def lock_timeout() -> float:
+    """Seconds a manifest change waits for the run folder's lock (``NSA_RUN_LOCK_TIMEOUT``, default
+    120). Raises ValueError naming the variable when it is not a positive, finite number."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not text:
+        return LOCK_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text[:40]!r} is not a positive number of seconds")
+    return value
+
+
+def lock_holders(path: Path) -> str:
+    """Who holds the lock file ``path``, for people: ``pid 123 (flock x sleep 300)``. The kernel's
+    lock table (/proc/locks) names the process that took the lock; when that one is gone (a
+    child inherited the descriptor, e.g. ``flock FILE sleep``), the processes that have the file
+    open are named instead. '' when nothing can be found (another host, no /proc)."""
+    import psutil
+
+    def show(p: psutil.Process) -> str:
+        try:
+            cmd = " ".join(p.cmdline()) or p.name()
+        except psutil.Error:
+            cmd = "?"
+        cmd = _CONTROL.sub("?", cmd)  # one line: a command line may hold newlines or escape sequences
+        return f"pid {p.pid} ({cmd[:120]})"
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    pids = []
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if "->" in parts:  # a waiter, not a holder
+                    continue
+                dev_ino = next((x for x in parts if x.count(":") == 2), "")
+                if dev_ino.rsplit(":", 1)[-1] == str(st.st_ino) and parts[4:5] and parts[4].isdigit():
+                    pids.append(int(parts[4]))
+    except (OSError, IndexError):
+        pass
+    found = []
+    for pid in dict.fromkeys(pids):
+        try:
+            if pid != os.getpid():
+                found.append(show(psutil.Process(pid)))
+        except psutil.Error:
+            pass
+    if not found:
+        for p in psutil.process_iter():
+            try:
+                if p.pid != os.getpid() and any(os.path.samefile(f.path, path) for f in p.open_files()
+                                                if os.path.basename(f.path) == path.name):
+                    found.append(show(p))
+            except (psutil.Error, OSError):
+                continue
+    return ", ".join(found[:4])
 
 
 def host_info() -> dict:
@@ -86,26 +156,56 @@ class RunManifest:
     def path(self) -> Path:
         return self.dir / MANIFEST_NAME
 
-    def _lock(self) -> FileLock:
-        return FileLock(str(self.dir / LOCK_NAME), timeout=LOCK_TIMEOUT_S)
+    @contextmanager
+    def _locked(self):
+        """The run folder's lock. Held for milliseconds by a manifest change: when another process
+        holds it longer, one line says which lock and who holds it, and after ``lock_timeout()``
+        ManifestBusy names them (the CLI exits 2, nothing changed)."""
+        path = self.dir / LOCK_NAME
+        try:
+            total = lock_timeout()
+        except ValueError as e:
+            raise ManifestBusy(str(e)) from None
+        lock = FileLock(str(path))
+        try:
+            lock.acquire(timeout=min(LOCK_NOTICE_S, total))
+        except Timeout:
+            holder = lock_holders(path)
+            self._say(f"waiting for the run folder's lock {path} (held by {holder or 'another process'}); "
+                      f"giving up after {total:g}s ({LOCK_TIMEOUT_ENV})")
+            try:
+                lock.acquire(timeout=max(total - LOCK_NOTICE_S, 0))
+            except Timeout:
+                holder = lock_holders(path) or holder or "another process"
+                raise ManifestBusy(f"{path}: held by {holder} for more than {total:g}s; end that process "
+                                   f"(or set {LOCK_TIMEOUT_ENV} higher) and rerun") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @staticmethod
+    def _say(text: str) -> None:
+        """One line on stderr (a live progress display shows it above itself); control characters
+        of a hostile path or command line are replaced."""
+        try:
+            print(_CONTROL.sub("?", text), file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def update(self, change: Callable[[dict], Any]) -> Any:
         """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it."""
-        try:
-            with self._lock():
-                try:
-                    data = load_manifest(self.path)
-                except ManifestError:
-                    if self.path.exists():
-                        raise
-                    data = self.data  # not written yet
-                result = change(data)
-                write_json(self.path, data)
-                self.data = data
-                return result
-        except Timeout:
-            raise ManifestBusy(f"{self.path}: locked by another nsa-run for more than {LOCK_TIMEOUT_S:g}s "
-                               f"({self.dir / LOCK_NAME})") from None
+        with self._locked():
+            try:
+                data = load_manifest(self.path)
+            except ManifestError:
+                if self.path.exists():
+                    raise
+                data = self.data  # not written yet
+            result = change(data)
+            write_json(self.path, data)
+            self.data = data
+            return result
 
     @staticmethod
     def _initial(run_id: str, argv: list[str], run_facts: dict) -> dict:
@@ -374,5 +474,5 @@ class RunManifest:
 
     def write(self) -> None:
         """Write this process's view as is (under the lock; prefer ``update``)."""
-        with self._lock():
+        with self._locked():
             write_json(self.path, self.data)

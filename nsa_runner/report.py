@@ -25,6 +25,7 @@ import io
 import math
 import re
 import urllib.parse
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from nsa_runner._readers import (
     read_bytes_checked,
     spread_columns,
 )
-from nsa_runner.artifacts import now_iso, runner_died, write_text
+from nsa_runner.artifacts import now_iso, unfinished, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
 from nsa_runner.results import summary as results_summary
@@ -83,6 +84,13 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _label(text: str) -> str:
+    """A legend label as written: matplotlib silently leaves out labels starting with ``_`` (a CSV
+    key ``_impl=x`` or a column ``_x_ms`` lost its line's legend entry); a leading space keeps it."""
+    text = str(text)
+    return " " + text if text.startswith("_") else text
+
+
 def _figure(w: float, h: float):
     from matplotlib.figure import Figure
 
@@ -108,10 +116,10 @@ def plot_decode(df) -> str | None:
         sfx = (" " + " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True))) if keys else ""
         for c in times:
             axes[0].plot(g["S"], g[c], marker="o", lw=2.2 if c in ("ms_step", "ms_full") else 1.2,
-                         ls="--" if c == "ms_full" else "-", label=c + sfx)
+                         ls="--" if c == "ms_full" else "-", label=_label(c + sfx))
     g0 = groups[0][1].sort_values("S")
     for c in reads:
-        axes[1].plot(g0["S"], g0[c], marker="o", ls="--" if c == "reads_full" else "-", label=c)
+        axes[1].plot(g0["S"], g0[c], marker="o", ls="--" if c == "reads_full" else "-", label=_label(c))
     if reads and "reads_full" not in reads:
         axes[1].plot(g0["S"], g0["S"], color="k", ls=":", label="full attention (S)")
     for ax, title, ylabel in ((axes[0], "decode step latency vs S", "ms per step"),
@@ -154,9 +162,9 @@ def plot_times(df, title: str) -> str | None:
             if spread is not None:
                 lo = (g[c] - g[spread[0]]).clip(lower=0)
                 hi = (g[spread[1]] - g[c]).clip(lower=0)
-                ax.errorbar(g[x], g[c], yerr=[lo, hi], marker="o", capsize=2, label=label)
+                ax.errorbar(g[x], g[c], yerr=[lo, hi], marker="o", capsize=2, label=_label(label))
             else:
-                ax.plot(g[x], g[c], marker="o", label=label)
+                ax.plot(g[x], g[c], marker="o", label=_label(label))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(x)
@@ -276,12 +284,12 @@ def _banner(m: dict, c: dict) -> str:
         cls, word = "ok", "PASSED"
     else:
         cls, word = "partial", "NOTHING RAN"
-    died = runner_died(m)
+    died = unfinished(m)
     if died and not c["failed"]:
         cls, word = "bad", "UNFINISHED"
     extra = f'<div class="note">{_e(died)}</div>' if died else ""
-    if skipped:
-        extra = f'<div class="note">skipped (not validated on this run): {_e(", ".join(skipped))}</div>'
+    if skipped:  # added to the note on an unfinished run, never in its place
+        extra += f'<div class="note">skipped (not validated on this run): {_e(", ".join(skipped))}</div>'
     if m.get("interrupted"):
         extra += '<div class="note">the run was interrupted (Ctrl-C / cancel): later stages are missing</div>'
     return f'<div class="banner {cls}">{word}: {_e(line)}{extra}</div>'
@@ -496,7 +504,10 @@ def render(run: Run) -> str:
     as matplotlib mathtext (which raises on unknown symbols)."""
     import matplotlib
 
-    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+    # matplotlib's UserWarnings (no positive values for a log scale, no labelled lines) are about
+    # the data: the report shows the data; a source line of report.py on the terminal helps nobody
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
         return _render(run)
 
 
@@ -564,4 +575,6 @@ def write(folder: Path) -> dict:
     if summary_text is not None:
         write_text(summary_path, summary_text)
     return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
-            "run_id": run.run_id, "counts": counts(run.stages), "problems": list(run._cache.get("_problems", []))}
+            "run_id": run.run_id, "counts": counts(run.stages),
+            "unfinished": unfinished(run.manifest), "interrupted": bool(run.manifest.get("interrupted")),
+            "problems": list(run._cache.get("_problems", []))}

@@ -17,7 +17,7 @@ from rich.markup import escape
 from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report
 from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
 from nsa_runner.executor import RunInterrupted, Settings, execute, exit_code
-from nsa_runner.manifest import ManifestBusy, RunManifest
+from nsa_runner.manifest import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_S, ManifestBusy, RunManifest, lock_timeout
 from nsa_runner.registry import (
     Machine,
     OptionError,
@@ -91,6 +91,10 @@ def check_out(out: Path) -> Path:
     except OSError as e:
         fail(f"--out {out}: cannot write there ({e.strerror or e})",
              "choose a writable folder with --out")
+    try:
+        lock_timeout()
+    except ValueError as e:
+        fail(str(e), f"unset it (default {LOCK_TIMEOUT_S:g}s) or give seconds, e.g. {LOCK_TIMEOUT_ENV}=300")
     if free < MIN_FREE_BYTES:
         fail(f"--out {out}: only {free / 2**20:.1f} MiB free on its disk (a run needs at least "
              f"{MIN_FREE_BYTES / 2**20:.0f} MiB)", "free some space or choose another folder with --out")
@@ -136,6 +140,8 @@ def open_latest_run(out: Path, rid: str, argv: list[str], **facts: Any) -> RunMa
         if folders:
             try:
                 return RunManifest.open(folders[-1], argv)
+            except ManifestBusy as e:  # a lock held by another process: named, nothing changed
+                fail(str(e), "nothing was changed")
             except ManifestError as e:
                 fail(f"earlier run folder is unusable: {e}",
                      f"nothing was changed; repair or move {folders[-1]} aside, then rerun")

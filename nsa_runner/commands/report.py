@@ -17,7 +17,7 @@ from rich.markup import escape
 from nsa_runner import baseline as bl
 from nsa_runner import report as report_mod
 from nsa_runner._readers import ArtifactError, Run, resolve_run
-from nsa_runner._ui import err_console, fail, out_console
+from nsa_runner._ui import err_console, fail, out_console, plain_text
 from nsa_runner.commands import _common as c
 
 RUN = typer.Argument(..., metavar="RUN", help="A run id under --out, or the path of a run folder.")
@@ -38,7 +38,7 @@ def report(
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file aside, then rerun")
     except OSError as e:
-        fail(f"cannot write the report: {e.strerror or e}", "check the run folder's permissions")
+        fail(f"cannot write the report: {e.strerror or e}", c._disk_hint(e))
     if as_json:
         print(json.dumps({"schema_version": 1, **info}, indent=2))
     else:
@@ -46,6 +46,11 @@ def report(
         con.print(f"report: {escape(info['report'])}")
         kept = "written (the run had none)" if info["summary_written"] else "kept (written when the run ended)"
         con.print(f"summary.md: {escape(info['summary'])} {kept}")
+        # a run that did not finish says so before its counts (0 passed of a dead runner is no verdict)
+        if info.get("unfinished"):
+            con.print(f"[bold red]UNFINISHED[/]: {plain_text(info['unfinished'])}", soft_wrap=True)
+        elif info.get("interrupted"):
+            con.print("[bold red]INTERRUPTED[/]: the run was stopped (Ctrl-C / cancel); later stages are missing")
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
     for line in info.get("problems", []):  # sections left out of report.html, each naming its files

@@ -162,6 +162,9 @@ def load(name: str) -> ImplEntry:
     if not found:
         return ImplEntry(name, "?", "?", "?", error=f"no implementation named {name!r} is registered "
                                                       f"(known: {', '.join(names()) or 'none'})")
+    builtin = [f for f in found if _norm(f[1]) == BUILTIN_DIST]
+    if len(found) > 1 and len(builtin) == 1:  # a plugin never switches off one of nsa-run's own
+        return _load_one(*builtin[0])
     if len(found) > 1:
         where = ", ".join(f"{ep.value} ({d})" for ep, d, _ in found)
         return ImplEntry(name, found[0][0].value, found[0][1], found[0][2],
@@ -250,6 +253,19 @@ def describe_all(device: str) -> list[dict]:
         by_name.setdefault(str(rec.get("name") or "?"), []).append(rec)
     rows = []
     for name, group in by_name.items():
+        builtin = [r for r in group if _norm(r.get("dist", "?")) == BUILTIN_DIST]
+        if len(group) > 1 and len(builtin) == 1:  # as load(): the built-in stays, the plugin is left out
+            for r in group:
+                if r is builtin[0]:
+                    rows.append(_row(r, device))
+                    continue
+                taken = (f"implementation name {name!r} is taken by the built-in ({builtin[0].get('value', '?')}); "
+                         f"{r.get('value', '?')} ({r.get('dist', '?')}) is left out: rename it")
+                row = _row(r, device, taken)
+                # its own name in lists: `--impl nsa_core` stays the built-in's
+                row["name"] = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.get('dist', '?')}.{name}")
+                rows.append(row)
+            continue
         dup = ""
         if len(group) > 1:  # as load(): a duplicate is broken, never a pick
             dup = f"duplicate implementation name {name!r}: declared by " + ", ".join(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 
-from nsa_runner.artifacts import now_iso, runner_died
+from nsa_runner.artifacts import now_iso, runner_died, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
 from nsa_runner.results.junit import clean
 
@@ -55,7 +55,7 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
     ]
     if m.get("interrupted"):
         lines.append("- **interrupted** (Ctrl-C / cancel): stages after the last one listed did not run")
-    died = runner_died(m)
+    died = unfinished(m)
     if died:
         lines.append(f"- **{_md_cell(died)}**")
     lines += [
