@@ -34,15 +34,19 @@ DEVICES = ("cuda", "cpu")
 PROFILES = ("quick", "full")
 EXIT_INTERRUPTED = 130
 
+def path_option(what: str) -> Callable[[str | Path], Path]:
+    """The parser of a path option (``--out``, ``--save-baseline``): an empty path (``--out ""``,
+    which would silently mean the current folder) is refused, naming ``what`` to give instead."""
+    def parse(text: str | Path) -> Path:
+        if not str(text).strip():
+            raise typer.BadParameter(f"empty path: give {what}")
+        return Path(text)
+
+    return parse
+
+
 # typer option declarations shared by both commands
-def _out_path(text: str | Path) -> Path:
-    """``--out``: an empty path (``--out ""``, which would silently mean the current folder) is refused."""
-    if not str(text).strip():
-        raise typer.BadParameter("empty path: give the output folder, e.g. --out artifacts/runner")
-    return Path(text)
-
-
-OUT = typer.Option(DEFAULT_OUT, "--out", parser=_out_path,
+OUT = typer.Option(DEFAULT_OUT, "--out", parser=path_option("the output folder, e.g. --out artifacts/runner"),
                    help="Output root; the run folder is <out>/<run-id>/.")
 DEVICE = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available).")
 PROFILE = typer.Option(None, "--profile",

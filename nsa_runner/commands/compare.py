@@ -42,14 +42,8 @@ PARITY_FACTOR = typer.Option(2.0, "--parity-factor", help="Flag parity errors wo
 BASELINE = typer.Option(None, "--baseline", help="Check B (or A alone) against this baseline file (docs/baselines.md).")
 
 
-def _save_path(text: str | Path) -> Path:
-    """``--save-baseline``: an empty path (which would mean the current folder) is refused."""
-    if not str(text).strip():
-        raise typer.BadParameter("empty path: give the new baseline file, e.g. --save-baseline h100.json")
-    return Path(text)
-
-
-SAVE_BASELINE = typer.Option(None, "--save-baseline", parser=_save_path,
+SAVE_BASELINE = typer.Option(None, "--save-baseline",
+                             parser=c.path_option("the new baseline file, e.g. --save-baseline h100.json"),
                              help="Record the timing figures of B (or A) as a NEW baseline file.")
 SHOW_ALL = typer.Option(False, "--all", help="Show every row (default: only rows with a mark or a change).")
 ONLY_CHANGED = typer.Option(False, "--only-changed", hidden=True, help="The default now; kept for old scripts.")

@@ -10,6 +10,25 @@ import sys
 import time
 from pathlib import Path
 
+# stages x, y, z of a plugin module that defines ``_act(ctx, name)`` (what each one does): shared by
+# the bad-days plugins (BEHAVE below, test_bad_days_round3's SOURCE)
+STAGES_XYZ = """
+class X(Stage):
+    name, order, timeout_s = "x", 10, 120.0
+    def run(self, ctx):
+        return _act(ctx, "x")
+
+class Y(Stage):
+    name, order, timeout_s = "y", 11, 120.0
+    def run(self, ctx):
+        return _act(ctx, "y")
+
+class Z(Stage):
+    name, order, timeout_s = "z", 12, 120.0
+    def run(self, ctx):
+        return _act(ctx, "z")
+"""
+
 # every stage reads what to do from its environment (set per test on the CLI process)
 BEHAVE = """
 import os, signal, subprocess, sys, time
@@ -31,22 +50,7 @@ def _act(ctx, name):
         Path(mark).write_text(str(os.getpid()))
     time.sleep(float(os.environ.get(f"BD_SLEEP_{name.upper()}", os.environ.get("BD_SLEEP", "0"))))
     return StageResult(Status.PASS, f"{name} {text}", files=[f"{name}.txt"])
-
-class X(Stage):
-    name, order, timeout_s = "x", 10, 120.0
-    def run(self, ctx):
-        return _act(ctx, "x")
-
-class Y(Stage):
-    name, order, timeout_s = "y", 11, 120.0
-    def run(self, ctx):
-        return _act(ctx, "y")
-
-class Z(Stage):
-    name, order, timeout_s = "z", 12, 120.0
-    def run(self, ctx):
-        return _act(ctx, "z")
-"""
+""" + STAGES_XYZ
 
 ENTRIES = {"x": "bd_mod:X", "y": "bd_mod:Y", "z": "bd_mod:Z"}
 

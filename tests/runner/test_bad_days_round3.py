@@ -23,9 +23,9 @@ import pytest
 from nsa_runner.artifacts import load_manifest
 
 try:
-    from _bad_days import alive, cli_cmd, env_with, gone_within, wait_for
+    from _bad_days import STAGES_XYZ, alive, cli_cmd, env_with, gone_within, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import alive, cli_cmd, env_with, gone_within, wait_for
+    from tests.runner._bad_days import STAGES_XYZ, alive, cli_cmd, env_with, gone_within, wait_for
 
 # stages x, y whose behaviour comes from the environment: R3_<NAME>_MK (a shell command run in the
 # run folder), R3_<NAME>_FILES (extra declared names, JSON), R3_<NAME>_DAEMON (a file: start a
@@ -52,17 +52,7 @@ def _act(ctx, name):
         Path(os.environ["R3_MARK"]).write_text(text)
     time.sleep(float(os.environ.get(f"R3_SLEEP_{up}", "0")))
     return StageResult(Status.PASS, os.environ.get(f"R3_{up}_REASON", f"{name} {text}"), files=files)
-
-class X(Stage):
-    name, order, timeout_s = "x", 10, 120.0
-    def run(self, ctx):
-        return _act(ctx, "x")
-
-class Y(Stage):
-    name, order, timeout_s = "y", 11, 120.0
-    def run(self, ctx):
-        return _act(ctx, "y")
-"""
+""" + STAGES_XYZ
 
 
 @pytest.fixture

@@ -12,33 +12,23 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
-    from _runfolders import GPU, edit_csv, make_run
+    from _runfolders import GPU, edit_csv
 except ImportError:  # pragma: no cover - run as a package
-    from tests._runfolders import GPU, edit_csv, make_run
+    from tests._runfolders import GPU, edit_csv
+
+try:  # the compare tests' fabricated run folders: ``out`` (run aaaaaaa) and ``copy`` (B, a copy of A)
+    from test_compare import copy as _copy
+    from test_compare import out  # noqa: F401 - a fixture
+except ImportError:  # pragma: no cover
+    from tests.runner.test_compare import copy as _copy
+    from tests.runner.test_compare import out  # noqa: F401
 
 HOSTILE = "\x1b[2J\x1b]8;;javascript:alert(1)\x07X\x1b]8;;\x07<script>|"
-
-
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    root = tmp_path / "runs"
-    make_run(root, "aaaaaaa")
-    return root
-
-
-def _copy(out: Path, src: str = "aaaaaaa", dst: str = "bbbbbbb") -> Path:
-    shutil.copytree(out / src, out / dst)
-    m = json.loads((out / dst / "manifest.json").read_text())
-    m["run_id"] = dst
-    (out / dst / "manifest.json").write_text(json.dumps(m))
-    return out / dst
 
 
 def _hostile_key(df):

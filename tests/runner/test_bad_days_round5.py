@@ -55,6 +55,10 @@ def _main(env, *args, timeout=120, **kw):
     return subprocess.run([sys.executable, "-c", MAIN, *map(str, args)], env=env, text=True, timeout=timeout, **kw)
 
 
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+
 @pytest.fixture
 def bd(plugins):
     return make(plugins)
@@ -202,8 +206,7 @@ def test_report_on_a_full_disk_says_the_disk_is_full(cli, out, monkeypatch):
 def test_stdout_on_a_full_disk_is_one_line_exit_2(out, args):
     copy(out)
     with open("/dev/full", "w") as full:
-        p = _main(dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), *args, *([out] if args[-1] == "--out" else []), stdout=full,
-                  stderr=subprocess.PIPE)
+        p = _main(_env(), *args, *([out] if args[-1] == "--out" else []), stdout=full, stderr=subprocess.PIPE)
     assert p.returncode == 2
     assert p.stderr.strip() == "error: cannot write the output (stdout): No space left on device", p.stderr
 
@@ -218,8 +221,7 @@ def test_stdout_reader_gone_keeps_the_commands_exit_code(out, args):
     r, w = os.pipe()
     os.close(r)  # the reader is gone before the first write
     try:
-        p = _main(dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), *args, *([out] if args[-1] == "--out" else []), stdout=w,
-                  stderr=subprocess.PIPE)
+        p = _main(_env(), *args, *([out] if args[-1] == "--out" else []), stdout=w, stderr=subprocess.PIPE)
     finally:
         os.close(w)
     assert p.returncode == 0, p.stderr
