@@ -219,6 +219,29 @@ def test_profile_partition_on_cpu_sums_to_100_and_follows_the_scopes():
     assert not any(lab == "cmp" and name == "aten::sum" for lab, name in p.items)
 
 
+def test_pass_windows_leave_out_the_gpu_mirrors_of_the_pass_scope():
+    """With CUDA activities, torch.profiler lists each record_function twice: the CPU range and a
+    CUDA-typed user annotation of the same name (the H100 decode-bench ERROR 'found 20 of 10
+    passes'). Only the CPU ranges are passes; a count that is still off raises."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from nsa_runner.measure.timing import PASS_SCOPE, pass_windows
+
+    def ev(start, end, dtype, name=PASS_SCOPE):
+        return NS(name=name, device_type=dtype, time_range=NS(start=start, end=end))
+
+    cpu = [ev(100 * i, 100 * i + 50, DeviceType.CPU) for i in (2, 0, 1)]
+    mirrors = [ev(100 * i + 5, 100 * i + 40, DeviceType.CUDA) for i in range(3)]
+    kernel = ev(10, 20, DeviceType.CUDA, name="some_kernel")
+    w = pass_windows(cpu + mirrors + [kernel], 3)
+    assert [(a, b) for a, b, _ in w] == [(0, 50), (100, 150), (200, 250)]
+    assert all(e.device_type == DeviceType.CPU for _, _, e in w)
+    with pytest.raises(RuntimeError, match="found 3 of 4 passes"):
+        pass_windows(cpu + mirrors, 4)
+
+
 def test_decode_labels_name_every_decode_kernel():
     """Every @triton.jit kernel of the decode step has an attribution label (else its time would
     silently land in 'other')."""
