@@ -133,6 +133,10 @@ def make() -> Impl:
                 constraints=Constraints(dtypes=("fp32", "fp16", "bf16"), max_head_dim=256, heads_per_group_pow2=True,
                                         varlen=True, check=_check, fp32_dots_tf32=True,
                                         deterministic_backward=False))
+    # fla's kernels are @triton.autotune'd: ~70 s per new shape on the H100 (prefill-bench's first T,
+    # measured). Triton's own on-disk autotune cache keeps the winners, so a second run on this
+    # machine skips it; read when fla's autotuners are built (at import), an explicit value wins.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         import fla.ops.nsa.parallel as P
         from fla.ops.nsa.compression import parallel_nsa_compression
