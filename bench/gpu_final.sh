@@ -5,16 +5,17 @@
 #   call 1  carry [".devcarry/fa4_libs"]:   bash bench/gpu_fa4_install.sh        (FA-4's 61 MiB libs)
 #   call 2  carry [".devcarry/src_l", ".whl", ".devcarry/fa4", ".devcarry/fa2"]:
 #           cd .devcarry/src_l && bash bench/gpu_final.sh start ../.. && bash bench/gpu_final.sh wait 480
-#   call 3  cd .devcarry/src_l && bash bench/gpu_final.sh wait 420
+#   call 3  bash .devcarry/src_l/bench/gpu_final.sh wait 420   (or /tmp/nsa-src/bench/gpu_final.sh)
 # start ROOT: installs ROOT/.whl (platformdirs, junitparser, fla-core: missing on the image) and, when
 # present, the FA-4 wheels ROOT/.devcarry/fa4 + call 1's libs into /tmp/site, then nsa-run; starts
 # the FA-2 source build in the background when ROOT/.devcarry/fa2 is there (bench/gpu_fa2_build.sh,
 # nice 19); then the job, one step after another (nothing else on the GPU while one is timed):
 #   1. `nsa-run oneshot --profile full --impl nsa_core,fla` (issue 15's side-by-side; warms the
 #      Triton / FA-4 / fla caches; the FA-2 build runs beside it, so its timings are not reported)
-#   2. waits for the FA-2 build;  3. `nsa-run oneshot --profile full`: the timed run (issue 13)
-#   4. bench/gpu_decode14.sh (issue 14);  5. FA-2's own test and fa2-probe with FA-2 importable
-#   6. `nsa-run oneshot --profile quick` (the smoke check's wall time)
+#   2. bench/gpu_decode14.sh (issue 14);  3. waits for the FA-2 build, then `nsa-run oneshot
+#      --profile full`: the timed run on a warm machine (issue 13);  4. FA-2's own test and
+#      fa2-probe with FA-2 importable;  5. `nsa-run oneshot --profile quick` (the smoke check)
+# The job runs from a copy of the source in /tmp/nsa-src (see start), so later calls may re-sync.
 # wait SECONDS: waits for the job (at most SECONDS), prints the steps and the tables, copies logs and
 # the run folders (as far as they got) into $OUT.
 set -uo pipefail
@@ -22,7 +23,10 @@ L=/tmp/nsa-final; SRC=$(pwd); SITE=/tmp/site
 export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
 case "${1:-}" in
 start)
-  R=${2:-.}; mkdir -p "$L"; rm -rf "$SITE"
+  R=$(cd "${2:-.}" && pwd); mkdir -p "$L"; rm -rf "$SITE"
+  # the job runs from a copy under /tmp: a later device call re-syncs the checkout and removes an
+  # ignored folder it does not carry (seen: the source of a running job vanished mid-oneshot)
+  rm -rf /tmp/nsa-src && cp -a "$SRC" /tmp/nsa-src && SRC=/tmp/nsa-src && cd "$SRC" || exit 2
   whl=("$R"/.whl/*.whl)
   for w in "$R"/.devcarry/fa4/*.whl; do  # one wheel per project: pip refuses the same one named twice
     [ -e "$w" ] || continue; p=$(basename "$w" | cut -d- -f1)
@@ -43,21 +47,20 @@ step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS 
 # 1. every stage against nsa_core and fla (warms Triton / FA-4 / fla caches; the FA-2 build runs
 #    beside it at nice 19, so its timings are not the ones reported)
 step nsa-run oneshot --profile full --impl nsa_core,fla --out "$L/art_impls" > "$L/oneshot_impls.log" 2>&1
-# 2. the FA-2 build must be over before the timed run
+# 2. decode (issue 14): GPU decode tests, decode-bench triton / fused / fused-paged, profile
+mkdir -p "$L/d14"; step env OUT="$L/d14" D14_RUNS="${D14_RUNS:-triton fused fused-paged}" bash bench/gpu_decode14.sh > "$L/decode14.log" 2>&1
+# 3. the timed full oneshot on the now warm machine (issue 13); the FA-2 build must be over first
 [ -d "$R/.devcarry/fa2" ] && step bash bench/gpu_fa2_build.sh wait 420 > "$L/fa2_wait.log" 2>&1
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$L/gpu_apps_before_timed.txt" 2>&1
-# 3. the timed full oneshot (issue 13: wall time on a warm H100; nothing else running)
 step nsa-run oneshot --profile full --out "$L/art" > "$L/oneshot.log" 2>&1
-# 4. decode (issue 14): GPU decode tests, decode-bench triton / fused / fused-paged, profile
-mkdir -p "$L/d14"; step env OUT="$L/d14" bash bench/gpu_decode14.sh > "$L/decode14.log" 2>&1
-# 5. FA-2: its own test, then fa2-probe with FA-2 (and FA-4) importable
+# 4. FA-2: its own test, then fa2-probe with FA-2 (and FA-4) importable
 if [ -f /tmp/fa2site/flash_attn/__init__.py ]; then
   step bash bench/gpu_fa2_build.sh test > "$L/fa2_test.log" 2>&1
   bash bench/gpu_fa2_build.sh link-fa4 "$SITE" > "$L/fa2_link.log" 2>&1
   step env PYTHONPATH=/tmp/fa2site:$PYTHONPATH nsa-run stage fa2-probe --out "$L/art_fa2" > "$L/fa2probe.log" 2>&1
 fi
-# 6. the quick profile's wall time (smoke check)
-step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+# 5. the quick profile's wall time (smoke check; FINAL_QUICK=0 leaves it out)
+[ "${FINAL_QUICK:-1}" = 1 ] && step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
 touch "$L/done"
 JOB
   setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
