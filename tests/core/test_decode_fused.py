@@ -83,7 +83,8 @@ def test_fused_step_vs_reference_decode_and_the_six_launch_step(dtype):
     cache.fill_random_(S - 1, generator=gen)
     other = cache.clone()
     x = torch.randn(2, 1, 48, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    ref = cache.to(torch.float64)
+    ref = cache.to(torch.float64, device="cpu")  # the float64 reference (m64) runs on the CPU: on the H100
+    # this was a CUDA cache fed CPU keys (device mismatch, GPU-only failure)
     dec = m.decoder(cache, impl="fused", chunk=8)
     y = dec.step(x.to(dtype=dtype, device=DEV)).clone()
     six = m.decoder(other, impl="triton", chunk=8)
