@@ -32,7 +32,12 @@ if [ -f "$SDIST" ]; then
   cp "$SDIST" "$OUTD/"
 else
   echo "no $SDIST: pip download of the sdist"
-  $PIP download -q --no-deps --no-binary :all: -d "$OUTD" "flash-attn==$VERSION"
+  # pip runs the sdist's setup.py to read its requirements, and that imports torch: without build
+  # isolation, with a Python that has torch (the checkout's .venv when there is one), and the CUDA
+  # build skipped (only the metadata is read here)
+  DLPY=python3; [ -x .venv/bin/python ] && DLPY=.venv/bin/python
+  FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE $DLPY -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+    -d "$OUTD" "flash-attn==$VERSION"
 fi
 [ -f "$OUTD/flash_attn-$VERSION.tar.gz" ] || { echo "prepare_fa2.sh: flash_attn-$VERSION.tar.gz missing" >&2; exit 1; }
 # the sdist must hold CUTLASS (setup.py asserts csrc/cutlass/include/cutlass/cutlass.h); no grep -q:
