@@ -107,6 +107,16 @@ class StageRecord:
         return d
 
 
+def visible(text: str) -> str:
+    """What of ``text`` a reader sees: escape sequences, control, format (zero-width, BOM, bidi)
+    and separator characters removed. A SKIP reason of only ``\x1b[0m`` or U+200B said nothing."""
+    import unicodedata
+
+    from nsa_runner._ui import _CONTROL
+
+    return "".join(ch for ch in _CONTROL.sub("", str(text)) if unicodedata.category(ch)[0] not in "CZ")
+
+
 def _jsonable(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
@@ -367,7 +377,7 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
     rec.status, rec.reason, rec.hint = result.status, result.reason, result.hint
     rec.files, rec.metrics = list(result.files), dict(result.metrics)
     rec.traceback = payload.get("traceback") or ""
-    if rec.status is Status.SKIP and not rec.reason.strip():  # DESIGN §5: a skip always says why
+    if rec.status is Status.SKIP and not visible(rec.reason):  # DESIGN §5: a skip always says why
         rec.status = Status.ERROR
         rec.reason = ("the stage returned SKIP without a reason: a skip must say why it could not run here "
                       "(and the fix, as hint=)")

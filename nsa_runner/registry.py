@@ -500,6 +500,41 @@ class Machine:
     device: str  # the device the run uses: "cuda" or "cpu"
 
 
+# files importlib.metadata reads whole (every ``import torch`` reads each distribution's
+# entry_points.txt: torch's device-backend hook) in the CLI, the discovery child and every stage
+METADATA_FILES = ("entry_points.txt", "METADATA", "PKG-INFO")
+MAX_METADATA_BYTES = 64 << 20
+
+
+def installed_metadata_problem() -> str:
+    """One line naming an installed distribution's metadata file that a read would hang on (a FIFO),
+    never end on (``/dev/zero``) or exhaust memory with; "" when there is none. Only ``stat`` is used
+    here: nothing is opened."""
+    import stat as st_
+
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            for meta in METADATA_FILES:
+                path = os.path.join(entry or ".", name, meta)
+                try:
+                    mode = os.stat(path)
+                except OSError:  # missing, a dangling link, a dist-info that is a file: read as absent
+                    continue
+                if not st_.S_ISREG(mode.st_mode):
+                    from nsa_runner.artifacts import file_kind
+
+                    return f"{path} is {file_kind(mode.st_mode)}, not a regular file"
+                if mode.st_size > MAX_METADATA_BYTES:
+                    return f"{path} is {mode.st_size / 2**20:.0f} MiB (more than {MAX_METADATA_BYTES >> 20} MiB)"
+    return ""
+
+
 def cuda_available() -> bool:
     try:
         import torch

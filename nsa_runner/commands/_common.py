@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import shutil
 import signal
 import sys
@@ -23,6 +24,7 @@ from nsa_runner.registry import (
     OptionError,
     StageEntry,
     cuda_available,
+    installed_metadata_problem,
     parse_options,
     triton_installed,
 )
@@ -64,6 +66,14 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
         fail(f"--profile {profile!r} is not one of {', '.join(PROFILES)}")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         fail(f"--timeout must be a positive number of seconds (finite), got {timeout:g}")
+    try:  # torch (and MKL) cannot load from a deleted cwd: it ended rc 2 without a word
+        os.getcwd()
+    except OSError as e:
+        fail(f"the current folder cannot be read ({e.strerror or e}; deleted?)", "cd to an existing folder and rerun")
+    problem = installed_metadata_problem()
+    if problem:  # importing torch or any plugin would read it: `nsa-run list` hung forever on a FIFO
+        fail(f"an installed package's metadata cannot be read: {problem}",
+             "remove or reinstall that package (its folder is named in the path)")
     cuda = cuda_available()
     if device == "cuda" and not cuda:
         fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)",

@@ -63,10 +63,10 @@ def _help(ctx: typer.Context, name: str | None, device: str | None) -> None:
     out_console().print(ctx.get_help())
     if name is None:
         raise typer.Exit(0)
+    machine, _ = c.resolve_machine(device, None, None)  # first: it refuses metadata discovery would hang on
     entries = {e.name: e for e in discover()}
     if name not in entries:
         fail(f"unknown stage {name!r}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
-    machine, _ = c.resolve_machine(device, None, None)
     _render_one(_row(entries[name], machine))
     raise typer.Exit(0)
 
