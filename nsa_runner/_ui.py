@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import NoReturn
 
@@ -19,6 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from nsa_runner._text import CONTROL as _CONTROL
 from nsa_runner.executor import Observer, StageRecord
 from nsa_runner.registry import StageEntry
 from nsa_runner.results import counts
@@ -34,9 +34,6 @@ STATUS_STYLE = {
 }
 
 
-# terminal control: CSI / OSC / other ESC sequences, and C0/C1 control characters but tab and newline
-_CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])?"
-                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def plain_text(text: object) -> str:

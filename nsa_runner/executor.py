@@ -112,9 +112,9 @@ def visible(text: str) -> str:
     and separator characters removed. A SKIP reason of only ``\x1b[0m`` or U+200B said nothing."""
     import unicodedata
 
-    from nsa_runner._ui import _CONTROL
+    from nsa_runner._text import CONTROL
 
-    return "".join(ch for ch in _CONTROL.sub("", str(text)) if unicodedata.category(ch)[0] not in "CZ")
+    return "".join(ch for ch in CONTROL.sub("", str(text)) if unicodedata.category(ch)[0] not in "CZ")
 
 
 def _jsonable(v: Any) -> Any:
