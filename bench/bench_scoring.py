@@ -216,7 +216,8 @@ def _table_T(T, args, cfg, add):
     _, lse = cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath, return_lse=True)
     if lse is not None:
         add(T, "sel_fused_kernel_given_lse", timer(lambda: scoring.fused_select_blocks(qd, kc, T, cfg, lse=lse)))
-        add(T, "cmp_fwd_with_lse", timer(lambda: cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath, return_lse=True)))
+        add(T, "cmp_fwd_with_lse",
+            timer(lambda: cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath, return_lse=True)))
         add(T, "cmp_fwd_public", timer(lambda: cmp_fast.compressed_attention(qd, kc, vc, T, cfg, path=cpath)))
     else:
         log(f"T={T}: the routed cmp path returns no lse")

@@ -107,7 +107,7 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
     """
     check_qkv(q, kc, vc, "flash.compressed_attention")
     B, Tq, HQ, dk = q.shape
-    G, dv = kc.shape[2], vc.shape[-1]
+    dv = vc.shape[-1]
     if isinstance(S, bool) or not isinstance(S, int) or S < Tq:
         raise ValueError(f"flash.compressed_attention: S={S!r} must be an int >= Tq={Tq}")
     scale = 1.0 / math.sqrt(dk) if scale is None else float(scale)
