@@ -71,6 +71,9 @@ def main() -> None:
     from nsa_runner._ui import GuardedStdout, OutputError, to_devnull
 
     _reopen_closed_std_fds()
+    from nsa_runner.commands import _common
+
+    _common.PROCESS_ENTRY = True  # a run's recorded exit code is the process's, late signals too
     debug = "--debug" in sys.argv[1:] or os.environ.get("NSA_RUN_DEBUG", "") not in ("", "0")
     sys.argv[1:] = [a for a in sys.argv[1:] if a != "--debug"]
     sys.stdout = GuardedStdout(sys.stdout)

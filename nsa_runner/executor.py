@@ -183,18 +183,35 @@ def _child_env(device: str, cookie: str = "") -> dict[str, str]:
     return env
 
 
-def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE_S) -> bool:
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM / SIGHUP the CLI turned into an interrupt: stops the run like Ctrl-C does, and
+    the stage's reason names the signal (a cancelled CI job is not a Ctrl-C)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal_name(-signum))
+        self.signum = signum
+
+
+def interrupt_reason(e: BaseException | None) -> str:
+    if isinstance(e, Terminated):
+        return f"interrupted ({signal_name(-e.signum)}): the stage was stopped"
+    return "interrupted (Ctrl-C): the stage was stopped"
+
+
+def _stop_stage(proc: subprocess.Popen, cookie: str,
+                grace_s: float = KILL_GRACE_S) -> KeyboardInterrupt | None:
     """Kill the stage as a tree (``_worker.kill_processes``: the worker, its descendants, its
     process group and anything carrying its cookie, ``setsid`` grandchildren included), SIGTERM
     first. A Ctrl-C (or SIGTERM) during the grace period goes straight to SIGKILL. Returns whether
-    that happened (the caller re-raises it unless it is already handling an interrupt)."""
-    interrupted = False
+    that happened: the first such interrupt (the caller re-raises it unless it is already
+    handling an interrupt)."""
+    interrupted = None
     while True:
         try:
             kill_processes(cookie, proc.pid, 0.0 if interrupted else grace_s)
             break
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as e:
+            interrupted = interrupted or e
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -291,13 +308,14 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                 observer.on_tick(entry, elapsed, _last_line(log_path))
                 time.sleep(POLL_S)
             # finished or timed out: nothing the stage started outlives it (setsid grandchildren too)
-            if _stop_stage(proc, cookie):
-                raise KeyboardInterrupt
-        except KeyboardInterrupt:
+            late = _stop_stage(proc, cookie)
+            if late is not None:
+                raise late
+        except KeyboardInterrupt as e:
             _stop_stage(proc, cookie)
             _done(guard)
             rec.duration_s = time.monotonic() - t0
-            rec.reason = "interrupted (Ctrl-C): the stage was stopped"
+            rec.reason = interrupt_reason(e)
             rec.log_tail = tail(log_path)
             rec.finished = now_iso()
             raise _Interrupted(rec) from None

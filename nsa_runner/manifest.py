@@ -140,6 +140,24 @@ def _dead(owner: dict) -> bool:
     return not pid_alive(owner.get("pid"), owner.get("pid_started"))
 
 
+def _acquire(lock: FileLock, timeout: float, path: Path) -> None:
+    """``lock.acquire``; a lock file someone replaced (a folder, a FIFO, a link to a device) is
+    named: ManifestError "its lock file PATH is a folder ...: remove it". Any other OSError (a
+    full disk) keeps its errno and carries the lock file's path."""
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        raise
+    except OSError as e:
+        what = e.strerror or str(e)
+        if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+            kind = ("a link" if path.is_symlink() else "a folder" if path.is_dir()
+                    else "not a regular file")
+            raise ManifestError(f"its lock file {path} is {kind} ({what}); remove it "
+                                f"(nsa-run makes a new one) and rerun") from None
+        raise OSError(e.errno, f"{what} ({path})", str(path)) from None
+
+
 class ManifestBusy(ManifestError):
     """Another nsa-run holds the manifest lock for too long, or runs the same stage in this folder."""
 
@@ -168,13 +186,13 @@ class RunManifest:
             raise ManifestBusy(str(e)) from None
         lock = FileLock(str(path))
         try:
-            lock.acquire(timeout=min(LOCK_NOTICE_S, total))
+            _acquire(lock, min(LOCK_NOTICE_S, total), path)
         except Timeout:
             holder = lock_holders(path)
             self._say(f"waiting for the run folder's lock {path} (held by {holder or 'another process'}); "
                       f"giving up after {total:g}s ({LOCK_TIMEOUT_ENV})")
             try:
-                lock.acquire(timeout=max(total - LOCK_NOTICE_S, 0))
+                _acquire(lock, max(total - LOCK_NOTICE_S, 0), path)
             except Timeout:
                 holder = lock_holders(path) or holder or "another process"
                 raise ManifestBusy(f"{path}: held by {holder} for more than {total:g}s; end that process "

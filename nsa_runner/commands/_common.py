@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report
 from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
-from nsa_runner.executor import RunInterrupted, Settings, execute, exit_code
+from nsa_runner.executor import RunInterrupted, Settings, Terminated, execute, exit_code
 from nsa_runner.manifest import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_S, ManifestBusy, RunManifest, lock_timeout
 from nsa_runner.registry import (
     Machine,
@@ -210,14 +210,55 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     err = err_console()
     err.print(f"[bold]nsa-run[/] run {plain_text(manifest.data['run_id'])} -> {plain_text(manifest.dir)}  "
               f"(device={machine.device}, profile={profile})")
-    interrupted = False
     previous = signal.getsignal(signal.SIGTERM)
+    previous_hup = signal.getsignal(signal.SIGHUP)
 
-    def _term(signum, frame):  # a CI cancel stops the stage like Ctrl-C does
-        raise KeyboardInterrupt
+    def _term(signum, frame):  # a CI cancel stops the stage like Ctrl-C does (the reason names it)
+        raise Terminated(signum)
 
+    # TERM and HUP (a closed terminal / ssh session) stay handled until this command exits: one
+    # arriving while the closing reports are written is an interrupt like Ctrl-C, never the default
+    # action (the process exited 129 while manifest.json recorded 130)
     signal.signal(signal.SIGTERM, _term)
-    previous_hup = signal.signal(signal.SIGHUP, _term)  # a closed terminal / ssh session: the same
+    signal.signal(signal.SIGHUP, _term)
+    try:
+        _run_and_report(plan, manifest, machine, profile, strict, as_json, after, settings, err)
+    except typer.Exit as done:
+        if PROCESS_ENTRY:  # the nsa-run script: the process ends now, with the recorded code
+            _end_with(done.exit_code)
+        raise
+    finally:
+        if not PROCESS_ENTRY:  # embedded (tests, a caller's process): its handlers come back
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGHUP, previous_hup)
+
+
+# set by ``cli.main`` (the nsa-run script): once a run's exit code is recorded, a late Ctrl-C,
+# TERM or HUP ends the process with that code instead of the signal's default action
+PROCESS_ENTRY = False
+
+
+def _end_with(code: int) -> None:
+    """Until the interpreter's exit a late signal exits with ``code`` at once; from the exit's last
+    steps on (the interpreter puts the default actions back when it finalises: a HUP there killed
+    the process, exit 129) it is ignored: the process ends anyway, with ``code``."""
+    import atexit
+
+    def handler(signum, frame):
+        os._exit(code)
+
+    def ignore() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+    atexit.register(ignore)
+
+
+def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str, strict: bool,
+                    as_json: bool, after, settings: Settings, err) -> None:
+    interrupted = False
     try:
         with ProgressObserver(err, total=len(plan)) as obs:
             records = execute(plan, manifest, settings, machine, obs)
@@ -225,9 +266,6 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         interrupted, records = True, intr.records
     except (OSError, ManifestError) as e:  # e.g. the disk filled up: the run cannot be recorded
         run_broke(manifest, e)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGHUP, previous_hup)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
     finish_run(manifest, err)
     try:  # a Ctrl-C while the closing reports are written: recorded as interrupted, never a traceback
@@ -242,6 +280,31 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         interrupted, code = True, EXIT_INTERRUPTED
     except (OSError, ManifestError) as e:
         run_broke(manifest, e)
+    # the exit code is recorded: a late Ctrl-C / TERM / HUP ends the command with that same code
+    _late = _exit_with(code)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, _late)
+        except ValueError:  # not the main thread (embedded use)
+            break
+    try:
+        _print_run(records, manifest, machine, profile, strict, as_json, interrupted, code, err)
+    finally:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:
+            pass
+    raise typer.Exit(code)
+
+
+def _exit_with(code: int):
+    def handler(signum, frame):
+        raise typer.Exit(code)
+    return handler
+
+
+def _print_run(records, manifest: RunManifest, machine: Machine, profile: str, strict: bool,
+               as_json: bool, interrupted: bool, code: int, err) -> None:
     payload = {
         "schema_version": 1,
         "run_id": manifest.data["run_id"],
@@ -260,7 +323,6 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     report(records, as_json=as_json, payload=payload, strict=strict,
            title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")
     sys.stdout.flush()
-    raise typer.Exit(code)
 
 
 def run_broke(manifest: RunManifest, e: Exception) -> None:
@@ -284,8 +346,9 @@ def finish_run(manifest: RunManifest, err) -> None:
     A second Ctrl-C while they are written is ignored: the reports of a cancelled CI job are
     what the CI system shows. A failure to write them is reported, never hidden, and does not
     change the run's exit code (the manifest holds every result)."""
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = [signal.signal(sig, signal.SIG_IGN) for sig in sigs]
     except ValueError:  # not the main thread (embedded use): nothing to guard
         previous = None
     try:
@@ -294,7 +357,8 @@ def finish_run(manifest: RunManifest, err) -> None:
         err.print(f"[bold red]summary.md / junit.xml not written:[/] {escape(str(e))}")
     finally:
         if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in zip(sigs, previous, strict=True):
+                signal.signal(sig, handler)
 
 
 def current_run_id() -> str:
