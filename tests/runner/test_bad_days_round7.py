@@ -106,3 +106,17 @@ def test_ctrl_c_is_still_worded_ctrl_c(bd, tmp_path, spawn):
     rc, m, err = _interrupt(bd, tmp_path, spawn, [signal.SIGINT])
     assert rc == 130 and m["exit_code"] == 130, err
     assert "interrupted (Ctrl-C)" in m["stages"][0]["reason"]
+
+
+def test_bidi_controls_in_a_reason_never_reach_the_terminal(bd, tmp_path):
+    """Round 7's open break: a U+202E (right-to-left override) in a stage's reason reached the
+    progress line and the table unchanged, so what the terminal shows could be reordered (spoofed).
+    Every bidi control is stripped from shown text; the reason's visible letters stay."""
+    out = tmp_path / "o"
+    env = env_with(bd, BD_TEXT="ok\u202eLIAF\u2066x\u2069\u200f")
+    r = _run(env, "oneshot", "--out", out, "--only", "x", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    shown = r.stdout + r.stderr
+    for ch in "\u202e\u2066\u2069\u200f":
+        assert ch not in shown, f"U+{ord(ch):04X} reached the terminal"
+    assert "okLIAFx" in shown  # the text itself is still shown, in logical order
