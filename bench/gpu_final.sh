@@ -44,15 +44,26 @@ start)
   cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
 step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
-# 1. every stage against nsa_core and fla (warms Triton / FA-4 / fla caches; the FA-2 build runs
-#    beside it at nice 19, so its timings are not the ones reported)
-step nsa-run oneshot --profile full --impl nsa_core,fla --out "$L/art_impls" > "$L/oneshot_impls.log" 2>&1
+# 1. the first full oneshot on this cold machine (warms the Triton / FA-4 / fla caches; the FA-2
+#    build runs beside it at nice 19, so its timings are not the ones reported). FINAL_IMPLS:
+#    its --impl (default nsa_core,fla: issue 15's side by side; "default" = the README's oneshot)
+if [ "${FINAL_IMPLS:-nsa_core,fla}" = default ]; then
+  step nsa-run oneshot --profile full --out "$L/art_cold" > "$L/oneshot_cold.log" 2>&1
+else
+  step nsa-run oneshot --profile full --impl "${FINAL_IMPLS:-nsa_core,fla}" --out "$L/art_impls" > "$L/oneshot_impls.log" 2>&1
+fi
 # 2. decode (issue 14): GPU decode tests, decode-bench triton / fused / fused-paged, profile
-mkdir -p "$L/d14"; step env OUT="$L/d14" D14_RUNS="${D14_RUNS:-triton fused fused-paged}" bash bench/gpu_decode14.sh > "$L/decode14.log" 2>&1
+#    (D14_RUNS=none leaves it out)
+if [ "${D14_RUNS:-}" != none ]; then
+  mkdir -p "$L/d14"; step env OUT="$L/d14" D14_RUNS="${D14_RUNS:-triton fused fused-paged}" bash bench/gpu_decode14.sh > "$L/decode14.log" 2>&1
+fi
 # 3. the timed full oneshot on the now warm machine (issue 13); the FA-2 build must be over first
 [ -d "$R/.devcarry/fa2" ] && step bash bench/gpu_fa2_build.sh wait 420 > "$L/fa2_wait.log" 2>&1
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$L/gpu_apps_before_timed.txt" 2>&1
 step nsa-run oneshot --profile full --out "$L/art" > "$L/oneshot.log" 2>&1
+# the fixed cost every stage's process pays (python + torch import + CUDA context), for the profile
+step python3 -c "import time; t=time.time(); import torch; a=time.time(); torch.zeros(1, device='cuda'); \
+import nsa_core; print(f'import torch {a-t:.2f} s, CUDA context {time.time()-a:.2f} s')" > "$L/overhead.txt" 2>&1
 # 4. FA-2: its own test, then fa2-probe with FA-2 (and FA-4) importable
 if [ -f /tmp/fa2site/flash_attn/__init__.py ]; then
   step bash bench/gpu_fa2_build.sh test > "$L/fa2_test.log" 2>&1
@@ -70,12 +81,13 @@ wait)
   while [ ! -e "$L/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
   cat "$L/steps.txt" 2>/dev/null; [ -e "$L/done" ] || echo "NOT DONE yet: $(date -u +%T)"
   [ -f bench/gpu_fa2_build.sh ] && bash bench/gpu_fa2_build.sh status 2>&1 | tail -3
-  for f in oneshot_impls oneshot oneshot_quick; do
+  for f in oneshot_impls oneshot_cold oneshot oneshot_quick; do
     [ -f "$L/$f.log" ] || continue; echo "== $f"
     grep -hE "^(env-pairing|sanity|selection-map|triton-|fa2-probe|prefill-bench|decode-bench|summary) " "$L/$f.log" | cut -c1-200
     grep -hE "passed, [0-9]+ failed" "$L/$f.log" | tail -1
   done
   [ -f "$L/d14/table.md" ] && { echo "== decode14"; cat "$L/d14/log.txt" "$L/d14/table.md"; }
+  [ -f "$L/overhead.txt" ] && cat "$L/overhead.txt"
   [ -f "$L/fa2probe.log" ] && { echo "== fa2-probe with FA-2"; tail -4 "$L/fa2probe.log"; tail -4 "$L/fa2_test.log"; }
   mkdir -p "$OUT"; cp "$L/steps.txt" "$OUT"/ 2>/dev/null
   tar czf "$OUT/session.tgz" -C "$L" --exclude='*.pt' --exclude='*.whl' --exclude='job.sh' \

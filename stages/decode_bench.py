@@ -15,7 +15,8 @@ length S during the step) is measured with the static decoder (``nsa_core.decode
           torch SDPA backend that runs (the h heads of a group as h query rows against the group's
           keys = GQA) and, on CUDA with Triton, a flash-decoding split-K kernel built from the decode
           kernels (SDPA does not split the keys of one decode query over SMs, so at B=1 it leaves
-          most of the GPU idle). Each candidate is checked against float64 math; all are logged.
+          most of the GPU idle), and flash-attn 4 (``flash_attn.cute``) where it is installed. Each
+          candidate is checked against float64 math; all are logged.
 
 Shares of the step add up to 100% by construction: ONE method partitions the timed step
 (``nsa_runner.measure.timing.profile_partition`` over ``--profile-passes`` profiled passes of the
@@ -86,7 +87,8 @@ PREFILL_MAX_S = 2048  # --fill auto: a real prefill up to this S, a direct rando
 # RoPE, gate MLP, output projection) and the remainder (GPU idle between kernels; CPU time outside ops)
 SHARE_PARTS = ("cmp", "sel", "win", "shared", "other", "remainder")
 COLUMNS = ["S", "B", "impl", "kernel", "fill", "ms_step", "ms_attn", *[f"ms_{k}" for k in SHARE_PARTS], "ms_full",
-           "ms_full_sdpa", "ms_full_triton", "speedup", "speedup_step", *[f"share_{k}" for k in SHARE_PARTS],
+           "ms_full_sdpa", "ms_full_triton", "ms_full_fa4", "speedup", "speedup_step",
+           *[f"share_{k}" for k in SHARE_PARTS],
            "share_sum", "ms_step_eager", "reads_cmp", "reads_sel", "reads_win", "reads_total",
            "reads_bound", "reads_full", "read_ratio", "GB/s", "GB/s_full", "full_backend", "parity_rel_err",
            "parity_tol", "sel_agree", "full_rel_err",
@@ -192,6 +194,22 @@ def _full_baselines(qf, kf, vf, scale, device, dtype, tag, outs, fns, problems, 
         if not c.ok:
             problems.append(f"{tag}: SDPA {name} vs float64 math: {c}")
         fns[f"full:{name}"] = full
+    fa4 = _fa4_full(qf, kf, vf, scale, device)  # flash-attn 4 (flash_attn.cute), where installed
+    if isinstance(fa4, str):
+        tried.append(f"fa4: {fa4}")
+    else:
+        def full_fa4(fn=fa4):
+            outs["full:fa4"] = fn()
+        try:
+            full_fa4()
+        except Exception as e:  # noqa: BLE001 - a JIT / shape refusal of the package: the others still run
+            tried.append(f"fa4: failed ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]})")
+        else:
+            c = compare(outs["full:fa4"], ref_full, dtype)
+            full_err["fa4"] = c
+            if not c.ok:
+                problems.append(f"{tag}: FA-4 full attention vs float64 math: {c}")
+            fns["full:fa4"] = full_fa4
     if device == "cuda" and _triton_ok():  # flash-decoding (split over the keys) with the decode kernels
         fd = full_decode()
 
@@ -206,6 +224,28 @@ def _full_baselines(qf, kf, vf, scale, device, dtype, tag, outs, fns, problems, 
     return tried, full_err
 
 
+def _fa4_full(qf, kf, vf, scale, device):
+    """FA-4's full-attention decode over the same keys through nsa_core's adapter -> a function
+    returning [B, G, h, dv] like the SDPA baselines, or why it cannot run here (str).
+
+    ``qf`` [B, G, h, dk] (the h query heads of a KV group as rows), ``kf`` / ``vf`` [B, G, S, d]
+    -> FA-4's layout q [B, 1, G*h, dk], k / v [B, S, G, d] (GQA native: head g*h + i reads KV
+    head g), laid out once here, outside the timing."""
+    from nsa_core.flash import adapters
+
+    st = adapters.status("fa4", qf.device.type)  # CUDA only (CPU tests: a fake module)
+    if not st["present"]:
+        return st["reason"]
+    B, G, h, dk = qf.shape
+    q4 = qf.reshape(B, 1, G * h, dk).contiguous()
+    k4, v4 = kf.transpose(1, 2).contiguous(), vf.transpose(1, 2).contiguous()
+    try:
+        adapters.check("fa4", q4, k4, v4, "cmp")
+    except adapters.PathUnavailable as e:
+        return str(e)
+    return lambda: adapters.full(q4, k4, v4, scale, "fa4").reshape(B, G, h, -1)
+
+
 def _full_decode(q, K, V, pos, scale):
     from nsa_runner.measure.decode_baselines import FullDecode  # Triton: imported only where it runs
 
@@ -215,14 +255,15 @@ def _full_decode(q, K, V, pos, scale):
 def _fastest_full(ms, full_err, failed, tried, tag, problems):
     """The fastest full-attention baseline that was timed -> (ms, name, {"sdpa", "triton": fastest ms
     of each kind}, its rel_err); every candidate's line goes to ``tried``."""
-    full_ms, full_name, by_kind = float("inf"), "", {"sdpa": float("nan"), "triton": float("nan")}
+    full_ms, full_name, by_kind = float("inf"), "", {"sdpa": float("nan"), "triton": float("nan"),
+                                                     "fa4": float("nan")}
     for name, c in full_err.items():
         if f"full:{name}" not in ms:
             tried.append(f"{name}: {failed.get(f'full:{name}', 'not timed')}")
             continue
         t = ms[f"full:{name}"]
         tried.append(f"{name}: {t:.4f} ms ({c})")
-        kind = "triton" if name.startswith("triton") else "sdpa"
+        kind = "triton" if name.startswith("triton") else "fa4" if name == "fa4" else "sdpa"
         if not by_kind[kind] <= t:  # nan or larger
             by_kind[kind] = t
         if t < full_ms:
@@ -352,6 +393,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
         "fill": fill,
         "ms_step": ms["step"], "ms_attn": ms["attn"], **{f"ms_{k}": part.parts.get(k, 0.0) for k in SHARE_PARTS},
         "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
+        "ms_full_fa4": by_kind["fa4"],
         "speedup": full_ms / ms["attn"], "speedup_step": full_ms / ms["step"],
         **{f"share_{k}": shares.get(k, 0.0) for k in SHARE_PARTS},
         "share_sum": sum(shares.get(k, 0.0) for k in SHARE_PARTS),
@@ -563,6 +605,7 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
     row.update({
         "S": S, "B": B, "impl": impl.name, "kernel": "decode_step", "fill": fill, "ms_attn": ms["attn"],
         "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
+        "ms_full_fa4": by_kind["fa4"],
         "speedup": full_ms / ms["attn"],
         **_spread_cols(tm, {"ms_attn": "attn", "ms_full": f"full:{full_name}"}),
         "reads_cmp": reads.get("cmp", -1), "reads_sel": reads.get("sel", -1), "reads_win": reads.get("win", -1),

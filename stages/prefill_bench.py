@@ -113,7 +113,8 @@ NEAR_TIE_SHARE = 1e-3  # DESIGN §7: near-ties stay under 0.1% of rows
 NSA = "nsa"
 FASTEST = "full-fastest"
 FLA = "fla"
-FULL_PATHS = ("sdpa-flash", "sdpa-cudnn", "fa2", "fa3", "sdpa-default")
+FULL_PATHS = ("sdpa-flash", "sdpa-cudnn", "fa2", "fa3", "fa4", "sdpa-default")
+FLASH_PKG_PATHS = ("fa2", "fa3", "fa4")  # the flash-attn packages (nsa_core.flash.adapters)
 
 
 # ---- options ------------------------------------------------------------------------------------
@@ -409,17 +410,17 @@ def full_attention_fns(path: str, q, k, v, do):
         def out_fn():
             with torch.no_grad():
                 return call(qh, kh, vh).transpose(1, 2)
-    elif path in ("fa2", "fa3"):
-        if path == "fa2":
-            from flash_attn import flash_attn_func
-        else:
-            from flash_attn_interface import flash_attn_func
+    elif path in FLASH_PKG_PATHS:
+        # through nsa_core's adapter: the same call (and, for FA-4, its JIT cache) the NSA
+        # branches use; GQA native, [B, T, heads, d] as given
+        from nsa_core.flash import adapters
+
+        scale = q.shape[-1] ** -0.5
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
         doh = do
 
         def call(a, b, c):
-            r = flash_attn_func(a, b, c, causal=True)
-            return r[0] if isinstance(r, tuple) else r
+            return adapters.causal(a, b, c, scale, path)
 
         def out_fn():
             with torch.no_grad():
@@ -516,7 +517,7 @@ def full_paths(device: str, wanted) -> list[tuple[str, str]]:
             out.append((p, "" if p == "sdpa-default" else "CUDA only"))
         elif p == "sdpa-default":
             out.append((p, "CPU only (on CUDA the named SDPA backends are timed)"))
-        elif p in ("fa2", "fa3"):  # the real package, not the module name (FA-4 installs a flash_attn namespace)
+        elif p in FLASH_PKG_PATHS:  # the real package, not the module name (FA-4 installs a flash_attn namespace)
             from nsa_core.flash.detect import detect
 
             d = detect(p, do_import=False)

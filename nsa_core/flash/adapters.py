@@ -61,7 +61,9 @@ detect = _detect.detect
 GPU_VERIFIED: dict[str, str | None] = {
     "fa2": None,  # no wheel for torch 2.11 + CUDA 13; a source build did not fit the device budget
     "fa3": None,
-    "fa4": None,  # payload and checks ready: bench/prepare_fa4.sh, bench/gpu_fa4_run.sh
+    # 4.0.0b36 on an H100 (torch 2.11+cu130): fa2-probe of `nsa-run oneshot --profile full`, run
+    # nogit-5c1fb36c6edc, 2026-11-25: its 28 parity rows (cmp + win, fp16 + bf16, fwd + bwd vs float64) PASS
+    "fa4": "4.0.0b36 on H100, fa2-probe 2026-11-25: 28 parity rows PASS",
 }
 # paths whose adapter can also return the softmax statistics (attention_lse)
 LSE_PATHS = ("fa4",)

@@ -164,3 +164,27 @@ def test_fused_impl_runs_in_the_interpreter(tmp_path):
     r = pd.read_csv(tmp_path / "decode.csv").iloc[0]
     assert r.kernel == "fused" and r.parity_rel_err <= r.parity_tol
     assert r.share_sum == pytest.approx(100.0, abs=1e-6) and r.share_shared > 0
+
+
+def test_fa4_full_decode_baseline_maps_the_group_rows(monkeypatch):
+    """decode-bench's FA-4 baseline lays the h query heads of each KV group out as FA-4's GQA
+    heads (head g*h + i reads KV head g): on the FAKE flash_attn.cute (float64 math) its output
+    equals per-group attention over the same keys, and without the package it says why."""
+    from nsa_core.flash import adapters
+    from tests import _fake_flash as fake
+
+    g = torch.Generator().manual_seed(3)
+    B, G, h, S, dk, dv = 2, 2, 3, 29, 24, 16
+    qf = torch.randn(B, G, h, dk, generator=g).half()
+    kf, vf = torch.randn(B, G, S, dk, generator=g).half(), torch.randn(B, G, S, dv, generator=g).half()
+    scale = dk ** -0.5
+    assert isinstance(decode_bench._fa4_full(qf, kf, vf, scale, "cpu"), str)  # no package on CPU: why
+    fake.install(monkeypatch)
+    fake.present_on_cpu(monkeypatch, paths=("fa4",))
+    fn = decode_bench._fa4_full(qf, kf, vf, scale, "cpu")
+    assert callable(fn), fn
+    ref = torch.softmax((qf.double() @ kf.double().transpose(-1, -2)) * scale, -1) @ vf.double()
+    got = fn()
+    assert got.shape == (B, G, h, dv)
+    assert (got.double() - ref).abs().max().item() < 2e-3
+    assert adapters.status("fa4", "cpu")["present"]

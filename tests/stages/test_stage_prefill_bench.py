@@ -302,3 +302,27 @@ def test_cpu_default_runs_the_fused_scoring_kernel_and_its_bugs_fail(tmp_path, m
     res = PrefillBench().run(_ctx(tmp_path, **SMALL))
     assert calls, "the fused scoring kernel did not run"
     assert res.status == Status.FAIL and "selection" in res.reason, res.reason
+
+
+def test_fa4_full_attention_baseline_on_a_fake_module(monkeypatch):
+    """prefill-bench's FA-4 full-attention baseline goes through nsa_core's adapter with
+    bottom-right causal and native GQA: on the FAKE flash_attn.cute (tests/_fake_flash.py,
+    float64 math, the 4.0.0b36 signature) its output equals SDPA causal attention with the K/V
+    heads expanded, and its forward+backward runs. Not GPU evidence (fa2-probe on a GPU is)."""
+    from tests import _fake_flash as fake
+
+    fake.install(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    B, T, HQ, G, D = 1, 37, 4, 2, 16
+    q, do = (torch.randn(B, T, HQ, D, generator=g).half() for _ in range(2))
+    k, v = (torch.randn(B, T, G, D, generator=g).half() for _ in range(2))
+    fwd, fwdbwd, out_fn, note = pb.full_attention_fns("fa4", q, k, v, do)
+    got = out_fn()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double().transpose(1, 2), k.double().repeat_interleave(HQ // G, 2).transpose(1, 2),
+        v.double().repeat_interleave(HQ // G, 2).transpose(1, 2), is_causal=True).transpose(1, 2)
+    assert got.shape == (B, T, HQ, D) and note == ""
+    assert (got.double() - ref).abs().max().item() < 2e-3
+    fwd()
+    fwdbwd()
+    assert "fa4" in pb.FULL_PATHS and dict(pb.full_paths("cpu", ["fa4"]))["fa4"] == "CUDA only"
