@@ -5,8 +5,7 @@ compressed and sliding branches match the reference, and from which length do th
    flash_attn.cute (FA-4), torch ``varlen_attn``, SDPA flash / cuDNN / memory-efficient —
    present? version? a real tiny call through nsa_core's adapter works? and the reason + install
    command when not. Each flash-attn adapter is labelled GPU-verified or not
-   (``adapters.GPU_VERIFIED``): FA-4 is (this stage on an H100); FA-2 / FA-3 are not (CPU tests
-   through fake modules at most).
+   (``adapters.GPU_VERIFIED``): FA-2 and FA-4 are (this stage on an H100); FA-3 is not.
 2. Parity (fa2_varlen.csv): every available path, both branches, fp16 + bf16, forward and
    backward (dq, dk, dv) against the float64 reference over the case matrix
    (``_flash_bench.parity_cases``). Any row over tolerance -> FAIL.
@@ -61,8 +60,8 @@ class Fa2Probe(Stage):
     requires = ()  # decides itself: a CPU run must show SKIP with the reason, never PASS
     # keep the "not GPU-verified:" list equal to nsa_core.flash.adapters.GPU_VERIFIED (a test checks)
     description = ("flash kernels present/working; cmp/win flash-path parity vs fp64; speed vs SDPA -> thresholds. "
-                   "flash-attn adapters not GPU-verified: FA-2, FA-3 (FA-2: CPU tests through a fake module with "
-                   "the real signature; FA-3: none); FA-4 4.0.0b36 GPU-verified on an H100")
+                   "flash-attn adapters not GPU-verified: FA-3 (no test runs it); FA-2 2.8.3 and FA-4 4.0.0b36 "
+                   "GPU-verified on an H100")
     timeout_s = 1200.0
     options = (
         Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),

@@ -243,6 +243,10 @@ try:
 except PackageNotFoundError:
     __version__ = "0.0.0"
 from .interface import flash_attn_func, flash_attn_varlen_func
+# the real package reads its JIT-cache settings once, at import (flash_attn/cute/cache_utils.py)
+import os as _os
+CACHE_SETTINGS_AT_IMPORT = {v: _os.environ.get(v) for v in (
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")}
 '''
 _CUTE_4_INTERFACE = '''from tests._fake_flash import fa4_flash_attn_func as flash_attn_func
 from tests._fake_flash import fa4_flash_attn_varlen_func as flash_attn_varlen_func

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 
 import torch
 import torch.nn.functional as F
@@ -59,11 +58,13 @@ detect = _detect.detect
 # and fa2_probe.txt). None = not GPU-verified: only CPU tests through a fake module with the
 # package's real signature (tests/core/test_flash.py) cover it. Update with the run that did it.
 GPU_VERIFIED: dict[str, str | None] = {
-    "fa2": None,  # no wheel for torch 2.11 + CUDA 13; a source build did not fit the device budget
+    # 2.8.3 built from source on the H100 for sm_90 with head dims 64 / 128 only (bench/gpu_fa2_build.sh;
+    # torch 2.11+cu130): fa2-probe 2026-11-25 with it importable, its 28 parity rows PASS
+    "fa2": "2.8.3 (source build, sm_90, head dims 64/128) on H100, fa2-probe 2026-11-25: 28 parity rows passed",
     "fa3": None,
     # 4.0.0b36 on an H100 (torch 2.11+cu130): fa2-probe of `nsa-run oneshot --profile full`, run
     # nogit-5c1fb36c6edc, 2026-11-25: its 28 parity rows (cmp + win, fp16 + bf16, fwd + bwd vs float64) PASS
-    "fa4": "4.0.0b36 on H100, fa2-probe 2026-11-25: 28 parity rows PASS",
+    "fa4": "4.0.0b36 on H100, fa2-probe 2026-11-25: 28 parity rows passed",
 }
 # paths whose adapter can also return the softmax statistics (attention_lse)
 LSE_PATHS = ("fa4",)
@@ -90,21 +91,11 @@ class PathUnavailable(RuntimeError):
 # availability (cheap: import checks and capability, no kernel call)
 
 
-def fa4_jit_cache_dir():
-    """Where FA-4's persistent JIT cache goes unless the user chose (per-user cache dir)."""
-    from platformdirs import user_cache_path
-
-    return user_cache_path("nsa-run", appauthor=False) / "fa4_jit"
+fa4_jit_cache_dir = _detect.fa4_jit_cache_dir
 
 
 def _before_import(path: str) -> None:
-    if path == "fa4":
-        # FA-4 JIT-compiles every kernel configuration (2-3 s each on an H100; fa2-probe's
-        # parity needs ~20 forward + ~20 backward ones). Its own persistent cache (keyed by
-        # its sources, cutlass / tvm-ffi / Python versions) makes a second process or run
-        # reuse them; read once at its import. An explicit setting of the user's wins.
-        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(fa4_jit_cache_dir()))
+    _detect.before_import(_MODULES.get(path, ""))  # FA-4's persistent JIT cache (see there)
 
 
 def _import(path: str):

@@ -37,6 +37,7 @@ import importlib
 import importlib.metadata as md
 import importlib.util
 import inspect
+import os
 import re
 
 MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa4": "flash_attn.cute"}
@@ -186,9 +187,31 @@ def _fa2(do_import: bool) -> dict:
     return rec
 
 
+def fa4_jit_cache_dir():
+    """Where FA-4's persistent JIT cache goes unless the user chose (per-user cache dir)."""
+    from platformdirs import user_cache_path
+
+    return user_cache_path("nsa-run", appauthor=False) / "fa4_jit"
+
+
+def before_import(module: str) -> None:
+    """Settings a package reads once, at its import: this runs before every import of it here.
+
+    flash_attn.cute (FA-4) JIT-compiles every kernel configuration (2-3 s each on an H100;
+    fa2-probe's parity needs ~20 forward + ~20 backward ones). Its own persistent cache (keyed by
+    its sources, cutlass / tvm-ffi / Python versions) lets a second process or run reuse them; it
+    reads FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED / _DIR when its cache_utils is imported, so they
+    are set (setdefault: an explicit setting of the user's wins) before the FIRST import of it in
+    this process, whichever of detect / adapters / a stage makes it."""
+    if module == "flash_attn.cute" or module.startswith("flash_attn.cute."):
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(fa4_jit_cache_dir()))
+
+
 def _import_into(rec: dict, module: str, err: str | None):
     """Import ``module``; on failure record it in ``rec`` (error, reason) and return None. Any
     exception type counts: an ABI mismatch shows up as any of them. ``err``: locating it failed."""
+    before_import(module)
     try:
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001

@@ -345,7 +345,7 @@ def test_fa4_absent_or_on_cpu_says_why(monkeypatch):
     q = torch.randn(1, 8, 2, 16, dtype=F16)
     with pytest.raises(K.PathUnavailable, match="CUDA"):
         win_fast.sliding_attention(q, q, q, 4, path="fa4")
-    assert "not GPU-verified" in K.verified_label("fa2")
+    assert "not GPU-verified" in K.verified_label("fa3")
 
 
 def test_fa4_import_turns_on_its_persistent_jit_cache_unless_the_user_chose(monkeypatch):
@@ -359,3 +359,25 @@ def test_fa4_import_turns_on_its_persistent_jit_cache_unless_the_user_chose(monk
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
     K._import("fa4")
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"
+
+
+@pytest.mark.parametrize("first", ["detect", "probe"])
+def test_fa4_jit_cache_is_on_before_whichever_code_imports_it_first(tmp_path, monkeypatch, first):
+    """FA-4 reads its persistent-cache settings once, at import. On the H100 (2026-11-25) the
+    detection (fa2-probe's probe, routing) imported flash_attn.cute before the adapter had set
+    them: every process recompiled every FA-4 kernel (fa2-probe's FA-4 parity: 139 s on a warm
+    machine). Whatever imports it first, the settings are there at that import (FAKE dist)."""
+    import sys
+
+    from nsa_core.flash import detect as D
+    from nsa_runner.measure import flash_probe
+
+    fake.install_dists(monkeypatch, tmp_path / "site", which=("fa4",))
+    monkeypatch.setattr(K, "_detected_cache", {}, raising=False)
+    if first == "detect":
+        assert D.detect("fa4")["present"]
+    else:
+        flash_probe._import_row("fa4", "flash_attn.cute (FA-4)", "flash_attn.cute", ("flash-attn-4",), ())
+    seen = sys.modules["flash_attn.cute"].CACHE_SETTINGS_AT_IMPORT
+    assert seen == {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+                    "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(K.fa4_jit_cache_dir())}

@@ -277,7 +277,7 @@ def test_env_pairing_reports_the_flash_build_and_fails_on_an_abi_mismatch(plugin
     fa2 = next(p for p in env["flash"] if p["module"] == "flash_attn")
     assert fa2["build"]["cuda_needed"] == [12] and fa2["build"]["links_torch"] is True
     txt = (tmp_path / "testrun" / "env.txt").read_text()
-    assert "BROKEN (2.8.3+cu12torch2.7cxx11abiTRUE)" in txt and "not GPU-verified" in txt
+    assert "BROKEN (2.8.3+cu12torch2.7cxx11abiTRUE)" in txt and "GPU-verified (2.8.3 (source build" in txt
 
 
 def test_flash_checks_fail_on_a_mismatch_that_imported_and_pass_a_matching_build():
@@ -296,7 +296,7 @@ def test_flash_checks_fail_on_a_mismatch_that_imported_and_pass_a_matching_build
     good = ep._flash_checks([probe({"version": "2.8.3", "wheel_tag": {**tag, "cuda": "13"}, "cuda_needed": [13],
                                     "built_for": "torch 2.11, CUDA 13"})], "2.11.0+cu130", "13.0")
     assert good[0]["status"] == "ok" and "2.8.3 imports; built for: torch 2.11, CUDA 13" in good[0]["detail"]
-    assert "not GPU-verified" in good[0]["detail"]
+    assert "GPU-verified (2.8.3 (source build" in good[0]["detail"]
     # FA-4: pure Python; the CuTe DSL library flavour is advice, not a failure; the version is the
     # distribution's (flash_attn.cute.__version__ says 0.0.0)
     fa4 = {"version": "4.0.0b36", "cutlass_dsl_libs": {"cu12": "4.8.1"}, "built_for": "pure Python"}
