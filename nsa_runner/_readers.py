@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 import re
@@ -24,8 +23,10 @@ from typing import Any
 
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
+    JsonTextError,
     ManifestError,
     UnsafeFileError,
+    json_loads,
     load_manifest,
     read_limited,
     read_text_limited,
@@ -147,12 +148,11 @@ def read_json(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) ->
     if not text.strip():
         raise ArtifactError(f"{path}: empty file (truncated?)")
     try:
-        data = json.loads(text)
-    except RecursionError:
-        raise ArtifactError(f"{path}: not usable JSON (nested too deeply)") from None
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({e.msg} at line {e.lineno} "
-                            f"column {e.colno})") from None
+        data = json_loads(text)
+    except JsonTextError as e:
+        if str(e) == "nested too deeply":
+            raise ArtifactError(f"{path}: not usable JSON (nested too deeply)") from None
+        raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({e})") from None
     if not isinstance(data, dict):
         raise ArtifactError(f"{path}: expected a JSON object, got {type(data).__name__}")
     _check_version(path, data.get("schema_version"), versions)
@@ -176,11 +176,11 @@ def read_jsonl(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except RecursionError:
-            raise ArtifactError(f"{path}: line {i} is not usable JSON (nested too deeply)") from None
-        except json.JSONDecodeError as e:
-            raise ArtifactError(f"{path}: line {i} is not valid JSON ({e.msg})") from None
+            obj = json_loads(line)
+        except JsonTextError as e:
+            if str(e) == "nested too deeply":
+                raise ArtifactError(f"{path}: line {i} is not usable JSON (nested too deeply)") from None
+            raise ArtifactError(f"{path}: line {i} is not valid JSON ({str(e).split(' at line ')[0]})") from None
         if not isinstance(obj, dict):
             raise ArtifactError(f"{path}: line {i} is not a JSON object")
         _check_version(path, obj.get("schema_version"), versions, f" line {i}")
@@ -227,7 +227,10 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
         bad = df[c].notna() & conv.isna()
         if bad.any():
             i = int(bad.idxmax())
-            raise ArtifactError(f"{path}: column {c!r} line {i + 2}: {df[c][i]!r} is not a number")
+            shown = repr(df[c][i])
+            shown = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"
+            raise ArtifactError(f"{path}: column {c!r} line {i + 2}: {shown} is not a number (or too long "
+                                "to be one)")
         df[c] = conv
     if status_col is not None:
         vals = df[status_col].astype(str)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import fcntl
 import importlib
 import os
 import pickle
@@ -296,6 +297,36 @@ def _error(message: str, tb: str | None) -> dict:
     return {"result": StageResult(Status.ERROR, message).to_dict(), "traceback": tb}
 
 
+def _keep_log_fds() -> dict[int, int]:
+    """Copies (above fd 2) of the log the worker's stdout / stderr write to: a stage may close them
+    (``os.close(1)``, a daemonising library); the worker then died writing its closing log line and
+    a stage that returned PASS was recorded as ERROR "exited with code 1 without a result"."""
+    kept = {}
+    for fd in (1, 2):
+        try:
+            kept[fd] = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+        except OSError:
+            pass
+    return kept
+
+
+def _reopen_log_fds(kept: dict[int, int]) -> None:
+    """Put the log back on fd 1 / 2 where the stage closed it (never over a file it opened there),
+    and a fresh ``sys.stdout`` / ``sys.stderr`` where it closed the stream object."""
+    for fd, copy in kept.items():
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                os.dup2(copy, fd)
+            except OSError:
+                continue
+        name = "stdout" if fd == 1 else "stderr"
+        stream = getattr(sys, name)
+        if stream is None or getattr(stream, "closed", False):
+            setattr(sys, name, open(fd, "w", closefd=False, errors="backslashreplace", buffering=1))
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--watchdog" and len(argv) == 5:
         return watchdog(argv[1:])
@@ -317,6 +348,7 @@ def main(argv: list[str]) -> int:
     ctx = RunContext.from_dict(job["ctx"])
     print(f"# nsa-run stage {ctx.stage} ({job['spec']}) pid {os.getpid()} device={ctx.device} "
           f"profile={ctx.profile} options={ctx.options}", flush=True)
+    log_fds = _keep_log_fds()
     t0 = time.monotonic()
     try:
         stage = _load(job["spec"])
@@ -331,13 +363,21 @@ def main(argv: list[str]) -> int:
         out = _error(f"stage called sys.exit({e.code!r})", traceback.format_exc())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
         tb = traceback.format_exc()
-        sys.stderr.write(tb)
+        _reopen_log_fds(log_fds)
+        try:
+            sys.stderr.write(tb)
+        except (OSError, ValueError):
+            pass
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         out = _error(f"{type(e).__name__}: {first}" if first else type(e).__name__, tb)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    print(f"# stage {ctx.stage}: {out['result']['status']} after {time.monotonic() - t0:.1f}s "
-          f"{out['result']['reason']}", flush=True)
+    _reopen_log_fds(log_fds)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        print(f"# stage {ctx.stage}: {out['result']['status']} after {time.monotonic() - t0:.1f}s "
+              f"{out['result']['reason']}", flush=True)
+    except (OSError, ValueError):  # the log is gone (a stage that closed sys.stdout): the result still counts
+        pass
     try:
         write_json(result_path, out)
     except (TypeError, ValueError) as e:  # e.g. NaN or an object in metrics

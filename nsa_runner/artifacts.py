@@ -97,6 +97,33 @@ def to_json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n"
 
 
+class JsonTextError(ValueError):
+    """Text that ``json_loads`` cannot use; the message says why, in words (no file named)."""
+
+
+def _not_json(token: str) -> Any:
+    raise JsonTextError(f"{token} is not a JSON number (nsa-run never writes one)")
+
+
+def json_loads(text: str, *, finite: bool = False) -> Any:
+    """``json.loads`` where every way the text can be unusable is a ``JsonTextError`` saying what:
+    bad syntax, nesting too deep, an integer longer than Python converts (4300 digits: a bare
+    ``ValueError`` that reached the user as "unexpected"); with ``finite``, also ``NaN`` /
+    ``Infinity`` (what this runner reads back and writes again, like manifest.json, must be strict
+    JSON: a NaN there made the next ``stage`` command fail writing it)."""
+    try:
+        return json.loads(text, **({"parse_constant": _not_json} if finite else {}))
+    except JsonTextError:
+        raise
+    except RecursionError:
+        raise JsonTextError("nested too deeply") from None
+    except json.JSONDecodeError as e:
+        raise JsonTextError(f"{e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # int("9" * 5000): the interpreter's limit on integer digits
+        limit = "an integer with more digits than Python reads" if "digits" in str(e) else str(e)
+        raise JsonTextError(limit) from None
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically. NaN/Inf are rejected (ValueError): JSON has none.
 
@@ -260,17 +287,17 @@ def load_manifest(path: str | os.PathLike) -> dict:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        data = json.loads(read_text_limited(path))
+        # finite: nsa-run writes manifests without NaN / Infinity and rewrites them on every update
+        data = json_loads(read_text_limited(path), finite=True)
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest.json") from None
     except UnsafeFileError as e:
         raise ManifestError(str(e)) from None
-    except RecursionError:
-        raise ManifestError(f"{path}: not usable JSON (nested too deeply)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except JsonTextError as e:
+        what = "not usable JSON" if str(e) == "nested too deeply" else "not valid JSON"
+        raise ManifestError(f"{path}: {what} ({e})") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")

@@ -74,6 +74,7 @@ def main() -> None:
     from nsa_runner.commands import _common
 
     _common.PROCESS_ENTRY = True  # a run's recorded exit code is the process's, late signals too
+    _common.catch_interrupts()
     debug = "--debug" in sys.argv[1:] or os.environ.get("NSA_RUN_DEBUG", "") not in ("", "0")
     sys.argv[1:] = [a for a in sys.argv[1:] if a != "--debug"]
     sys.stdout = GuardedStdout(sys.stdout)
@@ -82,6 +83,14 @@ def main() -> None:
             app()
         finally:  # buffered output fails here, not in the interpreter's exit (a traceback, exit 120)
             sys.stdout.flush()
+    except SystemExit as e:  # typer turns an interrupt into exit 130 without a word
+        _quiet_signals()  # the process ends now, with this code: a signal in its last steps changes nothing
+        if e.code == _common.EXIT_INTERRUPTED and _common.STOPPED_BY and not _common.RUN_STARTED:
+            _say_stopped(_common.STOPPED_BY)
+        raise
+    except KeyboardInterrupt:  # one outside typer's own handling (while it parses the command line)
+        _say_stopped(_common.STOPPED_BY or "Ctrl-C")
+        sys.exit(_common.EXIT_INTERRUPTED)
     except OutputError as e:  # > /dev/full, a full disk under a redirect: the output is lost
         to_devnull(sys.stdout)
         try:
@@ -99,6 +108,27 @@ def main() -> None:
         except OSError:
             pass
         sys.exit(2)
+
+
+def _quiet_signals() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
+
+
+def _say_stopped(how: str) -> None:
+    """The one line of a command stopped by a signal outside a run (a run says it itself)."""
+    import sys
+
+    _quiet_signals()  # a second signal: still this line and exit 130
+    try:
+        print(f"interrupted ({how}): nsa-run stopped; nothing is left running", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _reopen_closed_std_fds() -> None:

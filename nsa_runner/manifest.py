@@ -290,7 +290,7 @@ class RunManifest:
         stamp = now_iso().replace(":", "").replace("+", "p")
         dest = self.dir / "history" / f"{name}-{stamp}{tag}"
         n = 1
-        while dest.exists():
+        while os.path.lexists(dest):  # a dangling link there (a stage's leftover) is taken too: never reused
             n += 1
             dest = self.dir / "history" / f"{name}-{stamp}{tag}.{n}"
         return dest

@@ -110,6 +110,7 @@ class StageInfo:
 # a stage name is a plain word: it names a log file, a history folder and a CLI argument, and is
 # shown in rich tables (no '/', no spaces, no markup brackets)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+FLAG_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 STAGE_ATTRS = ("name", "order", "timeout_s", "description", "requires", "options")
@@ -151,8 +152,14 @@ def _problems(info: dict, ep_name: str) -> list[str]:
         problems.append("options must be a tuple of nsa_runner.Option instances")
         return problems
     flags = [o.get("flag") for o in options]
+    dests = [f.lstrip("-").replace("-", "_") for f in flags if isinstance(f, str)]  # Option.dest
     if any(not isinstance(f, str) or not f.startswith("--") for f in flags) or len(set(map(str, flags))) != len(flags):
         problems.append(f"option flags must start with '--' and be unique, got {flags}")
+    elif any(not FLAG_RE.fullmatch(f) for f in flags):  # `--x=y` could never be given: `--x=...` splits at '='
+        problems.append(f"option flags must be '--' then letters, digits, '-' or '_' (starting with a letter or "
+                        f"digit), got {[f for f in flags if not FLAG_RE.fullmatch(f)]}")
+    elif len(set(dests)) != len(dests):  # --a-b and --a_b fill one ctx.options key: one would be lost
+        problems.append(f"option flags {flags} name the same ctx.options key twice ('-' and '_' are one)")
     elif any(f in RESERVED_FLAGS for f in flags):
         problems.append(f"option flags {[f for f in flags if f in RESERVED_FLAGS]} are reserved by nsa-run")
     elif any(not isinstance(o.get("help"), str) or not isinstance(o.get("choices"), (list, tuple))

@@ -219,8 +219,10 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     # TERM and HUP (a closed terminal / ssh session) stay handled until this command exits: one
     # arriving while the closing reports are written is an interrupt like Ctrl-C, never the default
     # action (the process exited 129 while manifest.json recorded 130)
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGHUP, _term)
+    catch(signal.SIGTERM, _term)
+    catch(signal.SIGHUP, _term)
+    global RUN_STARTED
+    RUN_STARTED = True  # from here on the run reports an interrupt itself (manifest, closing lines)
     try:
         _run_and_report(plan, manifest, machine, profile, strict, as_json, after, settings, err)
     except typer.Exit as done:
@@ -236,6 +238,34 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
 # set by ``cli.main`` (the nsa-run script): once a run's exit code is recorded, a late Ctrl-C,
 # TERM or HUP ends the process with that code instead of the signal's default action
 PROCESS_ENTRY = False
+RUN_STARTED = False  # run_and_report began: an interrupt is recorded and reported by the run itself
+STOPPED_BY: str | None = None  # the signal that stopped a command outside a run ("SIGTERM", "Ctrl-C")
+
+
+def catch(sig: int, handler) -> None:
+    """``signal.signal(sig, handler)`` unless ``sig`` is ignored: ``nohup nsa-run oneshot`` (SIGHUP
+    ignored) or a background job's SIGINT keep ignoring it (a closed ssh session stopped a nohup run)."""
+    try:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler)
+    except ValueError:  # not the main thread (embedded use)
+        pass
+
+
+def catch_interrupts() -> None:
+    """(The nsa-run script.) Ctrl-C, SIGTERM and SIGHUP stop any command as an interrupt, exit 130,
+    with one line saying so (``list``, ``compare``, ``report``, a ``stage`` waiting for the run
+    folder's lock ended silently: TERM 143, HUP 129, Ctrl-C 130). A run installs its own handlers
+    and records the interrupt in its manifest."""
+    def stop(signum, frame):
+        global STOPPED_BY
+        STOPPED_BY = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        catch(sig, stop)
 
 
 def _end_with(code: int) -> None:
@@ -252,7 +282,7 @@ def _end_with(code: int) -> None:
             signal.signal(sig, signal.SIG_IGN)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
+        catch(sig, handler)
     atexit.register(ignore)
 
 
@@ -283,17 +313,11 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
     # the exit code is recorded: a late Ctrl-C / TERM / HUP ends the command with that same code
     _late = _exit_with(code)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        try:
-            signal.signal(sig, _late)
-        except ValueError:  # not the main thread (embedded use)
-            break
+        catch(sig, _late)
     try:
         _print_run(records, manifest, machine, profile, strict, as_json, interrupted, code, err)
     finally:
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        except ValueError:
-            pass
+        catch(signal.SIGINT, signal.default_int_handler)
     raise typer.Exit(code)
 
 
