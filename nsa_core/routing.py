@@ -28,6 +28,7 @@ import datetime as _dt
 import importlib
 import importlib.util
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,12 @@ def validate_thresholds(data: Any, path: str | os.PathLike = "<thresholds>") -> 
                 if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
                     raise _fail(path, f"{where}.branches.{b}.{p}.min_len must be a positive int or null (never), "
                                       f"got {m!r}")
+                sp = rec.get("speedups")
+                if sp is not None and not (isinstance(sp, dict) and all(
+                        k.isdigit() and int(k) > 0 and isinstance(x, (int, float)) and not isinstance(x, bool)
+                        and math.isfinite(x) for k, x in sp.items())):
+                    raise _fail(path, f"{where}.branches.{b}.{p}.speedups must be an object "
+                                      f"{{\"<S>\": <finite number>}}, got {str(sp)[:80]!r}")
     return data
 
 
@@ -267,6 +274,8 @@ class Choice:
     reason: str
     path: str | None = None  # flash path (flash backend) or None
     min_len: int | None = None  # flash only from this S on (None: always / not applicable)
+    # flash path by key length: ((from S, path), ...) ascending; the first is (min_len, path)
+    ladder: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -293,14 +302,22 @@ class Routing:
     def reason(self, branch: str) -> str:
         return self._choice(branch).reason
 
-    def path(self, branch: str) -> str | None:
-        return self._choice(branch).path
+    def path(self, branch: str, S: int | None = None) -> str | None:
+        """The flash path for ``branch``; with the key length ``S``, the one measured fastest there
+        (the last ladder step at or below S; below the first step the branch runs sdpa anyway)."""
+        c = self._choice(branch)
+        if S is not None and c.ladder:
+            steps = [p for s0, p in c.ladder if s0 <= S]
+            if steps:
+                return steps[-1]
+        return c.path
 
     def to_json(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION,
             "branches": {b: {"backend": c.backend, "reason": c.reason, "flash_path": c.path,
-                             "flash_min_len": c.min_len} for b, c in self.choices.items()},
+                             "flash_min_len": c.min_len,
+                             "flash_ladder": [list(x) for x in c.ladder]} for b, c in self.choices.items()},
             "facts": self.facts,
             "thresholds": self.thresholds,
             "overrides": self.overrides,
@@ -380,11 +397,44 @@ def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
         never = ", ".join(f"{p} (up to S={r.get('max_measured', '?')})" for p, r in measured.items())
         return Choice("sdpa", f"flash never >= {SPEEDUP_REQUIRED}x faster than sdpa in the measured range: "
                               f"{never} ({src})")
-    # the path that pays off earliest; ties -> the larger speedup at the longest measured S
-    best = min(wins, key=lambda p: (wins[p]["min_len"], -float(wins[p].get("speedup_at_max") or 0.0)))
-    rec = wins[best]
-    return Choice("flash", f"{best} >= {SPEEDUP_REQUIRED}x faster than sdpa from S={rec['min_len']} on "
-                           f"{facts['gpu']} ({src}); sdpa below", path=best, min_len=int(rec["min_len"]))
+    ladder = flash_ladder(wins)
+    (S0, best), later = ladder[0], ladder[1:]
+    then = "".join(f", {p} from S={s0}" for s0, p in later)
+    how = (" (each the fastest measured from there)" if all(r.get("speedups") for r in wins.values())
+           else " (a later one where its speedup at the longest measured S is larger)") if later else ""
+    return Choice("flash", f"{best} >= {SPEEDUP_REQUIRED}x faster than sdpa from S={S0}{then}{how} on "
+                           f"{facts['gpu']} ({src}); sdpa below", path=best, min_len=S0, ladder=tuple(ladder))
+
+
+def flash_ladder(wins: dict) -> list[tuple[int, str]]:
+    """[(from S, path)] for the paths that stay >= SPEEDUP_REQUIRED x faster than sdpa from their
+    ``min_len`` on: at each measured S the one with the largest measured speedup there (the
+    entry's per-S ``speedups``, written by fa2-probe since 2026-11-25: on the H100, sdpa-flash
+    paid off first for cmp, from 8K, and FA-4 was 1.6x faster than it at 64K). An entry without
+    per-S speedups (older files, the shipped one): the path that pays off earliest (ties: the
+    larger speedup at the longest measured S), and a later-starting path takes over from its
+    ``min_len`` when its speedup at the longest measured S is larger."""
+    def at(p, S):
+        v = (wins[p].get("speedups") or {}).get(str(S))
+        return None if v is None else float(v)
+
+    ladder: list[tuple[int, str]] = []
+    if all(r.get("speedups") for r in wins.values()):
+        for S in sorted({int(x) for r in wins.values() for x in r["speedups"]}):
+            cands = [p for p in wins if wins[p]["min_len"] <= S and at(p, S) is not None]
+            if cands:
+                best = max(cands, key=lambda p: at(p, S))  # ties: the first listed
+                if not ladder or ladder[-1][1] != best:
+                    ladder.append((S, best))
+        if ladder:
+            return ladder
+    top = None
+    for p in sorted(wins, key=lambda p: (wins[p]["min_len"], -float(wins[p].get("speedup_at_max") or 0.0))):
+        sp = float(wins[p].get("speedup_at_max") or 0.0)
+        if top is None or sp > top:
+            ladder.append((int(wins[p]["min_len"]), p))
+            top = sp
+    return ladder
 
 
 def load_shipped() -> dict:

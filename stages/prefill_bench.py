@@ -1044,7 +1044,8 @@ def _routing_lines(dev: str, o: dict) -> list[str]:
         r = routing.cached_decide(dev)
         out = []
         for b in ("cmp", "slc", "win"):
-            at = ", ".join(f"{_fmt_T(T)}: {r.backend(b, S=T)}" for T in o["T_list"])
+            at = ", ".join(f"{_fmt_T(T)}: {r.backend(b, S=T)}"
+                           + (f" ({r.path(b, S=T)})" if r.backend(b, S=T) == "flash" else "") for T in o["T_list"])
             out.append(f"#   {b}: {r.reason(b)} [per T: {at}]")
         return out
     except Exception as e:  # noqa: BLE001

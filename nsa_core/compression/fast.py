@@ -111,7 +111,7 @@ def compressed_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S:
     if isinstance(S, bool) or not isinstance(S, int) or S < Tq:
         raise ValueError(f"flash.compressed_attention: S={S!r} must be an int >= Tq={Tq}")
     scale = 1.0 / math.sqrt(dk) if scale is None else float(scale)
-    p = pick(path, "cmp", q, kc, vc)
+    p = pick(path, "cmp", q, kc, vc, S=S)
     n_all = cfg.num_cmp(S)  # chunks that hold queries up to position S-1
     nc = min(kc.shape[1], n_all)  # tokens beyond num_cmp(S) are visible to no query
     if nc == 0 or Tq == 0:

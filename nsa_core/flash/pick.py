@@ -22,20 +22,22 @@ class FlashUnavailable(RuntimeError):
     """No flash path can run this call on this machine; the message lists each path's reason."""
 
 
-def _routed(branch: str, device: torch.device) -> str | None:
-    """The path nsa_core.routing measured best for this branch here (None when it has none)."""
+def _routed(branch: str, device: torch.device, S: int | None = None) -> str | None:
+    """The path nsa_core.routing measured best for this branch here at key length ``S`` (None
+    when it has none)."""
     if device.type != "cuda":
         return None
     from nsa_core import routing
 
-    return routing.cached_decide(str(device)).path(branch)
+    return routing.cached_decide(str(device)).path(branch, S)
 
 
-def pick(path: str | None, branch: str, q, k, v) -> str:
+def pick(path: str | None, branch: str, q, k, v, S: int | None = None) -> str:
+    """``S``: the sequence's key length (the thresholds' S; for cmp the raw, not compressed, length)."""
     if path is not None:
         _k.check(path, q, k, v, branch)
         return path
-    first = _routed(branch, q.device)
+    first = _routed(branch, q.device, S)
     order = ([first] if first else []) + [p for p in PATHS if p != first]
     reasons = []
     for p in order:

@@ -32,7 +32,7 @@ def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int,
     if q.shape[1] > k.shape[1]:
         raise ValueError(f"flash.sliding_attention: more queries ({q.shape[1]}) than keys ({k.shape[1]})")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    p = pick(path, "win", q, k, v)
+    p = pick(path, "win", q, k, v, S=k.shape[1])
     if q.shape[1] == 0:
         return zeros_out(q, k, v, v.shape[-1])
     return _k.window(q, k, v, w, scale, p)

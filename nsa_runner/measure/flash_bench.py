@@ -225,8 +225,9 @@ def _score_rows(timer, q, kc, S, cfg, shape) -> list[dict]:
 
 
 def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
-    """{branch: {path: {"min_len", "max_measured", "speedup_at_max"}}}: the smallest measured S from
-    which the path stays >= ``speedup`` x faster than sdpa, forward AND forward+backward."""
+    """{branch: {path: {"min_len", "max_measured", "speedup_at_max", "speedups"}}}: the smallest
+    measured S from which the path stays >= ``speedup`` x faster than sdpa, forward AND
+    forward+backward (the smaller of the two speedups, also per measured S in ``speedups``)."""
     out: dict = {}
     by: dict = {}
     for r in rows:
@@ -242,6 +243,8 @@ def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
                 min_len = wins[i][0]
             else:
                 break
-        out.setdefault(branch, {})[path] = {"min_len": min_len, "max_measured": rs[-1]["S"],
-                                            "speedup_at_max": round(wins[-1][1], 3)}
+        out.setdefault(branch, {})[path] = {
+            "min_len": min_len, "max_measured": rs[-1]["S"], "speedup_at_max": round(wins[-1][1], 3),
+            # per measured S (JSON keys are strings): routing picks the fastest path there
+            "speedups": {str(S): round(x, 3) for S, x in wins if not math.isnan(x)}}
     return out

@@ -247,3 +247,109 @@ def test_selection_branch_needs_triton_and_the_kernel():
     f["triton_sel"] = {"present": False, "reason": "nsa_core.selection.attention is not installed"}
     c = routing._decide_slc(f)
     assert c.backend == "sdpa" and "selection.attention" in c.reason
+
+
+def _h100_cmp(speedups=True):
+    """cmp as fa2-probe measured it on the H100 (2026-11-25, min of fwd / fwd+bwd speedup over
+    sdpa): sdpa-flash pays off first (8K) but FA-4 is far faster at long S; FA-2 never leads."""
+    per = {"sdpa-flash": (8192, {"8192": 1.3, "16384": 1.9, "32768": 3.1, "65536": 5.2}),
+           "fa4": (16384, {"8192": 1.1, "16384": 1.6, "32768": 5.0, "65536": 8.3}),
+           "fa2": (16384, {"8192": 1.0, "16384": 2.0, "32768": 3.4, "65536": 6.4})}
+    out = {}
+    for p, (m, sp) in per.items():
+        out[p] = {"min_len": m, "max_measured": 65536, "speedup_at_max": sp["65536"]}
+        if speedups:
+            out[p]["speedups"] = sp
+    return out
+
+
+def test_the_path_measured_fastest_at_each_length_is_routed(tmp_path):
+    """Issue 13: routing picks the flash path measured fastest where it is fastest. On the H100
+    the old rule (the path that pays off earliest) kept cmp on sdpa-flash at 64K, 1.6x slower
+    than FA-4 there."""
+    e = _entry(branches={"cmp": _h100_cmp()})
+    facts = _cuda_facts(paths=("fa4", "fa2", "sdpa-flash"))
+    facts["flash_paths"]["fa2"] = {"present": True, "reason": "available", "branches": ("cmp", "win")}
+    ch, thr = _decide_from(facts, _doc(e), tmp_path)
+    c = ch["cmp"]
+    # 8K: sdpa-flash (the only one >= 1.2x there); 16K: fa2 (2.0 > 1.9 > 1.6); 32K on: fa4
+    assert c.ladder == ((8192, "sdpa-flash"), (16384, "fa2"), (32768, "fa4"))
+    assert (c.backend, c.path, c.min_len) == ("flash", "sdpa-flash", 8192)
+    assert "fa2 from S=16384, fa4 from S=32768" in c.reason and "fastest measured" in c.reason
+    r = routing.Routing(ch | {"slc": routing._decide_slc(facts)}, facts, thr)
+    assert r.backend("cmp", S=4096) == "sdpa"
+    assert [r.path("cmp", S) for S in (8192, 16384, 20000, 32768, 65536, 131072)] == \
+        ["sdpa-flash", "fa2", "fa2", "fa4", "fa4", "fa4"]
+    assert r.path("cmp") == "sdpa-flash"  # no length: the first step, as before
+    assert r.to_json()["branches"]["cmp"]["flash_ladder"] == [[8192, "sdpa-flash"], [16384, "fa2"], [32768, "fa4"]]
+    # only installed paths take part
+    facts["flash_paths"]["fa4"]["present"] = False
+    ch, _ = _decide_from(facts, _doc(e), tmp_path)
+    assert ch["cmp"].ladder == ((8192, "sdpa-flash"), (16384, "fa2"))
+
+
+def test_without_per_length_speedups_a_later_path_takes_over_when_faster_at_the_longest_length(tmp_path):
+    e = _entry(branches={"cmp": _h100_cmp(speedups=False)})
+    facts = _cuda_facts(paths=("fa4", "sdpa-flash"))
+    ch, _ = _decide_from(facts, _doc(e), tmp_path)
+    assert ch["cmp"].ladder == ((8192, "sdpa-flash"), (16384, "fa4"))
+    assert "speedup at the longest measured S is larger" in ch["cmp"].reason
+    # one path, or the earliest also the fastest: one step (the old behaviour)
+    ch, _ = _decide_from(_cuda_facts(), _doc(), tmp_path)
+    assert ch["win"].ladder == ((4096, "varlen"),) and ch["cmp"].ladder == ((16384, "sdpa-cudnn"),)
+
+
+@pytest.mark.parametrize("sp", [{"abc": 1.0}, {"0": 1.0}, {"1024": "fast"}, {"1024": True}, [1.0],
+                                {"1024": float("nan")}])
+def test_bad_per_length_speedups_are_a_clear_error(tmp_path, sp):
+    e = _entry()
+    e["branches"]["cmp"]["varlen"]["speedups"] = sp
+    p = _write(tmp_path, json.dumps(_doc(e)).replace("NaN", '"nan"') if sp == {"1024": float("nan")}
+               else _doc(e))
+    with pytest.raises(ValueError, match="speedups must be an object"):
+        routing.load_thresholds(p)
+
+
+def test_fa2_probe_thresholds_carry_per_length_speedups():
+    from nsa_runner.measure.flash_bench import thresholds
+
+    rows = [{"kind": "flash", "branch": "cmp", "path": "fa4", "S": S, "speedup_fwd": f, "speedup_fwdbwd": b}
+            for S, f, b in ((1024, 0.5, 0.9), (8192, 1.5, 1.3), (65536, 9.0, 8.3))]
+    t = thresholds(rows)["cmp"]["fa4"]
+    assert t["min_len"] == 8192 and t["speedups"] == {"1024": 0.5, "8192": 1.3, "65536": 8.3}
+
+
+def test_flash_branches_ask_routing_for_the_path_at_their_sequence_length(monkeypatch):
+    """The compressed branch asks with the RAW key length S (the thresholds' S, not the
+    compressed length), the window branch with its key length; pick() hands it to the ladder."""
+    import torch
+
+    from nsa_core.compression import fast as cmp_fast
+    from nsa_core.config import NSAConfig
+    from nsa_core.flash import pick as pick_mod
+    from nsa_core.window import fast as win_fast
+
+    real_routed = pick_mod._routed
+    seen = []
+    monkeypatch.setattr(pick_mod, "_routed", lambda branch, device, S=None: seen.append((branch, S)))
+    cfg = NSAConfig(l=16, d=8, l_sel=16, n_sel=4, w=32)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 100, 2, 16, generator=g, dtype=torch.float16)
+    kc = torch.randn(1, cfg.num_cmp(100), 1, 16, generator=g, dtype=torch.float16)
+    k = torch.randn(1, 100, 1, 16, generator=g, dtype=torch.float16)
+    for call in (lambda: cmp_fast.compressed_attention(q, kc, kc, 100, cfg),
+                 lambda: win_fast.sliding_attention(q, k, k, 32)):
+        try:
+            call()
+        except pick_mod.FlashUnavailable:  # no flash path on CPU: what was asked is the point
+            pass
+    assert seen == [("cmp", 100), ("win", 100)]
+    # and the ladder answers by length
+    facts = _cuda_facts(paths=("fa4", "sdpa-flash"))
+    ch = {"cmp": routing.Choice("flash", "x", path="sdpa-flash", min_len=8192,
+                                ladder=((8192, "sdpa-flash"), (32768, "fa4"))),
+          "win": routing.Choice("sdpa", "x"), "slc": routing.Choice("sdpa", "x")}
+    monkeypatch.setattr(routing, "cached_decide", lambda device: routing.Routing(ch, facts))
+    cuda = torch.device("cuda")
+    assert [real_routed("cmp", cuda, S) for S in (8192, 65536, None)] == ["sdpa-flash", "fa4", "sdpa-flash"]
+    assert real_routed("cmp", torch.device("cpu"), 65536) is None
