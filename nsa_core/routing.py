@@ -400,41 +400,37 @@ def _decide_flash(branch: str, facts: dict, thr: dict) -> Choice:
     ladder = flash_ladder(wins)
     (S0, best), later = ladder[0], ladder[1:]
     then = "".join(f", {p} from S={s0}" for s0, p in later)
-    how = (" (each the fastest measured from there)" if all(r.get("speedups") for r in wins.values())
-           else " (a later one where its speedup at the longest measured S is larger)") if later else ""
+    how = " (the fastest at the longest measured S, from where it pays off; the fastest below)" if later else ""
     return Choice("flash", f"{best} >= {SPEEDUP_REQUIRED}x faster than sdpa from S={S0}{then}{how} on "
                            f"{facts['gpu']} ({src}); sdpa below", path=best, min_len=S0, ladder=tuple(ladder))
 
 
 def flash_ladder(wins: dict) -> list[tuple[int, str]]:
-    """[(from S, path)] for the paths that stay >= SPEEDUP_REQUIRED x faster than sdpa from their
-    ``min_len`` on: at each measured S the one with the largest measured speedup there (the
-    entry's per-S ``speedups``, written by fa2-probe since 2026-11-25: on the H100, sdpa-flash
-    paid off first for cmp, from 8K, and FA-4 was 1.6x faster than it at 64K). An entry without
-    per-S speedups (older files, the shipped one): the path that pays off earliest (ties: the
-    larger speedup at the longest measured S), and a later-starting path takes over from its
-    ``min_len`` when its speedup at the longest measured S is larger."""
-    def at(p, S):
+    """[(from S, path)] over the paths that stay >= SPEEDUP_REQUIRED x faster than sdpa from their
+    ``min_len`` on. Built from the longest measured S down: the path with the largest speedup
+    there runs for as long as it pays off (down to its ``min_len``); below that, the fastest of
+    those still paying off, and so on. Speedups: the entry's per-S ``speedups`` (fa2-probe since
+    2026-11-25), else ``speedup_at_max``. Why a ladder: on the H100 sdpa-flash paid off first for
+    cmp (from 8K) and FA-4 was 1.6x faster than it at 64K. Why from the top, switching only where
+    a path stops paying off: the short-S timings are sub-millisecond and noisy (FA-2 and FA-4
+    traded places at every other S up to 8K), so the fastest-at-each-S would flip-flop."""
+    def speed(p, S):
         v = (wins[p].get("speedups") or {}).get(str(S))
-        return None if v is None else float(v)
+        return float(v) if v is not None else float(wins[p].get("speedup_at_max") or 0.0)
 
-    ladder: list[tuple[int, str]] = []
-    if all(r.get("speedups") for r in wins.values()):
-        for S in sorted({int(x) for r in wins.values() for x in r["speedups"]}):
-            cands = [p for p in wins if wins[p]["min_len"] <= S and at(p, S) is not None]
-            if cands:
-                best = max(cands, key=lambda p: at(p, S))  # ties: the first listed
-                if not ladder or ladder[-1][1] != best:
-                    ladder.append((S, best))
-        if ladder:
-            return ladder
-    top = None
-    for p in sorted(wins, key=lambda p: (wins[p]["min_len"], -float(wins[p].get("speedup_at_max") or 0.0))):
-        sp = float(wins[p].get("speedup_at_max") or 0.0)
-        if top is None or sp > top:
-            ladder.append((int(wins[p]["min_len"]), p))
-            top = sp
-    return ladder
+    points = {int(r["min_len"]) for r in wins.values()}
+    points |= {int(x) for r in wins.values() for x in (r.get("speedups") or {})}
+    points |= {int(r["max_measured"]) for r in wins.values() if isinstance(r.get("max_measured"), int)}
+    steps: list[list] = []
+    for S in sorted(points, reverse=True):
+        cands = [p for p in wins if wins[p]["min_len"] <= S]
+        if not cands:
+            break
+        if steps and steps[-1][1] in cands:
+            steps[-1][0] = S  # the current path still pays off here
+        else:
+            steps.append([S, max(cands, key=lambda p: speed(p, S))])  # ties: the first listed
+    return [(S, p) for S, p in reversed(steps)]
 
 
 def load_shipped() -> dict:

@@ -272,28 +272,40 @@ def test_the_path_measured_fastest_at_each_length_is_routed(tmp_path):
     facts["flash_paths"]["fa2"] = {"present": True, "reason": "available", "branches": ("cmp", "win")}
     ch, thr = _decide_from(facts, _doc(e), tmp_path)
     c = ch["cmp"]
-    # 8K: sdpa-flash (the only one >= 1.2x there); 16K: fa2 (2.0 > 1.9 > 1.6); 32K on: fa4
-    assert c.ladder == ((8192, "sdpa-flash"), (16384, "fa2"), (32768, "fa4"))
+    # from the top: FA-4 is fastest at 64K and pays off down to 16K; below, only sdpa-flash (8K)
+    assert c.ladder == ((8192, "sdpa-flash"), (16384, "fa4"))
     assert (c.backend, c.path, c.min_len) == ("flash", "sdpa-flash", 8192)
-    assert "fa2 from S=16384, fa4 from S=32768" in c.reason and "fastest measured" in c.reason
+    assert "sdpa-flash >= 1.2x faster than sdpa from S=8192, fa4 from S=16384" in c.reason
     r = routing.Routing(ch | {"slc": routing._decide_slc(facts)}, facts, thr)
     assert r.backend("cmp", S=4096) == "sdpa"
-    assert [r.path("cmp", S) for S in (8192, 16384, 20000, 32768, 65536, 131072)] == \
-        ["sdpa-flash", "fa2", "fa2", "fa4", "fa4", "fa4"]
+    assert [r.path("cmp", S) for S in (8192, 16383, 16384, 65536, 131072)] == \
+        ["sdpa-flash", "sdpa-flash", "fa4", "fa4", "fa4"]
     assert r.path("cmp") == "sdpa-flash"  # no length: the first step, as before
-    assert r.to_json()["branches"]["cmp"]["flash_ladder"] == [[8192, "sdpa-flash"], [16384, "fa2"], [32768, "fa4"]]
-    # only installed paths take part
+    assert r.to_json()["branches"]["cmp"]["flash_ladder"] == [[8192, "sdpa-flash"], [16384, "fa4"]]
+    # only installed paths take part: without FA-4, FA-2 (faster than sdpa-flash at 64K) takes 16K on
     facts["flash_paths"]["fa4"]["present"] = False
     ch, _ = _decide_from(facts, _doc(e), tmp_path)
     assert ch["cmp"].ladder == ((8192, "sdpa-flash"), (16384, "fa2"))
 
 
-def test_without_per_length_speedups_a_later_path_takes_over_when_faster_at_the_longest_length(tmp_path):
+def test_noisy_short_lengths_do_not_make_the_ladder_flip_flop(tmp_path):
+    """win as measured on the H100: FA-2 and FA-4 trade places at short S (sub-ms timings); FA-4
+    is fastest at 64K and pays off from 1K: one step, FA-4 everywhere."""
+    sp4 = {"1024": 3.2, "2048": 8.7, "4096": 9.7, "8192": 18.0, "16384": 16.2, "32768": 17.2, "65536": 19.8}
+    sp2 = {"1024": 3.9, "2048": 2.9, "4096": 14.9, "8192": 6.7, "16384": 11.1, "32768": 10.6, "65536": 13.4}
+    e = _entry(branches={"win": {"fa2": {"min_len": 1024, "max_measured": 65536, "speedups": sp2},
+                                 "fa4": {"min_len": 1024, "max_measured": 65536, "speedups": sp4}}})
+    facts = _cuda_facts(paths=("fa4", "fa2"))
+    facts["flash_paths"]["fa2"] = {"present": True, "reason": "available", "branches": ("cmp", "win")}
+    ch, _ = _decide_from(facts, _doc(e), tmp_path)
+    assert ch["win"].ladder == ((1024, "fa4"),)
+
+
+def test_without_per_length_speedups_the_ladder_uses_the_speedup_at_the_longest_length(tmp_path):
     e = _entry(branches={"cmp": _h100_cmp(speedups=False)})
     facts = _cuda_facts(paths=("fa4", "sdpa-flash"))
     ch, _ = _decide_from(facts, _doc(e), tmp_path)
     assert ch["cmp"].ladder == ((8192, "sdpa-flash"), (16384, "fa4"))
-    assert "speedup at the longest measured S is larger" in ch["cmp"].reason
     # one path, or the earliest also the fastest: one step (the old behaviour)
     ch, _ = _decide_from(_cuda_facts(), _doc(), tmp_path)
     assert ch["win"].ladder == ((4096, "varlen"),) and ch["cmp"].ladder == ((16384, "sdpa-cudnn"),)

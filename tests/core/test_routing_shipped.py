@@ -36,19 +36,24 @@ def test_shipped_file_is_valid_and_in_the_package():
     assert routing.SHIPPED_THRESHOLDS.is_file()
     (e,) = doc["entries"]
     assert e["gpu"] == H100 and e["shipped"] is True
-    # the figures of docs/benchmarks.md "Flash backends": cmp from 8192, win from 2048
-    assert e["branches"]["cmp"]["sdpa-cudnn"]["min_len"] == 8192
-    assert e["branches"]["cmp"]["varlen"]["min_len"] == 16384
-    assert e["branches"]["win"]["varlen"]["min_len"] == 2048
+    # the figures of docs/benchmarks.md "GPU session of 2026-11-25, afternoon" (fa2-probe with FA-2 and
+    # FA-4 installed): cmp from 8192 (sdpa-flash) / 16384 (the others), win from 1024 (flash kernels)
+    assert e["branches"]["cmp"]["sdpa-flash"]["min_len"] == 8192
+    assert e["branches"]["cmp"]["sdpa-cudnn"]["min_len"] == e["branches"]["cmp"]["fa4"]["min_len"] == 16384
+    assert e["branches"]["win"]["varlen"]["min_len"] == e["branches"]["win"]["fa4"]["min_len"] == 1024
+    assert e["branches"]["cmp"]["fa4"]["speedups"]["65536"] == 8.326
 
 
 def test_fresh_h100_takes_the_measured_fast_paths(fake_cuda):
     r = routing.decide("cuda")
     cmp, win = r.choices["cmp"], r.choices["win"]
-    assert (cmp.backend, cmp.path, cmp.min_len) == ("flash", "sdpa-cudnn", 8192)
-    assert (win.backend, win.path, win.min_len) == ("flash", "varlen", 2048)
+    # torch-bundled paths only (no flash-attn package): cmp sdpa-flash from 8K, cuDNN (faster at
+    # 64K) from 16K; win varlen from 1K
+    assert cmp.ladder == ((8192, "sdpa-flash"), (16384, "sdpa-cudnn"))
+    assert (win.backend, win.path, win.min_len) == ("flash", "varlen", 1024)
     assert r.backend("cmp", S=4096) == "sdpa" and r.backend("cmp", S=65536) == "flash"
-    assert r.backend("win", S=1024) == "sdpa" and r.backend("win", S=2048) == "flash"
+    assert r.path("cmp", S=8192) == "sdpa-flash" and r.path("cmp", S=65536) == "sdpa-cudnn"
+    assert r.backend("win", S=512) == "sdpa" and r.backend("win", S=1024) == "flash"
     assert r.backend("slc") == "triton"
     for b in ("cmp", "win"):
         assert "shipped defaults (measured on NVIDIA H100" in r.reason(b)
@@ -57,6 +62,13 @@ def test_fresh_h100_takes_the_measured_fast_paths(fake_cuda):
     assert j["thresholds"]["source"] == str(routing.SHIPPED_THRESHOLDS)
     assert j["thresholds"]["entry"]["shipped"] is True and "no thresholds file" in j["thresholds"]["note"]
     json.dumps(j)
+
+
+def test_fresh_h100_with_fa4_takes_it_where_it_is_fastest(fake_cuda):
+    fake_cuda["facts"] = _facts(paths=("fa4", "varlen", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"))
+    r = routing.decide("cuda")
+    assert r.choices["cmp"].ladder == ((8192, "sdpa-flash"), (16384, "fa4"))
+    assert r.choices["win"].ladder == ((1024, "fa4"),)
 
 
 def test_other_torch_and_other_gpu_get_the_defaults_with_an_honest_reason(fake_cuda):
@@ -95,7 +107,7 @@ def test_a_local_entry_replaces_the_shipped_one(fake_cuda, tmp_path):
     local["entries"][0]["gpu"] = "Another GPU"
     p.write_text(json.dumps(local))
     r = routing.decide("cuda", thresholds=p)
-    assert r.choices["cmp"].min_len == 8192 and "shipped defaults" in r.reason("cmp")
+    assert r.choices["cmp"].min_len == 8192 and "shipped defaults" in r.reason("cmp")  # sdpa-flash
 
 
 def test_overrides_still_win(fake_cuda):
