@@ -67,7 +67,12 @@ MAX_H = 64
 # Launch settings. BM = query rows per score program (BT tokens x HP heads), BC = compressed
 # tokens per step. From the H100 sweep in docs/benchmarks.md ("Fused selection scoring").
 CONFIG = {
-    "score": {"BM": 256, "BC": 64, "num_warps": 4, "num_stages": 2},
+    # BM_fp32: the rows of an fp32 launch (exact IEEE dots, no tensor cores): a 256-row IEEE tile
+    # compiled for 90-105 s on the H100 (h = 1, dk = 128: a full oneshot's triton-fwd case, cold),
+    # asked for 228 KiB of shared memory, was refused and compiled again smaller; on a CPU box's
+    # ptxas (bench/compile_times.py) that one specialisation took 153 s. fp32 scoring serves the
+    # checks (the float32 parity inputs), not the timed bf16 / fp16 paths.
+    "score": {"BM": 256, "BM_fp32": 64, "BC": 64, "num_warps": 4, "num_stages": 2},
     "topn": {"num_warps": 1, "rows_elems": 1024},
 }
 # Shared memory per score program, by the estimate q tile (BM x BK) + key tiles (BC x BK x stages),
@@ -253,7 +258,8 @@ def _geometry(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: NSAConfig, config:
     HP = np2(h)
     A, BB = cfg.l_sel // cfg.d, cfg.l // cfg.d
     BK = max(16, np2(dk))
-    BM, BC = max(16, int(config["BM"])), max(int(config["BC"]), np2(A + BB - 1), 16)
+    bm = config["BM_fp32"] if q.dtype == torch.float32 and "BM_fp32" in config else config["BM"]
+    BM, BC = max(16, HP, int(bm)), max(int(config["BC"]), np2(A + BB - 1), 16)
     smem = lambda bm, bc: (bm * BK + bc * BK * int(config["num_stages"])) * q.element_size()  # noqa: E731
     while smem(BM, BC) > SMEM_BUDGET_BYTES and BM > max(16, HP):  # fp32 / wide heads: fewer rows first
         BM //= 2
@@ -301,12 +307,13 @@ def fused_select_blocks_launch(q: torch.Tensor, kc: torch.Tensor, S: int, cfg: N
                 raise
             c_s.update(smaller)
             _FITTED[fit_key] = smaller
-            _SHRUNK.append(f"{fit_key}: {e} -> BM={smaller['BM']} BC={smaller['BC']}")
+            _SHRUNK.append(f"{fit_key}: {e} -> " + " ".join(f"{k}={v}" for k, v in smaller.items()))
 
 
 def _fit_key(q, kc, cfg, c_s) -> tuple:
     h = q.shape[2] // max(1, kc.shape[2])
-    return (q.dtype, q.shape[3], h, cfg.l, cfg.d, cfg.l_sel, q.device.index, c_s["BM"], c_s["BC"], c_s["num_stages"])
+    return (q.dtype, q.shape[3], h, cfg.l, cfg.d, cfg.l_sel, q.device.index, c_s["BM"], c_s.get("BM_fp32"),
+            c_s["BC"], c_s["num_stages"])
 
 
 def _shrink(q, kc, S, cfg, c_s) -> dict | None:
@@ -314,10 +321,11 @@ def _shrink(q, kc, S, cfg, c_s) -> dict | None:
     (BM) first, then fewer compressed keys per tile (BC); None when both are at their minimum."""
     geo = _geometry(q, kc, S, cfg, c_s)
     BM, BC = geo["BT"] * geo["HP"], geo["BC"]
+    rows = "BM_fp32" if q.dtype == torch.float32 and "BM_fp32" in c_s else "BM"  # what _geometry reads
     if BM // 2 >= max(16, geo["HP"]):
-        return {"BM": BM // 2, "BC": BC}
+        return {rows: BM // 2, "BC": BC}
     if BC // 2 >= max(16, np2(geo["A"] + geo["BB"] - 1)):
-        return {"BM": BM, "BC": BC // 2}
+        return {rows: BM, "BC": BC // 2}
     return None
 
 
