@@ -18,6 +18,7 @@ import errno
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -105,14 +106,24 @@ def _not_json(token: str) -> Any:
     raise JsonTextError(f"{token} is not a JSON number (nsa-run never writes one)")
 
 
+def _finite_float(token: str) -> float:
+    """A JSON number too large for a float (``1e400``) reads as inf, which cannot be written back."""
+    value = float(token)
+    if not math.isfinite(value):
+        shown = token if len(token) <= 40 else f"{token[:40]}... ({len(token)} characters)"
+        raise JsonTextError(f"the number {shown} is out of a float's range (nsa-run never writes one)")
+    return value
+
+
 def json_loads(text: str, *, finite: bool = False) -> Any:
     """``json.loads`` where every way the text can be unusable is a ``JsonTextError`` saying what:
     bad syntax, nesting too deep, an integer longer than Python converts (4300 digits: a bare
     ``ValueError`` that reached the user as "unexpected"); with ``finite``, also ``NaN`` /
-    ``Infinity`` (what this runner reads back and writes again, like manifest.json, must be strict
-    JSON: a NaN there made the next ``stage`` command fail writing it)."""
+    ``Infinity`` and numbers beyond a float's range such as ``1e400`` (what this runner reads back
+    and writes again, like manifest.json, must be strict JSON: a NaN there made the next ``stage``
+    command fail writing it)."""
     try:
-        return json.loads(text, **({"parse_constant": _not_json} if finite else {}))
+        return json.loads(text, **({"parse_constant": _not_json, "parse_float": _finite_float} if finite else {}))
     except JsonTextError:
         raise
     except RecursionError:
@@ -621,6 +632,25 @@ def runner_died(m: dict) -> str | None:
     if m.get("finished") is None and not m.get("interrupted") and dead(m.get("runner")):
         return (f"runner died / unfinished: nsa-run pid {m['runner'].get('pid')} is gone and never finished "
                 f"the run; stages after the last one listed did not run")
+    return None
+
+
+def still_running(m: dict) -> str | None:
+    """One line when an nsa-run on this host is still running (part of) the run of manifest ``m``:
+    a stage it runs (``pending``), or the run it never finished. ``report`` of such a run prints it
+    before the counts, which are then of the stages finished so far (not a verdict)."""
+    import socket
+
+    def live(owner: Any) -> bool:
+        return (isinstance(owner, dict) and owner.get("hostname") == socket.gethostname()
+                and pid_alive(owner.get("pid"), owner.get("pid_started")))
+
+    busy = [p for p in m.get("pending") or [] if isinstance(p, dict) and live(p.get("owner"))]
+    if busy:
+        return (f"nsa-run pid {busy[0]['owner'].get('pid')} is still running stage "
+                f"{', '.join(str(p.get('stage')) for p in busy)} in this run folder")
+    if m.get("finished") is None and not m.get("interrupted") and live(m.get("runner")):
+        return f"nsa-run pid {m['runner'].get('pid')} is still running this run"
     return None
 
 

@@ -162,6 +162,14 @@ class ManifestBusy(ManifestError):
     """Another nsa-run holds the manifest lock for too long, or runs the same stage in this folder."""
 
 
+
+def _resolves_under(path: Path, root: Path) -> bool:
+    """``path``, links followed, is ``root`` or inside it (links followed too)."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
+
 class RunManifest:
     """The manifest of one run folder. Every change goes through ``update`` (lock, re-read, write)."""
 
@@ -311,6 +319,8 @@ class RunManifest:
             if not rel or not stage_owns(self.dir, name, rel, log=is_log) or any(names_overlap(rel, o) for o in others):
                 continue
             src = src_root / rel
+            if not _resolves_under(src.parent, src_root):  # a linked folder on the way (history/x/logs -> /elsewhere)
+                continue
             if src.is_file() or src.is_dir():
                 target = dst_root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -372,6 +382,11 @@ class RunManifest:
         name = pending["stage"]
         old = next((s for s in data["stages"] if s.get("name") == name), None)
         moved = self.dir / pending["moved_to"] if old is not None and pending.get("moved_to") else None
+        if moved is not None and not self._inside_history(moved):
+            # a hand-made link (history/x -> elsewhere) named as the set-aside folder: nothing of
+            # nsa-run's is there; moving "back" from it took another folder's files and removed its
+            # empty sub-folders
+            moved = None
         leftovers = dict(attempt or {})
         leftovers.setdefault("log", f"logs/{name}.log")
         if old is not None:
@@ -398,6 +413,10 @@ class RunManifest:
                     d.rmdir()
                 except OSError:
                     pass
+
+    def _inside_history(self, folder: Path) -> bool:
+        """``folder`` is a real folder of this run's history/ (no link on the way leads elsewhere)."""
+        return not folder.is_symlink() and folder.is_dir() and _resolves_under(folder, self.dir / "history")
 
     def restore(self, name: str, attempt: dict) -> bool:
         """An interrupted rerun of ``name``: its record ``attempt`` goes to history and the earlier

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from nsa_runner import baseline as bl
 from nsa_runner import report as report_mod
@@ -43,18 +42,21 @@ def report(
         print(json.dumps({"schema_version": 1, **info}, indent=2))
     else:
         con = out_console()
-        con.print(f"report: {escape(info['report'])}")
+        con.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
         kept = "written (the run had none)" if info["summary_written"] else "kept (written when the run ended)"
-        con.print(f"summary.md: {escape(info['summary'])} {kept}")
+        con.print(f"summary.md: {plain_text(info['summary'])} {kept}", soft_wrap=True)
         # a run that did not finish says so before its counts (0 passed of a dead runner is no verdict)
         if info.get("unfinished"):
             con.print(f"[bold red]UNFINISHED[/]: {plain_text(info['unfinished'])}", soft_wrap=True)
+        elif info.get("running"):  # another nsa-run is at work in it: the counts are so far, no verdict
+            con.print(f"[bold yellow]RUNNING[/]: {plain_text(info['running'])}; the counts below are of the "
+                      "stages finished so far", soft_wrap=True)
         elif info.get("interrupted"):
             con.print("[bold red]INTERRUPTED[/]: the run was stopped (Ctrl-C / cancel); later stages are missing")
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
     for line in info.get("problems", []):  # sections left out of report.html, each naming its files
-        err_console().print(f"[yellow]note:[/] {escape(line)}", soft_wrap=True)
+        err_console().print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     raise typer.Exit(0)
 
 
@@ -86,15 +88,15 @@ def finish_oneshot(folder: Path, code: int, baseline: dict | None) -> int:
     err = err_console()
     try:
         info = report_mod.write(folder)
-        err.print(f"report: {escape(info['report'])}")
+        err.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
     except (ArtifactError, OSError) as e:
-        err.print(f"[yellow]report not written:[/] {escape(str(e))}")
+        err.print(f"[yellow]report not written:[/] {plain_text(e)}")
     if baseline is not None:
         try:
             run = Run.open(folder)
             rows, notes = bl.check(run, baseline)
         except ArtifactError as e:
-            err.print(f"[bold red]baseline check impossible:[/] {escape(str(e))}")
+            err.print(f"[bold red]baseline check impossible:[/] {plain_text(e)}")
             return code or 1
         cmp = Comparison(None, run_info(run), rows=rows, notes=notes)
         render(cmp, False, err)
@@ -110,9 +112,9 @@ def refresh_report(folder: Path, code: int) -> int:
     if (folder / report_mod.REPORT_NAME).exists():
         try:
             info = report_mod.write(folder)
-            err_console().print(f"report: {escape(info['report'])}")
+            err_console().print(f"report: {plain_text(info['report'])}", soft_wrap=True)
         except (ArtifactError, OSError) as e:
-            err_console().print(f"[yellow]report not refreshed:[/] {escape(str(e))}")
+            err_console().print(f"[yellow]report not refreshed:[/] {plain_text(e)}")
     return code
 
 
