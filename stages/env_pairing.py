@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import sys
+import threading
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_bytes, write_json, write_text
@@ -321,6 +322,29 @@ def _render(env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _Background:
+    """``fn()`` in a thread from now; ``result()`` waits for it and returns its value, or raises
+    what it raised (as if it had been called where ``result()`` is)."""
+
+    def __init__(self, fn):
+        self._out: dict = {}
+
+        def target():
+            try:
+                self._out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to result()
+                self._out["error"] = e
+
+        self._thread = threading.Thread(target=target, name=getattr(fn, "__name__", "background"), daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
 class EnvPairing(Stage):
     name = "env-pairing"
     order = 10
@@ -331,14 +355,18 @@ class EnvPairing(Stage):
     def run(self, ctx) -> StageResult:
         if ctx.device == "cpu" and "triton" not in sys.modules:
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter is Triton's CPU path
+        # the flash-attn child (import torch + each flash package: ~10 s with FA-4 on an H100) runs
+        # while this process collects its own facts (import torch, a Triton launch, a CUDA op):
+        # this side only waits on the child's pipe, so the two overlap (issue 13: the oneshot's wall)
+        flash_probe = _Background(probe_flash)
         facts = collect()
+        flash = flash_probe.result()
         if not facts["torch"].get("installed"):
             checks = [_check("torch", FAIL, f"import torch failed: {facts['torch']['error']}")]
         else:
             checks = [_check("torch", INFO, f"torch {facts['torch']['version']} ({facts['torch']['build']} build)")]
             checks += _triton_checks(facts, ctx.device)
             checks += _cuda_checks(facts)
-        flash = probe_flash()
         checks += _flash_checks(flash, facts["torch"].get("version"), facts["torch"].get("cuda_runtime"))
         fails = [c["detail"] for c in checks if c["status"] == FAIL]
         status = Status.FAIL if fails else Status.PASS

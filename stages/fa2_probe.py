@@ -10,7 +10,8 @@ compressed and sliding branches match the reference, and from which length do th
    backward (dq, dk, dv) against the float64 reference over the case matrix
    (``_flash_bench.parity_cases``). Any row over tolerance -> FAIL.
 3. Bench (fa2_bench.csv): paths whose parity passed vs ``backend="sdpa"`` over ``--S-list``;
-   the smallest S from which each path stays >= 1.2x faster (forward and forward+backward) is
+   (full profile: 1K, 4K, 16K, 64K; quick: 1K, 4K; the selection-score recompute rows only with
+   ``--score-rows yes``); the smallest S from which each path stays >= 1.2x faster (forward and forward+backward) is
    written as routing thresholds: fa2_thresholds.json in the run folder, merged into the
    routing thresholds file (docs/routing.md; ``--thresholds none`` to skip that).
 
@@ -33,7 +34,11 @@ from . import _seed as seeds
 
 SCHEMA_VERSION = 1
 QUICK_S = [1024, 4096]
-FULL_S = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+# every 4x from 1K to 64K (was every 2x: 7 lengths). Each length costs the bench a fresh cuDNN
+# graph per branch and pass and ~100 ms of timing per (path, pass) at least; the routing ladder
+# switches paths only at measured lengths, so it keeps one point per 4x (issue 13: the warm full
+# oneshot's budget). --S-list gives any other grid.
+FULL_S = [1024, 4096, 16384, 65536]
 HINT = ("run on a CUDA GPU (sm_80+) with a CUDA build of torch (the torch-bundled varlen / SDPA flash "
         "paths need nothing else); for FA-2: pip install flash-attn --no-build-isolation")
 
@@ -69,6 +74,8 @@ class Fa2Probe(Stage):
                "merge measured thresholds into: 'default' (the per-user file, see docs/routing.md), a path, or 'none'"),
         Option("--bench", str, "yes", "run the speed measurement", choices=("yes", "no")),
         Option("--seed", int, 0, "base seed of the random parity inputs"),
+        Option("--score-rows", str, "no", "also time torch's selection-score recompute beside the cmp branch "
+               "(a settled design question; two slow fp32 passes per S)", choices=("yes", "no")),
     )
 
     def run(self, ctx) -> StageResult:
@@ -169,7 +176,8 @@ class Fa2Probe(Stage):
         from nsa_runner.measure import flash_bench as _flash_bench
 
         t0 = time.perf_counter()
-        rows, timer = _flash_bench.bench(device, good, list(S_list), cfg)
+        rows, timer = _flash_bench.bench(device, good, list(S_list), cfg,
+                                         score_rows=opts.get("score_rows", "no") == "yes")
         doc.setdefault("wall_s", {})["bench"] = round(time.perf_counter() - t0, 2)
         thr = _flash_bench.thresholds(rows)
         if not thr:  # every path ran out of memory (or none was timed): nothing to recommend

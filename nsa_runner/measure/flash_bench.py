@@ -144,8 +144,14 @@ def _timer(device: str):
 
 
 def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cfg: NSAConfig, *,
-          B: int = 1, HQ: int = 32, G: int = 2, D: int = 128, dtype=torch.bfloat16, seed: int = 0) -> tuple[list, str]:
-    """Rows (branch, path, S, fwd_ms, fwdbwd_ms, p20/p80, speedups vs sdpa). Returns (rows, timer name)."""
+          B: int = 1, HQ: int = 32, G: int = 2, D: int = 128, dtype=torch.bfloat16, seed: int = 0,
+          score_rows: bool = False) -> tuple[list, str]:
+    """Rows (branch, path, S, fwd_ms, fwdbwd_ms, p20/p80, speedups vs sdpa). Returns (rows, timer name).
+
+    ``score_rows``: also time what recomputing the selection scores in torch would cost next to the
+    compressed branch (``_score_rows``: the design question of docs/benchmarks.md, "Selection
+    scores: recompute vs kernel lse", settled since by the fused Triton scoring). Off by default:
+    two slow fp32 torch passes per S that decide nothing in the stage (fa2-probe ``--score-rows``)."""
     timer, tname = _timer(device)
     rows = []
     for S in S_list:
@@ -191,7 +197,7 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
                     row["speedup_fwd"] = base["fwd_ms"] / row["fwd_ms"]
                     row["speedup_fwdbwd"] = base["fwdbwd_ms"] / row["fwdbwd_ms"]
                 rows.append(row)
-            if branch == "cmp":  # what recomputing the selection scores costs, next to the branch itself
+            if branch == "cmp" and score_rows:  # what recomputing the selection scores costs, beside the branch
                 rows += _score_rows(timer, q, kc, S, cfg, {"B": B, "HQ": HQ, "G": G, "D": D,
                                                            "dtype": DTYPE_NAMES[dtype]})
         torch.cuda.empty_cache()

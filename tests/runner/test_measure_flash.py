@@ -33,7 +33,9 @@ def test_threshold_is_the_smallest_length_from_which_the_path_stays_faster():
             {"branch": "cmp", "kind": "baseline", "path": "sdpa", "S": 1024, "speedup_fwd": 1.0, "speedup_fwdbwd": 1.0},
             {"branch": "cmp", "kind": "scores", "path": "block_scores (recompute p_cmp)", "S": 1024}]
     t = _flash_bench.thresholds(rows)
-    assert t["win"]["varlen"] == {"min_len": 4096, "max_measured": 8192, "speedup_at_max": 5.0}
+    assert t["win"]["varlen"] == {"min_len": 4096, "max_measured": 8192, "speedup_at_max": 5.0,
+                                  # per measured S: the smaller of fwd / fwd+bwd (routing's ladder reads it)
+                                  "speedups": {"1024": 1.3, "2048": 1.1, "4096": 2.0, "8192": 5.0}}
     assert t["cmp"]["varlen"]["min_len"] is None  # never (fwd 1.1 < 1.2 at the longest S)
     assert t["cmp"]["sdpa-flash"]["min_len"] == 1024
     assert set(t["cmp"]) == {"varlen", "sdpa-flash"}
@@ -84,7 +86,7 @@ def test_bench_times_each_path_against_sdpa_and_records_what_it_cost():
     fwd and fwd+bwd, the speedup vs the sdpa baseline of the same S, and bench_s (time spent)."""
     cfg = NSAConfig(w=32)
     rows, tname = _flash_bench.bench("cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}, [96, 160], cfg,
-                                     B=1, HQ=4, G=2, D=16, dtype=torch.float32)
+                                     B=1, HQ=4, G=2, D=16, dtype=torch.float32, score_rows=True)
     assert tname == "nsa_runner.measure.timing.bench"
     timed = [r for r in rows if r["kind"] in ("flash", "baseline")]
     assert {(r["branch"], r["path"], r["S"]) for r in timed} == {
@@ -95,3 +97,8 @@ def test_bench_times_each_path_against_sdpa_and_records_what_it_cost():
         assert r["bench_s"] > 0 and r["speedup_fwd"] > 0
     assert sum(r["kind"] == "scores" for r in rows) == 2 * 2  # block_scores + q.k^T floor, per S
     assert set(_flash_bench.thresholds(rows)) == {"cmp", "win"}
+    # by default (the stage's default) the score rows are not timed: the timed rows are the same
+    plain, _ = _flash_bench.bench("cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}, [96], cfg,
+                                  B=1, HQ=4, G=2, D=16, dtype=torch.float32)
+    assert not any(r["kind"] == "scores" for r in plain)
+    assert {(r["branch"], r["path"]) for r in plain} == {(b, p) for b in ("cmp", "win") for p in ("sdpa", "sdpa-math")}
