@@ -13,8 +13,10 @@
 #   1. `nsa-run oneshot --profile full --impl nsa_core,fla` (issue 15's side-by-side; warms the
 #      Triton / FA-4 / fla caches; the FA-2 build runs beside it, so its timings are not reported)
 #   2. bench/gpu_decode14.sh (issue 14);  3. waits for the FA-2 build, then `nsa-run oneshot
-#      --profile full`: the timed run on a warm machine (issue 13);  4. FA-2's own test and
-#      fa2-probe with FA-2 importable;  5. `nsa-run oneshot --profile quick` (the smoke check)
+#      --profile full`: the timed run on a warm machine (issue 13), its time ledger
+#      (bench/time_ledger.py) and the cuDNN first-call probe (bench/cudnn_build_cost.py);  4. FA-2's
+#      own test and fa2-probe with FA-2 importable;  5. `nsa-run oneshot --profile quick` twice
+#      (the second: the warm smoke check)
 # The job runs from a copy of the source in /tmp/nsa-src (see start), so later calls may re-sync.
 # wait SECONDS: waits for the job (at most SECONDS), prints the steps and the tables, copies logs and
 # the run folders (as far as they got) into $OUT.
@@ -84,6 +86,10 @@ fi
 [ -d "$R/.devcarry/fa2" ] && step bash bench/gpu_fa2_build.sh wait 420 > "$L/fa2_wait.log" 2>&1
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$L/gpu_apps_before_timed.txt" 2>&1
 step nsa-run oneshot --profile full --out "$L/art" > "$L/oneshot.log" 2>&1
+# where its time went (issue 13): the run folder's own records, split into parts that add up
+python3 bench/time_ledger.py "\$(ls -d "$L"/art/*/ | head -1)" > "$L/ledger.txt" 2>&1
+# the hypothesis behind fa2-probe's parity time: a cuDNN graph built per new shape, per process
+step python3 bench/cudnn_build_cost.py > "$L/cudnn_build.txt" 2>&1
 # the fixed cost every stage's process pays (python + torch import + CUDA context), for the profile
 step python3 -c "import time; t=time.time(); import torch; a=time.time(); torch.zeros(1, device='cuda'); \
 import nsa_core; print(f'import torch {a-t:.2f} s, CUDA context {time.time()-a:.2f} s')" > "$L/overhead.txt" 2>&1
@@ -94,7 +100,12 @@ if [ -f /tmp/fa2site/flash_attn/__init__.py ]; then
   step env PYTHONPATH=/tmp/fa2site:$PYTHONPATH nsa-run stage fa2-probe --out "$L/art_fa2" > "$L/fa2probe.log" 2>&1
 fi
 # 5. the quick profile's wall time (smoke check; FINAL_QUICK=0 leaves it out)
-[ "${FINAL_QUICK:-1}" = 1 ] && step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+# (twice: the first compiles the quick shapes' kernels; the second is the warm smoke check, < 60 s)
+if [ "${FINAL_QUICK:-1}" = 1 ]; then
+  step nsa-run oneshot --profile quick --out "$L/art_quick1" > "$L/oneshot_quick1.log" 2>&1
+  step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+  python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick/*/ | head -1)" > "$L/ledger_quick.txt" 2>&1
+fi
 touch "$L/done"
 JOB
   setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
@@ -111,6 +122,7 @@ wait)
   done
   [ -f "$L/d14/table.md" ] && { echo "== decode14"; cat "$L/d14/log.txt" "$L/d14/table.md"; }
   [ -f "$L/overhead.txt" ] && cat "$L/overhead.txt"
+  for f in ledger ledger_quick cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
   [ -f "$L/fa4_cache.txt" ] && { echo "FA-4 JIT cache:"; cat "$L/fa4_cache.txt"; }
   for d in "$L"/art_p1 "$L"/art_p2 "$L"/art_fa2; do grep -h "wall time" "$d"/*/fa2_probe.txt 2>/dev/null; done
   [ -f "$L/fa2probe.log" ] && { echo "== fa2-probe with FA-2"; tail -4 "$L/fa2probe.log"; tail -4 "$L/fa2_test.log"; }
