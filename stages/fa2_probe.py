@@ -59,6 +59,40 @@ def _table(df, cols) -> str:
     return df[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}") if len(df) else "(none)"
 
 
+def _same_machine(old: dict | None, entry: dict) -> dict | None:
+    """The entry of ``old`` (a thresholds document) that ``entry`` would replace (same GPU,
+    capability and torch: ``routing.merge_thresholds``), or None."""
+    key = (entry.get("gpu"), entry.get("capability"), entry.get("torch"))
+    for e in (old or {}).get("entries", []):
+        if (e.get("gpu"), e.get("capability"), e.get("torch")) == key:
+            return e
+    return None
+
+
+def _longest(e: dict) -> int:
+    """The longest S an entry measured (its S_measured, else its paths' max_measured)."""
+    S = [s for s in e.get("S_measured") or [] if isinstance(s, int) and not isinstance(s, bool)]
+    S += [r.get("max_measured") for ps in (e.get("branches") or {}).values() if isinstance(ps, dict)
+          for r in ps.values() if isinstance(r, dict) and isinstance(r.get("max_measured"), int)]
+    return max(S, default=0)
+
+
+def _longer_entry(old: dict | None, entry: dict) -> int | None:
+    """The longest S of the entry ``entry`` would replace, when it measured longer than ``entry``
+    (a quick run's 1K..4K must not replace a full run's 1K..64K: routing would then route 64K by
+    what won at 4K); else None."""
+    prev = _same_machine(old, entry)
+    if prev is None:
+        return None
+    n = _longest(prev)
+    return n if n > _longest(entry) else None
+
+
+def _longer_run(old: dict | None, entry: dict) -> str:
+    prev = _same_machine(old, entry) or {}
+    return f"{prev.get('source_run', '?')}, {prev.get('measured', '?')}"
+
+
 class Fa2Probe(Stage):
     name = "fa2-probe"
     order = 50
@@ -71,7 +105,8 @@ class Fa2Probe(Stage):
     options = (
         Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),
         Option("--thresholds", str, "default",
-               "merge measured thresholds into: 'default' (the per-user file, see docs/routing.md), a path, or 'none'"),
+               "merge measured thresholds into: 'default' (the per-user file, see docs/routing.md), a path, or "
+               "'none'; an entry of the same GPU and torch measured over longer S is kept, not replaced"),
         Option("--bench", str, "yes", "run the speed measurement", choices=("yes", "no")),
         Option("--seed", int, 0, "base seed of the random parity inputs"),
         Option("--score-rows", str, "no", "also time torch's selection-score recompute beside the cmp branch "
@@ -217,9 +252,17 @@ class Fa2Probe(Stage):
             tpath = routing.DEFAULT_THRESHOLDS if target == "default" else Path(target)
             try:
                 old = routing.load_thresholds(tpath) if tpath.exists() else None
-                write_json(tpath, routing.merge_thresholds(old, entry))
-                doc["thresholds_file"] = str(tpath)
-                note = f"thresholds merged into {tpath}"
+                longer = _longer_entry(old, entry)
+                if longer is not None:  # a quick run must not shrink what a full run measured
+                    doc["thresholds_file_kept"] = str(tpath)
+                    note = (f"thresholds NOT merged: {tpath} holds an entry for this GPU and torch measured up to "
+                            f"S={longer} (run {_longer_run(old, entry)}), longer than this run's S up to "
+                            f"{max(S_list)}; routing keeps it (this run's are in fa2_thresholds.json; remove "
+                            "that entry or the file to replace it)")
+                else:
+                    write_json(tpath, routing.merge_thresholds(old, entry))
+                    doc["thresholds_file"] = str(tpath)
+                    note = f"thresholds merged into {tpath}"
             except (ValueError, OSError) as e:  # a bad existing file is left as it is, and said so
                 doc["thresholds_file_error"] = str(e)
                 note = f"thresholds NOT merged ({e}); they are in fa2_thresholds.json"

@@ -121,3 +121,49 @@ def test_description_lists_exactly_the_adapters_not_gpu_verified():
 
     clause = Fa2Probe.description.split("not GPU-verified:")[1].split("(")[0]
     assert set(re.findall(r"FA-\d", clause)) == {f"FA-{p[2]}" for p, v in adapters.GPU_VERIFIED.items() if not v}
+
+
+def _bench_rows(S_list):
+    rows = []
+    for S in S_list:
+        for b in ("cmp", "win"):
+            for path, kind, x in (("sdpa", "baseline", 1.0), ("sdpa-math", "flash", 1.5 if S >= 4096 else 0.9)):
+                rows.append({"branch": b, "kind": kind, "path": path, "S": S, "B": 1, "HQ": 32, "G": 2, "D": 128,
+                             "dtype": "bf16", "fwd_ms": 1.0 / x, "fwdbwd_ms": 3.0 / x, "speedup_fwd": x,
+                             "speedup_fwdbwd": x, "note": ""})
+    return rows
+
+
+def _bench_into(tmp_path, monkeypatch, S_list, target):
+    """fa2-probe's bench part with synthetic timings (the merge rule is what is tested), on a fake GPU."""
+    from nsa_core.config import NSAConfig
+    from nsa_runner.measure import flash_bench as _flash_bench
+
+    monkeypatch.setattr(_flash_bench, "bench", lambda device, good, S, cfg, **kw: (_bench_rows(S), "fake timer"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake H100")
+    run = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    run.mkdir()
+    ctx = SimpleNamespace(dir=run, device="cpu", profile="quick", options={"thresholds": str(target)}, run_id="r")
+    txt, files, metrics = [], [], {}
+    note = Fa2Probe()._bench(ctx, run, "cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}, S_list, {}, txt, files,
+                             metrics, ctx.options, NSAConfig())
+    return note, json.loads((run / "fa2_thresholds.json").read_text())
+
+
+def test_a_shorter_measurement_never_replaces_a_longer_one_in_the_thresholds_file(tmp_path, monkeypatch):
+    """A quick fa2-probe (S up to 4K) after a full one (up to 64K) on the same GPU and torch kept
+    replacing the full entry: routing then routed 64K by what won at 4K. It now keeps the longer
+    entry and says so; a measurement of the same or a longer range still replaces it."""
+    target = tmp_path / "thresholds.json"
+    note, full = _bench_into(tmp_path, monkeypatch, [1024, 4096, 16384, 65536], target)
+    assert note.startswith("thresholds merged") and json.loads(target.read_text()) == full
+    before = target.read_bytes()
+    note, quick = _bench_into(tmp_path, monkeypatch, [1024, 4096], target)
+    assert "NOT merged" in note and "S=65536" in note and "4096" in note, note
+    assert target.read_bytes() == before  # the full entry is untouched
+    assert quick["entries"][0]["S_measured"] == [1024, 4096]  # this run's own copy is still written
+    note, again = _bench_into(tmp_path, monkeypatch, [2048, 65536], target)
+    assert note.startswith("thresholds merged")
+    doc = json.loads(target.read_text())
+    assert len(doc["entries"]) == 1 and doc["entries"][0]["S_measured"] == [2048, 65536]
