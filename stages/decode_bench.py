@@ -81,6 +81,11 @@ DEFAULTS = {
     "cpu": dict(S_list=[256, 1024], batch_list=[1, 2], iters=15, warmup=2, profile_passes=3, dtype="fp32",
                 groups=2, heads_per_group=2, dk=32, dv=16, dim=64, nsa="l=16,d=8,l_sel=32,n_sel=8,w=128"),
 }
+KERNELS = ("torch", "triton", "fused", "split")  # nsa_core.decode.static.IMPLS
+AUTO_KERNEL = "split"  # --kernel auto on CUDA
+# the eager (no graph) step is timed for the ms_step_eager column only: few steps (each ~1 ms)
+EAGER_ITERS = {"cuda": 20, "cpu": 1}
+EAGER_WARMUP = {"cuda": 3, "cpu": 0}
 PREFILL_MAX_S = 2048  # --fill auto: a real prefill up to this S, a direct random fill above
 # the parts of the step's partition (nsa_runner.measure.timing.profile_partition): the three branches,
 # attention work shared by several (append, combine, fused kernels), everything else (projections,
@@ -100,6 +105,15 @@ COLUMNS = ["S", "B", "impl", "kernel", "fill", "ms_step", "ms_attn", *[f"ms_{k}"
            # PASS / FAIL: the point's checks (a point an implementation did not run, SKIP or ERROR, is
            # listed in decode_bench.txt and decode_summary.txt, not here); note: what the row measured
            "status", "note"]
+
+
+def _kernel_list(text: str) -> str:
+    """--kernel: auto, one kernel or a comma list of them (validated; returned as given, stripped)."""
+    ks = [k.strip() for k in str(text).split(",") if k.strip()]
+    bad = [k for k in ks if k not in ("auto", *KERNELS)]
+    if not ks or bad:
+        raise ValueError(f"--kernel: {text!r} is not one of auto, {', '.join(KERNELS)} (or a comma list of them)")
+    return ",".join(ks)
 
 
 def _pos(text: str) -> int:
@@ -274,8 +288,13 @@ def _fastest_full(ms, full_err, failed, tried, tag, problems):
     return full_ms, full_name, by_kind, full_rel
 
 
-def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]:
-    """One (S, B) point -> (CSV row, problems). See the module docstring for what is timed."""
+def measure(S: int, B: int, o: dict, device: str, log) -> tuple[list[dict], list[str]]:
+    """One (S, B) point -> (one CSV row per kernel of ``o["kernels"]``, problems). See the module
+    docstring for what is timed. The kernels share the layer, the context (each decodes over its own
+    copy of the cache), the float64 reference and the full-attention baselines, and are timed
+    round-robin with them in one set of replays."""
+    import time
+
     import torch
 
     from nsa_core import NSAAttention, NSAConfig
@@ -285,11 +304,13 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
     from nsa_core.testing import compare
     from nsa_runner.measure import timing
 
+    t_start = time.perf_counter()
     problems: list[str] = []
     dtype = getattr(torch, DTYPES[o["dtype"]])
     cfg = NSAConfig(**o["nsa"])
     G, h = o["groups"], o["heads_per_group"]
     HQ, dk, dv, dim = G * h, o["dk"], o["dv"], o["dim"]
+    kernels = o.get("kernels") or [o["kernel"]]
     torch.manual_seed(o["seed"] + S * 131 + B)
     gen = torch.Generator(device=device).manual_seed(o["seed"] + S + 7 * B)
     m = NSAAttention(dim, HQ, G, dk, dv, cfg).to(device=device, dtype=dtype).eval()
@@ -303,51 +324,56 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
             cache = m.new_cache(B, S, page_size=o["page_size"] or None)
             cache.fill_random_(S - 1, generator=gen)
     x = torch.randn(B, 1, dim, device=device, dtype=dtype, generator=gen)
-    dec = m.decoder(cache, impl=o["kernel"])
-    dec.x.copy_(x)
-    dec.pos.fill_(S - 1)
     ref_cache = cache.to(dtype=torch.float64)  # context before the step, for the float64 reference
-    dec.run_step()  # one eager step (also compiles the kernels)
-    y = dec.y.clone()
-    blk = dec.blk.clone()
+    caches = {k: (cache if i == 0 else cache.clone()) for i, k in enumerate(kernels)}  # one context each
+    decs = {}
+    for k in kernels:
+        dec = m.decoder(caches[k], impl=k)
+        dec.x.copy_(x)
+        dec.pos.fill_(S - 1)
+        dec.run_step()  # one eager step (also compiles the kernels)
+        decs[k] = dec
+    t_built = time.perf_counter()
     tag = f"S={S} B={B}"
 
-    # -- parity: the step vs the float64 eager reference fed the step's selection ---------------
+    # -- parity: each kernel's step vs the float64 eager reference fed that step's selection ------
     m64 = copy.deepcopy(m).to(torch.float64)
+    par, agree, blks = {}, {}, {}
     with torch.no_grad():
         p = m64.project(x.to(torch.float64), S - 1)
         ref_cache.append_(p.k_cmp[:, 0], p.v_cmp[:, 0], p.k_sel[:, 0], p.v_sel[:, 0], p.k_win[:, 0], p.v_win[:, 0],
                           m64.phi_k, m64.phi_v)
-        idx, cnt = _sorted_selection(blk)
-        o_fed, _, _ = _decode.attend(p.q, p.gates, ref_cache, S - 1, cfg, block_idx=idx, block_count=cnt)
-        par = compare(y, m64.out(o_fed), dtype)
         _, ref_idx, ref_cnt = _decode.attend(p.q, p.gates, ref_cache, S - 1, cfg)
-    del ref_cache
-    ref_live = torch.where(torch.arange(ref_idx.shape[-1], device=ref_idx.device) < ref_cnt[..., None],
-                           ref_idx.long(), -1)[:, 0]
-    agree = float((torch.sort(ref_live, -1).values == torch.sort(_sorted_selection(blk)[0][:, 0].long(), -1).values)
-                  .all(-1).float().mean())
-    if not par.ok:
-        problems.append(f"{tag}: step output vs float64 reference (same selection): {par}")
+        ref_live = torch.where(torch.arange(ref_idx.shape[-1], device=ref_idx.device) < ref_cnt[..., None],
+                               ref_idx.long(), -1)[:, 0]
+        for k, dec in decs.items():
+            blk = blks[k] = dec.blk.clone()
+            idx, cnt = _sorted_selection(blk)
+            o_fed, _, _ = _decode.attend(p.q, p.gates, ref_cache, S - 1, cfg, block_idx=idx, block_count=cnt)
+            par[k] = compare(dec.y, m64.out(o_fed), dtype)
+            agree[k] = float((torch.sort(ref_live, -1).values == torch.sort(idx[:, 0].long(), -1).values)
+                             .all(-1).float().mean())
+            if not par[k].ok:
+                problems.append(f"{tag} kernel {k}: step output vs float64 reference (same selection): {par[k]}")
+    del ref_cache, m64
 
     # -- counters -------------------------------------------------------------------------------
     want = cache_mod.formula_reads(S, cfg)
     reads = {}
-    for who, (bi, bc) in (("step", (blk, None)), ("reference", (ref_idx[:, 0], ref_cnt[:, 0]))):
+    for who, (bi, bc) in [*((f"step ({k})", (blks[k], None)) for k in kernels),
+                          ("reference", (ref_idx[:, 0], ref_cnt[:, 0]))]:
         r = cache_mod.read_counts(S, bi, bc, cfg)
-        for k in cache_mod.READ_KEYS:
-            bad = r[k] != want[k]
+        for key in cache_mod.READ_KEYS:
+            bad = r[key] != want[key]
             if bool(bad.any()):
-                problems.append(f"{tag}: reads_{k} of the {who} selection {sorted(set(r[k].flatten().tolist()))} "
-                                f"!= formula {want[k]} in {int(bad.sum())} of {bad.numel()} (b, group)")
-        if who == "step":
-            reads = {k: int(r[k].max()) for k in r}
+                problems.append(f"{tag}: reads_{key} of the {who} selection {sorted(set(r[key].flatten().tolist()))} "
+                                f"!= formula {want[key]} in {int(bad.sum())} of {bad.numel()} (b, group)")
+        if who.startswith("step"):
+            reads[who[6:-1]] = {key: int(r[key].max()) for key in r}
+    t_checked = time.perf_counter()
 
     # -- timing ---------------------------------------------------------------------------------
     with torch.no_grad():
-        proj = dec.project(dec.x)
-        q = proj[0]
-
         outs = {}
 
         def keep(name, f):
@@ -355,66 +381,88 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[dict, list[str]]
                 outs[name] = f()
             return run
 
-        fns = {
-            "step": keep("step", dec.run_step),
-            "attn": keep("attn", lambda: dec.attn(*proj)),
-        }
+        fns, names = {}, {}
+        for i, (k, dec) in enumerate(decs.items()):
+            proj = dec.project(dec.x)
+            sfx = "" if i == 0 else f":{k}"  # the first kernel keeps the plain names (step, attn)
+            names[k] = ("step" + sfx, "attn" + sfx, "eager" + sfx)
+            fns[names[k][0]] = keep(names[k][0], dec.run_step)
+            fns[names[k][1]] = keep(names[k][1], lambda dec=dec, proj=proj: dec.attn(*proj))
+        dec0 = decs[kernels[0]]
+        q = dec0.project(dec0.x)[0]
         # -- full-attention baseline over the same S tokens: every SDPA backend that runs ----------
         qf = q.reshape(B, G, h, dk)
         kf, vf = cache.sel_dense(S)  # views (dense cache) or a gathered copy (paged): the baseline is dense
         tried, full_err = _full_baselines(
-            qf, kf, vf, dec.scale, device, dtype, tag, outs, fns, problems,
-            lambda: (_full_decode(q, kf.contiguous(), vf.contiguous(), dec.pos, dec.scale) if cache.paged
-                     else _full_decode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale)))
+            qf, kf, vf, dec0.scale, device, dtype, tag, outs, fns, problems,
+            lambda: (_full_decode(q, kf.contiguous(), vf.contiguous(), dec0.pos, dec0.scale) if cache.paged
+                     else _full_decode(q, cache.K_sel, cache.V_sel, dec0.pos, dec0.scale)))
         runs, failed = (timing.graph_replays(fns, optional=[k for k in fns if k.startswith("full:")])
                         if device == "cuda" and o["graphs"] else (fns, {}))
         tm, _ = timing.bench_round_robin(runs, device=device, warmup=o["warmup"], iters=o["iters"])
         if device == "cuda":
-            tm["eager"] = timing.bench(dec.run_step, device=device, warmup=o["warmup"], iters=o["iters"])
+            for k, dec in decs.items():
+                tm[names[k][2]] = timing.bench(dec.run_step, device=device, warmup=o["eager_warmup"],
+                                               iters=o["eager_iters"])
         ms = {k: t.ms for k, t in tm.items()}
-        ms_eager = ms.get("eager", float("nan"))
+        t_timed = time.perf_counter()
         # -- shares: ONE method that partitions the step (profiled passes of the timed step itself) --
-        part = timing.profile_partition(runs["step"], label_of, device=device, passes=o["profile_passes"])
+        parts = {k: timing.profile_partition(runs[names[k][0]], label_of, device=device, passes=o["profile_passes"])
+                 for k in kernels}
         for k, v in outs.items():
             if not bool(torch.isfinite(v).all()):
                 problems.append(f"{tag}: non-finite output of '{k}'")
-        if not bool(torch.isfinite(dec.y).all()):
-            problems.append(f"{tag}: non-finite step output")
+        for k, dec in decs.items():
+            if not bool(torch.isfinite(dec.y).all()):
+                problems.append(f"{tag} kernel {k}: non-finite step output")
         full_ms, full_name, by_kind, full_rel = _fastest_full(ms, full_err, failed, tried, tag, problems)
     log(f"{tag}: full-attention baselines: " + "; ".join(tried))
 
     es = torch.empty((), dtype=dtype).element_size()
-    total = sum(reads.values())
-    nsa_bytes = B * G * total * (dk + dv) * es
-    full_bytes = B * G * S * (dk + dv) * es
-    shares = part.shares()
-    row = {
-        "S": S, "B": B, "impl": BUILTIN, "kernel": o["kernel"] + (f"/paged{o['page_size']}" if o["page_size"] else ""),
-        "fill": fill,
-        "ms_step": ms["step"], "ms_attn": ms["attn"], **{f"ms_{k}": part.parts.get(k, 0.0) for k in SHARE_PARTS},
-        "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
-        "ms_full_fa4": by_kind["fa4"],
-        "speedup": full_ms / ms["attn"], "speedup_step": full_ms / ms["step"],
-        **{f"share_{k}": shares.get(k, 0.0) for k in SHARE_PARTS},
-        "share_sum": sum(shares.get(k, 0.0) for k in SHARE_PARTS),
-        "ms_step_eager": ms_eager,
-        **_spread_cols(tm, {"ms_step": "step", "ms_attn": "attn", "ms_full": f"full:{full_name}",
-                            "ms_step_eager": "eager"}),
-        "reads_cmp": reads.get("cmp", -1), "reads_sel": reads.get("sel", -1), "reads_win": reads.get("win", -1),
-        "reads_total": total, "reads_bound": cache_mod.paper_bound(S, cfg), "reads_full": S,
-        "read_ratio": S / total if total else float("nan"),
-        "GB/s": nsa_bytes / (ms["attn"] * 1e-3) / 1e9, "GB/s_full": full_bytes / (full_ms * 1e-3) / 1e9,
-        "full_backend": full_name, "parity_rel_err": par.rel_err, "parity_tol": par.tol, "sel_agree": agree,
-        "full_rel_err": full_rel, "ms_profiled": part.total, "share_method": part.method,
-        "status": "", "note": "",
-    }
-    log(f"{tag}: step partition ({part.method}, {part.passes} passes, {part.total * 1e3:.1f} us per pass): "
-        + "; ".join(f"{lab}/{name} {v * 1e3:.1f} us" for (lab, name), v in sorted(part.items.items(),
-                                                                               key=lambda kv: -kv[1])[:12]))
-    if set(part.parts) - set(SHARE_PARTS):
-        problems.append(f"{tag}: the step partition has labels outside {SHARE_PARTS}: {sorted(part.parts)}")
-    row["status"] = "FAIL" if problems else "PASS"
-    return row, problems
+    rows = []
+    for k in kernels:
+        step_n, attn_n, eager_n = names[k]
+        part = parts[k]
+        total = sum(reads[k].values())
+        nsa_bytes = B * G * total * (dk + dv) * es
+        full_bytes = B * G * S * (dk + dv) * es
+        shares = part.shares()
+        row = {
+            "S": S, "B": B, "impl": BUILTIN, "kernel": k + (f"/paged{o['page_size']}" if o["page_size"] else ""),
+            "fill": fill,
+            "ms_step": ms[step_n], "ms_attn": ms[attn_n], **{f"ms_{p_}": part.parts.get(p_, 0.0) for p_ in SHARE_PARTS},
+            "ms_full": full_ms, "ms_full_sdpa": by_kind["sdpa"], "ms_full_triton": by_kind["triton"],
+            "ms_full_fa4": by_kind["fa4"],
+            "speedup": full_ms / ms[attn_n], "speedup_step": full_ms / ms[step_n],
+            **{f"share_{p_}": shares.get(p_, 0.0) for p_ in SHARE_PARTS},
+            "share_sum": sum(shares.get(p_, 0.0) for p_ in SHARE_PARTS),
+            "ms_step_eager": ms.get(eager_n, float("nan")),
+            **_spread_cols(tm, {"ms_step": step_n, "ms_attn": attn_n, "ms_full": f"full:{full_name}",
+                                "ms_step_eager": eager_n}),
+            "reads_cmp": reads[k].get("cmp", -1), "reads_sel": reads[k].get("sel", -1),
+            "reads_win": reads[k].get("win", -1),
+            "reads_total": total, "reads_bound": cache_mod.paper_bound(S, cfg), "reads_full": S,
+            "read_ratio": S / total if total else float("nan"),
+            "GB/s": nsa_bytes / (ms[attn_n] * 1e-3) / 1e9, "GB/s_full": full_bytes / (full_ms * 1e-3) / 1e9,
+            "full_backend": full_name, "parity_rel_err": par[k].rel_err, "parity_tol": par[k].tol,
+            "sel_agree": agree[k], "full_rel_err": full_rel, "ms_profiled": part.total, "share_method": part.method,
+            "status": "", "note": "",
+        }
+        log(f"{tag} kernel {k}: step partition ({part.method}, {part.passes} passes, {part.total * 1e3:.1f} us per "
+            "pass): " + "; ".join(f"{lab}/{name} {v * 1e3:.1f} us" for (lab, name), v in
+                                  sorted(part.items.items(), key=lambda kv: -kv[1])[:12]))
+        if set(part.parts) - set(SHARE_PARTS):
+            problems.append(f"{tag}: the step partition has labels outside {SHARE_PARTS}: {sorted(part.parts)}")
+        def whose(pr, kk):
+            return f"kernel {kk}:" in pr or f"step ({kk})" in pr
+
+        mine = [pr for pr in problems if whose(pr, k) or not any(whose(pr, kk) for kk in kernels)]
+        row["status"] = "FAIL" if mine else "PASS"
+        rows.append(row)
+    t_end = time.perf_counter()
+    log(f"{tag}: wall {t_end - t_start:.1f} s (build + first steps {t_built - t_start:.1f}, parity + counters "
+        f"{t_checked - t_built:.1f}, timing {t_timed - t_checked:.1f}, partition {t_end - t_timed:.1f})")
+    return rows, problems
 
 
 # ---- an implementation's decode_step (nsa_runner.impls.DECODE_STEP) -------------------------------
@@ -740,8 +788,9 @@ class DecodeBench(Stage):
         Option("--dim", _pos, None, "model dim (default CUDA 2048, CPU 64)"),
         Option("--nsa", parse_nsa, None, "geometry, e.g. l=32,d=16,l_sel=64,n_sel=16,w=512 (default CUDA: paper; "
                "CPU: l=16,d=8,l_sel=32,n_sel=8,w=128)"),
-        Option("--kernel", str, "auto", "nsa_core's decode step kernel (auto: triton on CUDA, torch on CPU; fused: "
-               "the attention part in two Triton launches)", choices=("auto", "torch", "triton", "fused")),
+        Option("--kernel", _kernel_list, "auto", "nsa_core's decode step kernel, or several comma-separated (one row "
+               "each, same layer, context and baselines, timed round-robin): torch, triton (6 launches), fused (2 "
+               "launches), split (2 launches, split-K sized from the SM count); auto: split on CUDA, torch on CPU"),
         Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
                f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),
         Option("--page-size", _nonneg, 0, "paged raw KV cache with this many tokens per page (block table, "
@@ -769,16 +818,20 @@ class DecodeBench(Stage):
             raise ValueError(f"decode-bench: --dtype must be one of {', '.join(DTYPES)}, got {o['dtype']!r}")
         if not o["S_list"] or any(s < 2 for s in o["S_list"]):
             raise ValueError(f"decode-bench: every S in --S-list must be >= 2, got {o['S_list']}")
-        if o["kernel"] == "auto":
-            o["kernel"] = "triton" if dev == "cuda" and _triton_ok() else "torch"
-        if o["kernel"] in ("triton", "fused") and dev == "cpu":
+        kernels = (_kernel_list(o["kernel"]).split(",") if isinstance(o["kernel"], str) else list(o["kernel"]))
+        kernels = [(AUTO_KERNEL if dev == "cuda" and _triton_ok() else "torch") if k == "auto" else k
+                   for k in kernels]
+        o["kernels"] = list(dict.fromkeys(kernels))
+        o["kernel"] = ",".join(o["kernels"])
+        tri = [k for k in o["kernels"] if k != "torch"]
+        if tri and dev == "cpu":
             import os
 
             if os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError(f"decode-bench: --kernel {o['kernel']} on CPU needs TRITON_INTERPRET=1 "
+                raise ValueError(f"decode-bench: --kernel {tri[0]} on CPU needs TRITON_INTERPRET=1 "
                                  "(the executor sets it)")
-        if o["kernel"] == "triton" and o["dtype"] not in DTYPES:
-            raise ValueError("decode-bench: --kernel triton supports fp32/fp16/bf16")
+        o.setdefault("eager_iters", EAGER_ITERS[dev])
+        o.setdefault("eager_warmup", EAGER_WARMUP[dev])
         o["impl"] = o.get("impl") or BUILTIN
         o["graphs"] = o.get("graphs", "on") in ("on", True)
         o["page_size"] = o.get("page_size") or 0
@@ -945,7 +998,7 @@ def _points(o, dev, log, rows, problems, errors) -> None:
     for S in o["S_list"]:
         for B in o["batch_list"]:
             try:
-                row, probs = measure(S, B, o, dev, log)
+                new_rows, probs = measure(S, B, o, dev, log)
             except Exception as e:  # noqa: BLE001 - one point failing must not hide the others
                 msg = f"S={S} B={B}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                 log(traceback.format_exc())
@@ -953,11 +1006,12 @@ def _points(o, dev, log, rows, problems, errors) -> None:
                 continue
             finally:
                 _free(dev)
-            rows.append(row)
+            rows.extend(new_rows)
             problems += probs
-            log(f"S={S:>6} B={B:>3} step {row['ms_step']:.4f} ms attn {row['ms_attn']:.4f} ms full "
-                f"{row['ms_full']:.4f} ms speedup {row['speedup']:.2f}x reads {row['reads_total']} "
-                f"(bound {row['reads_bound']:.0f}, full {S}) parity {row['parity_rel_err']:.2e}")
+            for row in new_rows:
+                log(f"S={S:>6} B={B:>3} {row['kernel']:>8} step {row['ms_step']:.4f} ms attn {row['ms_attn']:.4f} ms "
+                    f"full {row['ms_full']:.4f} ms speedup {row['speedup']:.2f}x reads {row['reads_total']} "
+                    f"(bound {row['reads_bound']:.0f}, full {S}) parity {row['parity_rel_err']:.2e}")
 
 
 def _is_builtin(entry) -> bool:

@@ -511,6 +511,283 @@ def _fused_tiles_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T,
                            BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, True, True)
 
 
+# ---- the split step: two launches, split-K everywhere (impl="split", issue 14) ---------------------
+# Kernel 1, grid (B*G, NCH + NW): programs 0..NCH-1 are split-K chunks of the compressed cache, the
+# next NW programs chunks of the window ring (the window does not depend on the selection, so it is
+# read here, beside the compressed pass). A compressed chunk keeps no logits: each BT-token tile folds
+# its unnormalised probabilities (relative to the tile's running max) into per-head block partials
+# with the overlap weights of Eq. 9 (A: to the token's own selection block, C: to the next one), so the
+# row's last chunk program scores every block from HP x NB partials instead of HP x ccap logits, and
+# picks the top-n. Kernel 2, grid (B*G, NSP + NVS): NSP programs attend SPB selected blocks each, NVS
+# programs merge the compressed chunks (one slice of value columns each); the row's last program merges
+# the selected and window partials, adds the merged compressed output and applies the gates (Eq. 5).
+
+@triton.jit
+def _attend_range(q0, q1, KB, VB, row0, lo, hi, last, qk_scale, oh, ov, mh, mv, ABUF, CBUF, TMX, bg64, NB, NTILE,
+                  DK: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr,
+                  BV: tl.constexpr, BT: tl.constexpr, A: tl.constexpr, BQ: tl.constexpr, BLOCKS: tl.constexpr,
+                  IEEE: tl.constexpr):
+    """Online softmax of the group's heads over key rows row0 + lo .. row0 + hi - 1 of KB / VB, keys with
+    index > last masked -> (m, l, acc). BLOCKS: per BT-tile (lo a multiple of BT) the block partials
+    A[h, j] = sum_i ws(i % a) p[h, i], C[h, j] = sum_i wn(i % a) p[h, i] over the tile's tokens i of block
+    j (p relative to the running max after the tile, stored in TMX[bg, tile, h])."""
+    ot = tl.arange(0, BT)
+    m_i = tl.full([HP], NEG, dtype=tl.float32)
+    l_i = tl.zeros([HP], dtype=tl.float32)
+    acc = tl.zeros([HP, BV], dtype=tl.float32)
+    for t0 in range(lo, hi, BT):
+        n_off = t0 + ot
+        mn = (n_off < hi) & (n_off <= last)
+        rows = row0 + n_off
+        sc = _qk(q0, q1, KB, rows, mn, DK, DK0, BK1, IEEE)
+        sc = tl.where(mn[None, :], sc * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vb = tl.load(VB + rows[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p, vb, IEEE)
+        m_i = m_new
+        if BLOCKS:
+            p3 = tl.reshape(p, [HP, BT // A, A])
+            mm = tl.arange(0, A)
+            ws = tl.minimum(A - mm, BQ).to(tl.float32)  # the weight of token i to its own block: #n<b with i%a+n<a
+            wn = tl.maximum(mm + BQ - A, 0).to(tl.float32)  # ... and to the next block
+            a_blk = tl.sum(p3 * ws[None, None, :], 2)
+            c_blk = tl.sum(p3 * wn[None, None, :], 2)
+            jj = t0 // A + tl.arange(0, BT // A)
+            at = (bg64 * HP + oh[:, None]) * NB + jj[None, :]
+            mj = mh[:, None] & (jj < NB)[None, :]
+            tl.store(ABUF + at, a_blk, mask=mj)
+            tl.store(CBUF + at, c_blk, mask=mj)
+            tl.store(TMX + (bg64 * NTILE + t0 // BT) * HP + oh, m_new)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_partial(M_X, L_X, ACC_X, row, m, l, acc, oh, HP: tl.constexpr, BV: tl.constexpr):
+    ov = tl.arange(0, BV)
+    tl.store(M_X + row * HP + oh, m)
+    tl.store(L_X + row * HP + oh, l)
+    tl.store(ACC_X + (row * HP + oh[:, None]) * BV + ov[None, :], acc)
+
+
+@triton.jit
+def _pick_topn(sc, oj, cur, BLK, bg64, NSEL: tl.constexpr, BNB: tl.constexpr):
+    """Top-n (Eq. 11) of the block scores sc [BNB] (block ids oj): block 0 and the two local blocks forced,
+    candidates j <= cur, ties to the lower id -> BLK[bg, :] (-1 = unused)."""
+    cand = oj <= cur
+    forced = cand & ((oj == 0) | (oj == cur) | (oj == cur - 1))
+    sc = tl.where(forced, float("inf"), sc)
+    sc = tl.where(cand, sc, float("-inf"))
+    bits = sc.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = (ordered.to(tl.int64) << 32) | (BNB - 1 - oj).to(tl.int64)
+    for k in tl.static_range(NSEL):
+        best = tl.max(key, 0)
+        j = BNB - 1 - (best & 0xFFFFFFFF)
+        valid = (best >> 32) > NEG_INF_ORDERED
+        tl.store(BLK + bg64 * NSEL + k, tl.where(valid, j, -1).to(tl.int64))
+        key = tl.where(oj == j, KEY_MIN, key)
+
+
+@triton.jit
+def _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, NTILE, NCH,
+                       H: tl.constexpr, HP: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr, A: tl.constexpr,
+                       BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr, BNB: tl.constexpr):
+    """Scores of blocks 0..t // l' (Eqs. 9-10) from the chunks' stats and the tiles' block partials:
+    score[j] = sum_h (A[h, j] w[h, tile(j a)] + C[h, j-1] w[h, tile((j-1) a)]), w = 2^(m_tile - M_h) / Z_h;
+    -> SC[bg, :], then the top-n -> BLK. Reads other programs' results (.cg)."""
+    oh = tl.arange(0, HP)
+    mh = oh < H
+    oc = tl.arange(0, BC)
+    rows = bg64 * NCH + oc
+    mc = oc < NCH
+    Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG, cache_modifier=".cg")
+    Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0, cache_modifier=".cg")
+    Mh = tl.max(Mp, 0)
+    Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
+    invZ = tl.where((Z > 0.0) & mh, 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
+    cur = pos // LSEL
+    for j0 in range(0, cur + 1, BJ):
+        j = j0 + tl.arange(0, BJ)
+        ta = (j * A) // BT
+        va = mh[:, None] & ((j <= cur) & (ta * BT < nvis))[None, :]
+        av = tl.load(ABUF + (bg64 * HP + oh[:, None]) * NB + j[None, :], mask=va, other=0.0, cache_modifier=".cg")
+        tma = tl.load(TMX + (bg64 * NTILE + ta[None, :]) * HP + oh[:, None], mask=va, other=0.0, cache_modifier=".cg")
+        jc = j - 1
+        tc = (jc * A) // BT
+        vc = mh[:, None] & ((j <= cur) & (jc >= 0) & (tc * BT < nvis))[None, :]
+        cv = tl.load(CBUF + (bg64 * HP + oh[:, None]) * NB + jc[None, :], mask=vc, other=0.0, cache_modifier=".cg")
+        tmc = tl.load(TMX + (bg64 * NTILE + tc[None, :]) * HP + oh[:, None], mask=vc, other=0.0, cache_modifier=".cg")
+        w_a = tl.where(va, tl.exp2(tma - Mh[:, None]) * invZ[:, None], 0.0)
+        w_c = tl.where(vc, tl.exp2(tmc - Mh[:, None]) * invZ[:, None], 0.0)
+        s = tl.sum(av * w_a + cv * w_c, 0)
+        tl.store(SC + bg64 * NB + j, s, mask=(j <= cur) & (j < NB))
+    tl.debug_barrier()  # this program's score stores precede its loads below
+    oj = tl.arange(0, BNB)
+    sc = tl.load(SC + bg64 * NB + oj, mask=(oj <= cur) & (oj < NB), other=0.0, cache_modifier=".cg")
+    _pick_topn(sc, oj, cur, BLK, bg64, NSEL, BNB)
+
+
+@triton.jit
+def _split_cmp_win_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                          K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                          M_P, L_P, ACC_P, ABUF, CBUF, TMX, SC, BLK, M_T, L_T, ACC_T, COUNT,
+                          NB, NTILE, qk_scale, CH, NCH, WCH, NT, T_WIN,
+                          G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                          L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr,
+                          A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr,
+                          BK1: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BT: tl.constexpr,
+                          BC: tl.constexpr, BJ: tl.constexpr, APPEND: tl.constexpr, AVG: tl.constexpr,
+                          IEEE: tl.constexpr, PAGED: tl.constexpr):
+    bg = tl.program_id(0)
+    p = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos = tl.load(POS).to(tl.int64)
+    nvis = _num_cmp(pos, L, STRIDE)
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    mv = ov < DV
+    if p < NCH:  # a chunk of the compressed cache
+        lo = p.to(tl.int64) * CH
+        hi = tl.minimum(lo + CH, nvis)
+        if APPEND:
+            if p == 0:  # the selection row / page and the raw ring (the window slot: its window program)
+                row = _sel_rows(TBL, s_tbl, b, g, bg64, pos, CAP, PS, G, PAGED)
+                _put(KS, s_ks, b, g, K_SEL, row, DK, BK)
+                _put(VS, s_vs, b, g, V_SEL, row, DV, BV)
+                _put(KC, s_kc, b, g, K_RAW, bg64 * L + pos % L, DK, BK)
+                _put(VC, s_vc, b, g, V_RAW, bg64 * L + pos % L, DV, BV)
+            if AVG:
+                emit, ci = _emits(pos, L, STRIDE)
+                if emit & (ci >= lo) & (ci < hi):  # the one program that reads row ci writes it
+                    _store_cmp_token(K_CMP, V_CMP, K_RAW, V_RAW, KC, VC, s_kc, s_vc, b, g, pos, bg64, ci, CCAP, DK,
+                                     DV, L, BK, BV, BL)
+                    tl.debug_barrier()
+        q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+        m_i, l_i, acc = _attend_range(q0, q1, K_CMP, V_CMP, bg64 * CCAP, lo, hi, hi, qk_scale, oh, ov, mh, mv,
+                                      ABUF, CBUF, TMX, bg64, NB, NTILE, DK, DV, HP, DK0, BK1, BV, BT, A, BQ, True,
+                                      IEEE)
+        _store_partial(M_P, L_P, ACC_P, bg64 * NCH + p, m_i, l_i, acc, oh, HP, BV)
+        if _last_of_row(COUNT, bg64, NCH):
+            _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, NTILE, NCH, H, HP, LSEL, NSEL,
+                               A, BT, BC, BJ, BNB)
+    else:  # a chunk of the window ring: slots lo .. hi-1 that are <= t
+        w = p - NCH
+        lo = w.to(tl.int64) * WCH
+        hi = tl.minimum(lo + WCH, W)
+        if APPEND:
+            slot = pos % W
+            if (slot >= lo) & (slot < hi):  # the program that reads the new token's slot writes it
+                _put(KW, s_kw, b, g, K_WIN, bg64 * W + slot, DK, BK)
+                _put(VW, s_vw, b, g, V_WIN, bg64 * W + slot, DV, BV)
+                tl.debug_barrier()
+        q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+        m_i, l_i, acc = _attend_range(q0, q1, K_WIN, V_WIN, bg64 * W, lo, hi, pos, qk_scale, oh, ov, mh, mv,
+                                      ABUF, CBUF, TMX, bg64, NB, NTILE, DK, DV, HP, DK0, BK1, BV, BT, A, BQ, False,
+                                      IEEE)
+        _store_partial(M_T, L_T, ACC_T, bg64 * NT + T_WIN + w, m_i, l_i, acc, oh, HP, BV)
+
+
+@triton.jit
+def _merge3(M_X, L_X, ACC_X, bg64, NROW, first, count, ov, BR: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr):
+    """Merge partials first .. first+count-1 of row bg (NROW per row) in ONE load each of m, l and acc
+    [BR, HP, len(ov)] -> normalised o [HP, len(ov)] (0 where nothing was visible). .cg: other programs'."""
+    oh = tl.arange(0, HP)
+    orr = tl.arange(0, BR)
+    mr = (orr >= first) & (orr < first + count)
+    rows = bg64 * NROW + orr
+    Mt = tl.load(M_X + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=NEG, cache_modifier=".cg")
+    Lt = tl.load(L_X + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=0.0, cache_modifier=".cg")
+    Mh = tl.max(Mt, 0)
+    wt = tl.exp2(Mt - Mh[None, :])
+    Z = tl.sum(Lt * wt, 0)
+    acc = tl.load(ACC_X + (rows[:, None, None] * HP + oh[None, :, None]) * BV + ov[None, None, :],
+                  mask=mr[:, None, None], other=0.0, cache_modifier=".cg")
+    o = tl.sum(acc * wt[:, :, None], 0)
+    return o / tl.where(Z > 0.0, Z, 1.0)[:, None]
+
+
+@triton.jit
+def _split_sel_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, CAP, qk_scale, TBL, s_tbl, PS, M_P, L_P, ACC_P, OC,
+                      M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, NSP, COUNT,
+                      G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LSEL: tl.constexpr,
+                      NSEL: tl.constexpr, SPB: tl.constexpr, NW: tl.constexpr, NVS: tl.constexpr, HP: tl.constexpr,
+                      DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
+                      BVC: tl.constexpr, BTT: tl.constexpr, BVF: tl.constexpr, IEEE: tl.constexpr,
+                      PAGED: tl.constexpr):
+    bg = tl.program_id(0)
+    p = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    oh = tl.arange(0, HP)
+    mh = oh < H
+    if p < NSP:  # selected blocks p*SPB .. p*SPB + SPB - 1 (raw tokens <= t), one online softmax
+        pos = tl.load(POS).to(tl.int64)
+        ov = tl.arange(0, BV)
+        mv = ov < DV
+        q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+        os_ = tl.arange(0, BS)
+        m_i = tl.full([HP], NEG, dtype=tl.float32)
+        l_i = tl.zeros([HP], dtype=tl.float32)
+        acc = tl.zeros([HP, BV], dtype=tl.float32)
+        for k in tl.static_range(SPB):
+            slot = p * SPB + k
+            j = tl.load(BLK + bg64 * NSEL + slot, mask=slot < NSEL, other=-1)
+            kpos = (j * LSEL + os_).to(tl.int64)
+            m_s = (os_ < LSEL) & (kpos >= 0) & (kpos <= pos)
+            rows = _sel_rows(TBL, s_tbl, b, g, bg64, kpos, CAP, PS, G, PAGED)
+            sc = _qk(q0, q1, K_SEL, rows, m_s, DK, DK0, BK1, IEEE)
+            sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 1))
+            alpha = tl.exp2(m_i - m_new)
+            pr = tl.exp2(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            vb = tl.load(V_SEL + rows[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
+            acc = acc * alpha[:, None] + _dot(pr, vb, IEEE)
+            m_i = m_new
+        _store_partial(M_T, L_T, ACC_T, bg64 * NT + p, m_i, l_i, acc, oh, HP, BV)
+    else:  # value columns (p - NSP) * BVC .. of the compressed chunks, merged -> OC
+        ovc = (p - NSP) * BVC + tl.arange(0, BVC)
+        oc = _merge3(M_P, L_P, ACC_P, bg64, NCH, 0, NCH, ovc, BC, HP, BV)
+        tl.store(OC + (bg64 * HP + oh[:, None]) * BV + ovc[None, :], oc)
+    if _last_of_row(COUNT, bg64, NSP + NVS):
+        # the selected partials (rows 0..NSP-1) and the window's (NSP..NSP+NW-1), each normalised with its
+        # own branch's stats and weighted by its gate: ONE weight per (partial, head), one acc load per slice
+        gate = GATES + b * s_gb + (g * H + oh) * 3
+        g0 = tl.load(gate + 0, mask=mh, other=0.0).to(tl.float32)
+        g1 = tl.load(gate + 1, mask=mh, other=0.0).to(tl.float32)
+        g2 = tl.load(gate + 2, mask=mh, other=0.0).to(tl.float32)
+        orr = tl.arange(0, BTT)
+        is_sel = orr < NSP
+        is_win = (orr >= NSP) & (orr < NSP + NW)
+        rows = bg64 * NT + orr
+        mr = is_sel | is_win
+        Mt = tl.load(M_T + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=NEG, cache_modifier=".cg")
+        Lt = tl.load(L_T + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=0.0, cache_modifier=".cg")
+        Ms = tl.max(tl.where(is_sel[:, None], Mt, NEG), 0)
+        Mw = tl.max(tl.where(is_win[:, None], Mt, NEG), 0)
+        es = tl.where(is_sel[:, None], tl.exp2(Mt - Ms[None, :]), 0.0)
+        ew = tl.where(is_win[:, None], tl.exp2(Mt - Mw[None, :]), 0.0)
+        Zs = tl.sum(Lt * es, 0)
+        Zw = tl.sum(Lt * ew, 0)
+        wt = (es * (g1 / tl.where(Zs > 0.0, Zs, 1.0))[None, :]
+              + ew * (g2 / tl.where(Zw > 0.0, Zw, 1.0))[None, :])
+        out_rows = b.to(tl.int64) * G * H + g * H + oh
+        for vs in tl.static_range(BV // BVF):
+            ovf = vs * BVF + tl.arange(0, BVF)
+            acc = tl.load(ACC_T + (rows[:, None, None] * HP + oh[None, :, None]) * BV + ovf[None, None, :],
+                          mask=mr[:, None, None], other=0.0, cache_modifier=".cg")
+            o_cmp = tl.load(OC + (bg64 * HP + oh[:, None]) * BV + ovf[None, :], cache_modifier=".cg")
+            o = g0[:, None] * o_cmp + tl.sum(acc * wt[:, :, None], 0)
+            tl.store(O + out_rows[:, None] * DV + ovf[None, :], o.to(O.dtype.element_ty),
+                     mask=mh[:, None] & (ovf < DV)[None, :])
+
 # ---- host side --------------------------------------------------------------------------------
 
 def _p2(n: int, lo: int = 1) -> int:
@@ -553,6 +830,52 @@ PROGRAMS_PER_SM = 2
 MAX_CHUNKS = 16
 
 
+# Split step (impl="split") defaults: programs per SM of kernel 1 (compressed + window chunks) and of
+# kernel 2's selected-block programs; the window in at most SPLIT_MAX_WIN programs, the final merge
+# loads at most SPLIT_MERGE_ELEMS fp32 partial values per slice.
+SPLIT_PROGRAMS_PER_SM = 4
+SPLIT_SEL_PROGRAMS_PER_SM = 2
+SPLIT_MAX_WIN = 4
+SPLIT_MERGE_ELEMS = 8192
+SPLIT_BT = 64  # keys per tile (at most)
+SPLIT_MIN_CHUNK = 64  # default chunks: at least this many keys per program
+
+
+def _p2_floor(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def split_plan(ccap: int, w: int, n_sel: int, BG: int, HP: int, BV: int, a: int, sms: int,
+               chunk: int | None = None) -> dict:
+    """Geometry of the split step (``Workspace.split``) for BG (batch*group) rows on ``sms`` SMs.
+
+    Kernel 1: compressed chunks of CH tokens (BT-token tiles; CH a multiple of BT) and window chunks of
+    WCH slots, about SPLIT_PROGRAMS_PER_SM programs per SM in all (``chunk`` overrides the tokens per
+    chunk). Kernel 2: NSP programs of SPB selected blocks per row (about SPLIT_SEL_PROGRAMS_PER_SM per
+    SM) and NVS programs merging the compressed chunks, BVC value columns each.
+    Needs a = l_sel / d a power of two (the block partials reshape a tile into [.., BT/a, a])."""
+    if a <= 0 or a & (a - 1):
+        raise ValueError(f"impl='split' needs l_sel / d a power of two, got {a}")
+    if chunk is None:
+        per_row = max(1, -(-SPLIT_PROGRAMS_PER_SM * sms // BG))
+        chunk = max(SPLIT_MIN_CHUNK, -(-(ccap + w) // per_row))
+    BT = max(min(SPLIT_BT, _p2(chunk, 16)), _p2(a))
+    CH = -(-max(chunk, 1) // BT) * BT
+    NCH = -(-ccap // CH)
+    w_full = -(-w // BT) * BT
+    WCH = min(w_full, -(-max(CH, -(-w // SPLIT_MAX_WIN)) // BT) * BT)
+    NW = -(-w // WCH)
+    nsp_want = max(1, -(-SPLIT_SEL_PROGRAMS_PER_SM * sms // BG))
+    SPB = max(1, -(-n_sel // nsp_want))
+    NSP = -(-n_sel // SPB)
+    BC = _p2(NCH)
+    BVC = max(1, min(BV, _p2_floor(SPLIT_MERGE_ELEMS // (BC * HP))))
+    BTT = _p2(NSP + NW)
+    BVF = max(1, min(BV, _p2_floor(SPLIT_MERGE_ELEMS // (BTT * HP))))
+    BJ = max(16, _p2_floor(2048 // HP))
+    return dict(BT=BT, CH=CH, NCH=NCH, WCH=WCH, NW=NW, SPB=SPB, NSP=NSP, BVC=BVC, NVS=BV // BVC, BVF=BVF, BJ=BJ)
+
+
 class Workspace:
     """Scratch buffers and launch geometry of the Triton decode step for one StaticDecoder.
 
@@ -561,9 +884,9 @@ class Workspace:
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
-              "fused_cmp": 4, "fused_tiles": 4}
+              "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2}
 
-    def __init__(self, dec, chunk: int | None = None, warps: dict | None = None):
+    def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None):
         cfg = dec.cfg
         self.dec = dec
         dev = dec.device
@@ -593,6 +916,8 @@ class Workspace:
         self.qk_scale = dec.scale * LOG2E
         self.DK0, self.BK1 = split_dk(dec.dk)
         self.count = torch.zeros(2, self.BG, dtype=torch.int32, device=dev)  # fused: programs done per row
+        self._split = None  # impl="split": geometry + buffers (split_geometry)
+        self._split_chunk = split_chunk
 
     # ---- launches ------------------------------------------------------------------------------
     def paging(self) -> tuple:
@@ -695,6 +1020,62 @@ class Workspace:
             NS_WIN=ns_win, NT=self.NT, HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV, BVS=self.BVS, BS=self.BS,
             BC=_p2(self.NCH), BSEL=_p2(ns_sel), BWIN=_p2(ns_win), IEEE=self.IEEE, PAGED=c.paged,
             num_warps=self.CONFIG["fused_tiles"])
+        return out
+
+    # ---- the split step (impl="split"): two launches, split-K sized from the SM count ----------------
+    def split_geometry(self) -> dict:
+        """Launch geometry of the split step, sized from the SM count (``split_plan``), and its buffers
+        (allocated on first use)."""
+        if self._split is None:
+            d, cfg = self.dec, self.dec.cfg
+            g = split_plan(d.ccap, cfg.w, cfg.n_sel, self.BG, self.HP, self.BV, cfg.l_sel // cfg.d, _num_sms(d.device),
+                           chunk=self._split_chunk)
+            f32 = dict(dtype=torch.float32, device=d.device)
+            BG, HP, BV, NB = self.BG, self.HP, self.BV, d.NB
+            g["NTILE"] = -(-d.ccap // g["BT"])
+            g["NT"] = g["NSP"] + g["NW"]
+            g.update(m_p=torch.empty(BG, g["NCH"], HP, **f32), l_p=torch.empty(BG, g["NCH"], HP, **f32),
+                     acc_p=torch.empty(BG, g["NCH"], HP, BV, **f32), abuf=torch.empty(BG, HP, NB, **f32),
+                     cbuf=torch.empty(BG, HP, NB, **f32), tmx=torch.empty(BG, g["NTILE"], HP, **f32),
+                     sc=torch.empty(BG, NB, **f32), m_t=torch.empty(BG, g["NT"], HP, **f32),
+                     l_t=torch.empty(BG, g["NT"], HP, **f32), acc_t=torch.empty(BG, g["NT"], HP, BV, **f32),
+                     oc=torch.empty(BG, HP, BV, **f32),
+                     count=torch.zeros(2, BG, dtype=torch.int32, device=d.device))
+            self._split = g
+        return self._split
+
+    def split(self, q, kc, vc, ks, vs, kw, vw, gates, out) -> torch.Tensor:
+        """The attention part of a step in two launches, split-K in both (see the kernels' comment)
+        -> out [B, HQ, dv]. With phi="mlp" the append and the torch phi run first."""
+        d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
+        self._check_q(q)
+        for t in (kc, vc, ks, vs, kw, vw):
+            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+                raise ValueError(f"split: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
+                                 f"{t.stride()}")
+        if gates.stride(2) != 1 or gates.stride(1) != 3:
+            raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
+        s = self.split_geometry()
+        avg = d.m.phi_k is None
+        if not avg:  # a learned phi runs in torch between the append and the compressed pass
+            self.append(kc, vc, ks, vs, kw, vw)
+        _split_cmp_win_kernel[(self.BG, s["NCH"] + s["NW"])](
+            d.pos, q, q.stride(0), kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0),
+            kw.stride(0), vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp, d.cap,
+            d.ccap, *self.paging(), s["m_p"], s["l_p"], s["acc_p"], s["abuf"], s["cbuf"], s["tmx"], s["sc"], d.blk,
+            s["m_t"], s["l_t"], s["acc_t"], s["count"][0], d.NB, s["NTILE"], self.qk_scale, s["CH"], s["NCH"],
+            s["WCH"], s["NT"], s["NSP"], G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d,
+            LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d, BNB=_p2(d.NB), HP=self.HP,
+            DK0=self.DK0, BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=s["BT"], BC=_p2(s["NCH"]),
+            BJ=s["BJ"], APPEND=avg, AVG=avg, IEEE=self.IEEE, PAGED=c.paged, num_warps=self.CONFIG["split_cmp"],
+            num_stages=self.CONFIG["split_stages"])
+        _split_sel_kernel[(self.BG, s["NSP"] + s["NVS"])](
+            d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, d.cap, self.qk_scale, *self.paging(), s["m_p"], s["l_p"],
+            s["acc_p"], s["oc"], s["m_t"], s["l_t"], s["acc_t"], gates, gates.stride(0), out, s["NCH"], s["NT"],
+            s["NSP"], s["count"][1], G=d.G, H=d.h, DK=d.dk, DV=d.dv, LSEL=cfg.l_sel, NSEL=cfg.n_sel, SPB=s["SPB"],
+            NW=s["NW"], NVS=s["NVS"], HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV, BS=self.BS,
+            BC=_p2(s["NCH"]), BVC=s["BVC"], BTT=_p2(s["NT"]), BVF=s["BVF"], IEEE=self.IEEE, PAGED=c.paged,
+            num_warps=self.CONFIG["split_sel"])
         return out
 
     def branches(self, q, gates, out, cmp: bool = True, slc: bool = True, win: bool = True) -> torch.Tensor:

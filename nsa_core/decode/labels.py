@@ -19,7 +19,8 @@ BRANCH_LABELS = ("cmp", "sel", "win", "shared")
 # The compressed pass also writes the logits the selection scores reuse: it is counted as "cmp".
 KERNEL_LABEL = {"_append_kernel": "shared", "_cmp_partial_kernel": "cmp", "_cmp_probs_kernel": "sel",
                 "_select_kernel": "sel", "_selwin_kernel": "shared", "_combine_kernel": "shared",
-                "_fused_cmp_kernel": "shared", "_fused_tiles_kernel": "shared"}
+                "_fused_cmp_kernel": "shared", "_fused_tiles_kernel": "shared",
+                "_split_cmp_win_kernel": "shared", "_split_sel_kernel": "shared"}
 
 
 def scope(label: str):

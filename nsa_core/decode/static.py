@@ -39,7 +39,10 @@ import torch
 from nsa_core.decode.cache import NSACache, read_counts
 from nsa_core.decode.labels import scope as _scope
 
-IMPLS = ("torch", "triton", "fused")  # fused: the attention part in two Triton launches (kernels.py)
+# fused: the attention part in two Triton launches (kernels.py); split: two launches, split-K in both, the
+# block scores from the chunks' per-tile block partials (no logits), sized from the SM count (issue 14)
+IMPLS = ("torch", "triton", "fused", "split")
+TRITON_IMPLS = ("triton", "fused", "split")
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -72,7 +75,7 @@ class StaticDecoder:
                  chunk: int | None = None, warps: dict | None = None):
         if impl not in IMPLS:
             raise ValueError(f"StaticDecoder: impl must be one of {IMPLS}, got {impl!r}")
-        if impl in ("triton", "fused") and cache.device.type == "cpu":
+        if impl in TRITON_IMPLS and cache.device.type == "cpu":
             import os
 
             if os.environ.get("TRITON_INTERPRET") != "1":
@@ -105,10 +108,11 @@ class StaticDecoder:
         self.refresh()
         self._graph = None
         self._tri = None
-        if impl in ("triton", "fused"):
+        if impl in TRITON_IMPLS:
             from nsa_core.decode import kernels as _decode_triton
 
-            self._tri = _decode_triton.Workspace(self, chunk=chunk, warps=warps)
+            self._tri = _decode_triton.Workspace(self, chunk=chunk, warps=warps,
+                                                 split_chunk=chunk if impl == "split" else None)
 
     def refresh(self) -> None:
         """Re-read the module's projection weights (fused into one GEMM for the step)."""
@@ -292,9 +296,9 @@ class StaticDecoder:
     @torch.no_grad()
     def attn(self, q, kc, vc, ks, vs, kw, vw, gates) -> torch.Tensor:
         """The attention part of a step (append + three branches + gates) -> o [B, HQ, dv]."""
-        if self.impl == "fused":
+        if self.impl in ("fused", "split"):
             with _scope("shared"):
-                return self._tri.fused(q, kc, vc, ks, vs, kw, vw, gates, self.o)
+                return getattr(self._tri, self.impl)(q, kc, vc, ks, vs, kw, vw, gates, self.o)
         self.append(kc, vc, ks, vs, kw, vw)
         return self.branches(q, gates)
 
