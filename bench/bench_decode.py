@@ -121,6 +121,81 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_sweep_split(args) -> int:
+    """Split step (impl="split") geometry sweep, one factor at a time from the default: the attention
+    part (append + branches + gates) as a CUDA-graph replay, L2 flushed before each, median; the
+    6-launch step ("triton") and the split-K full attention of the same context for reference.
+    Every configuration's output is checked against the default configuration's (same selection)."""
+    import torch
+
+    from nsa_core import NSAAttention, NSAConfig
+    from nsa_core.decode import kernels as K
+    from nsa_runner.measure import timing
+    from nsa_runner.measure.decode_baselines import FullDecode
+
+    def bench(fn):
+        replay = timing.graph_replays({"f": fn})[0]["f"]
+        return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=True).ms * 1e3
+
+    print(f"# sweep-split: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}")
+    print(f"{'S':>6} {'B':>3} {'config':>26} {'NCH':>4} {'CH':>5} {'NW':>3} {'NSP':>3} {'SPB':>3} {'us':>8}  check")
+    base_consts = {k: getattr(K, k) for k in ("SPLIT_PROGRAMS_PER_SM", "SPLIT_SEL_PROGRAMS_PER_SM", "SPLIT_MAX_WIN")}
+    for S in args.S:
+        for B in args.B:
+            torch.manual_seed(0)
+            m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
+            cache = m.new_cache(B, S)
+            cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
+            x = torch.randn(B, 1, 2048, device="cuda", dtype=torch.bfloat16)
+            ref = None
+            configs = [("default", {}, None, {})]
+            chunks = args.chunks_b1 if B == 1 else args.chunks
+            configs += [(f"chunk={c}", {}, c, {}) for c in chunks]
+            if B == args.B[-1] or S == args.S[0]:
+                configs += [("cmp warps=8", {}, None, {"split_cmp": 8}),
+                            ("stages=3", {}, None, {"split_stages": 3}),
+                            ("stages=1", {}, None, {"split_stages": 1}),
+                            ("sel warps=8", {}, None, {"split_sel": 8}),
+                            ("sel pps=1", {"SPLIT_SEL_PROGRAMS_PER_SM": 1}, None, {}),
+                            ("sel pps=4", {"SPLIT_SEL_PROGRAMS_PER_SM": 4}, None, {}),
+                            ("pps=8", {"SPLIT_PROGRAMS_PER_SM": 8}, None, {}),
+                            ("maxwin=1", {"SPLIT_MAX_WIN": 1}, None, {})]
+            for name, consts, chunk, warps in configs:
+                for k, v in {**base_consts, **consts}.items():
+                    setattr(K, k, v)
+                try:
+                    dec = m.decoder(cache, impl="split", chunk=chunk, warps=warps)
+                    dec.x.copy_(x)
+                    dec.pos.fill_(S - 1)
+                    proj = dec.project(dec.x)
+                    out = dec.attn(*proj).clone()
+                    if ref is None:
+                        ref = out
+                    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+                    us = bench(lambda dec=dec, proj=proj: dec.attn(*proj))
+                    g = dec._tri.split_geometry()
+                    print(f"{S:>6} {B:>3} {name:>26} {g['NCH']:>4} {g['CH']:>5} {g['NW']:>3} {g['NSP']:>3} "
+                          f"{g['SPB']:>3} {us:8.1f}  rel {err:.1e}", flush=True)
+                except Exception as e:  # noqa: BLE001 - one configuration failing must not end the sweep
+                    print(f"{S:>6} {B:>3} {name:>26} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                finally:
+                    for k, v in base_consts.items():
+                        setattr(K, k, v)
+            six = m.decoder(cache, impl="triton")
+            six.x.copy_(x)
+            six.pos.fill_(S - 1)
+            proj = six.project(six.x)
+            us = bench(lambda: six.attn(*proj))
+            print(f"{S:>6} {B:>3} {'triton (6 launches)':>26} {'':>4} {'':>5} {'':>3} {'':>3} {'':>3} {us:8.1f}",
+                  flush=True)
+            fd = FullDecode(proj[0], cache.K_sel, cache.V_sel, six.pos, six.scale)
+            print(f"{S:>6} {B:>3} {'full split-K (Triton)':>26} {'':>4} {'':>5} {'':>3} {'':>3} {'':>3} "
+                  f"{bench(fd):8.1f}", flush=True)
+            del m, cache
+            torch.cuda.empty_cache()
+    return 0
+
+
 # issue 14's targets (H100, ratios within one run): (S, B, column, minimum)
 TARGETS = [(65536, 16, "speedup", 8.0), (8192, 1, "speedup", 1.2), (65536, 1, "speedup", 4.0),
            (65536, 16, "GB/s", 2200.0)]
@@ -179,7 +254,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("profile", help="torch.profiler kernel table of the eager static step (CUDA)")
     p.add_argument("--S", type=int, default=65536)
     p.add_argument("--B", type=int, default=16)
-    p.add_argument("--kernel", default="triton", choices=("torch", "triton", "fused"))
+    p.add_argument("--kernel", default="split", choices=("torch", "triton", "fused", "split"))
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--G", type=int, default=4)
     p.add_argument("--h", type=int, default=16)
@@ -194,6 +269,12 @@ def main(argv=None) -> int:
     w.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     w.add_argument("--full-chunks", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     w.add_argument("--iters", type=int, default=100)
+    ws = sub.add_parser("sweep-split", help="split step geometry, one factor at a time (CUDA)")
+    ws.add_argument("--S", type=int, nargs="+", default=[65536, 8192])
+    ws.add_argument("--B", type=int, nargs="+", default=[1, 16])
+    ws.add_argument("--chunks", type=int, nargs="+", default=[256, 1024, 2048])
+    ws.add_argument("--chunks-b1", type=int, nargs="+", default=[128, 256, 512])
+    ws.add_argument("--iters", type=int, default=50)
     t = sub.add_parser("table", help="the issue-14 table from decode-bench outputs (decode.csv below DIRS)")
     t.add_argument("dirs", nargs="+")
     args, extra = ap.parse_known_args(argv)
@@ -201,6 +282,8 @@ def main(argv=None) -> int:
         return cmd_table(args)
     if args.cmd == "sweep":
         return cmd_sweep(args)
+    if args.cmd == "sweep-split":
+        return cmd_sweep_split(args)
     if args.cmd == "stage":
         return cmd_stage(args, extra)
     if extra:
