@@ -714,9 +714,9 @@ def _merge3(M_X, L_X, ACC_X, bg64, NROW, first, count, ov, BR: tl.constexpr, HP:
 
 @triton.jit
 def _split_sel_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, CAP, qk_scale, TBL, s_tbl, PS, M_P, L_P, ACC_P, OC,
-                      M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, NSP, COUNT,
+                      M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, NSP, COUNT, NW, NVS,
                       G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LSEL: tl.constexpr,
-                      NSEL: tl.constexpr, SPB: tl.constexpr, NW: tl.constexpr, NVS: tl.constexpr, HP: tl.constexpr,
+                      NSEL: tl.constexpr, SPB: tl.constexpr, HP: tl.constexpr,
                       DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                       BVC: tl.constexpr, BTT: tl.constexpr, BVF: tl.constexpr, IEEE: tl.constexpr,
                       PAGED: tl.constexpr):
@@ -833,11 +833,12 @@ MAX_CHUNKS = 16
 # Split step (impl="split") defaults: programs per SM of kernel 1 (compressed + window chunks) and of
 # kernel 2's selected-block programs; the window in at most SPLIT_MAX_WIN programs, the final merge
 # loads at most SPLIT_MERGE_ELEMS fp32 partial values per slice.
-SPLIT_PROGRAMS_PER_SM = 4
+SPLIT_PROGRAMS_PER_SM = 8
 SPLIT_SEL_PROGRAMS_PER_SM = 2
 SPLIT_MAX_WIN = 4
 SPLIT_MERGE_ELEMS = 8192
 SPLIT_BT = 64  # keys per tile (at most)
+SPLIT_SCORE_ELEMS = 2048  # the block-score pass loads [HP, BJ] of each of A, C and their tile maxima at once
 SPLIT_MIN_CHUNK = 64  # default chunks: at least this many keys per program
 
 
@@ -872,7 +873,7 @@ def split_plan(ccap: int, w: int, n_sel: int, BG: int, HP: int, BV: int, a: int,
     BVC = max(1, min(BV, _p2_floor(SPLIT_MERGE_ELEMS // (BC * HP))))
     BTT = _p2(NSP + NW)
     BVF = max(1, min(BV, _p2_floor(SPLIT_MERGE_ELEMS // (BTT * HP))))
-    BJ = max(16, _p2_floor(2048 // HP))
+    BJ = max(16, _p2_floor(SPLIT_SCORE_ELEMS // HP))
     return dict(BT=BT, CH=CH, NCH=NCH, WCH=WCH, NW=NW, SPB=SPB, NSP=NSP, BVC=BVC, NVS=BV // BVC, BVF=BVF, BJ=BJ)
 
 
@@ -1072,8 +1073,8 @@ class Workspace:
         _split_sel_kernel[(self.BG, s["NSP"] + s["NVS"])](
             d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, d.cap, self.qk_scale, *self.paging(), s["m_p"], s["l_p"],
             s["acc_p"], s["oc"], s["m_t"], s["l_t"], s["acc_t"], gates, gates.stride(0), out, s["NCH"], s["NT"],
-            s["NSP"], s["count"][1], G=d.G, H=d.h, DK=d.dk, DV=d.dv, LSEL=cfg.l_sel, NSEL=cfg.n_sel, SPB=s["SPB"],
-            NW=s["NW"], NVS=s["NVS"], HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV, BS=self.BS,
+            s["NSP"], s["count"][1], s["NW"], s["NVS"], G=d.G, H=d.h, DK=d.dk, DV=d.dv, LSEL=cfg.l_sel,
+            NSEL=cfg.n_sel, SPB=s["SPB"], HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV, BS=self.BS,
             BC=_p2(s["NCH"]), BVC=s["BVC"], BTT=_p2(s["NT"]), BVF=s["BVF"], IEEE=self.IEEE, PAGED=c.paged,
             num_warps=self.CONFIG["split_sel"])
         return out

@@ -207,3 +207,31 @@ def test_split_graph_replays_match_reference_bf16():
             r = compare(y, y_ref, torch.bfloat16)
             assert r.ok, f"split bf16 graph B={B} S={S + k}: {r}"
             assert int(dec._tri.split_geometry()["count"].abs().sum()) == 0
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the interpreter run is the CPU check")
+def test_decode_bench_compares_kernels_in_one_run(tmp_path):
+    """decode-bench --kernel split,triton: one row per kernel at each point, both checked (parity vs
+    float64 with the kernel's own selection, counters = formula), the same full-attention baseline,
+    each kernel's shares summing to 100%; a bad kernel name is refused."""
+    import pandas as pd
+
+    from nsa_runner.stage import Status
+    from stages.decode_bench import DecodeBench
+
+    opts = {o.dest: o.default for o in DecodeBench.options}
+    opts.update(S_list=[300], batch_list=[1], iters=1, warmup=0, kernel="split,triton", profile_passes=1)
+    from types import SimpleNamespace
+
+    res = DecodeBench().run(SimpleNamespace(dir=tmp_path, device="cpu", profile="quick", options=opts, run_id="t"))
+    assert res.status == Status.PASS, res.reason
+    df = pd.read_csv(tmp_path / "decode.csv")
+    assert df.kernel.tolist() == ["split", "triton"] and (df.status == "PASS").all()
+    assert df.ms_full.nunique() == 1 and (df.parity_rel_err <= df.parity_tol).all()
+    assert df.share_sum.tolist() == pytest.approx([100.0, 100.0], abs=1e-6)
+    want = formula_reads(300, NSAConfig(l=16, d=8, l_sel=32, n_sel=8, w=128))
+    assert (df.reads_total == sum(want.values())).all()
+    opt = {o.flag: o for o in DecodeBench.options}["--kernel"]
+    assert opt.convert("split, triton") == "split,triton"
+    with pytest.raises(ValueError, match="not one of"):
+        opt.convert("split,cuda")
