@@ -1,4 +1,5 @@
-"""Terminal text hygiene shared by the console, the executor and compare (imports nothing of the runner)."""
+"""Terminal text hygiene shared by the console, the executor, the registry and compare (imports
+nothing of the runner)."""
 
 from __future__ import annotations
 
@@ -9,3 +10,21 @@ import re
 # which reorder what a terminal shows: "PASS" can be made to read as something else
 CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])?"
                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an explicit marker of what was left out (the
+    terminal's copy only: manifest.json and the report files keep the whole text)."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def shown(text: object, limit: int = 60) -> str:
+    """User input echoed in an error line: its repr, the first ``limit`` characters of it only, with
+    its length when longer (a 100 000-character ``--only`` name made a 100 kB error line)."""
+    text = str(text)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"

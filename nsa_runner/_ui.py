@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Column, Table
 
 from nsa_runner._text import CONTROL as _CONTROL
+from nsa_runner._text import clip, shown  # noqa: F401 - shown: re-exported for the commands
 from nsa_runner.executor import Observer, StageRecord
 from nsa_runner.registry import StageEntry
 from nsa_runner.results import counts
@@ -42,6 +43,9 @@ def plain_text(text: object) -> str:
     ``:smile:`` codes into emoji)."""
     return escape(_CONTROL.sub("", str(text)))
 
+
+TABLE_REASON_CHARS = 2000  # a reason's characters in the terminal table (the files keep it whole)
+MESSAGE_CHARS = 2000  # an error line's / hint's characters at most (a last net: inputs are clipped first)
 
 MIN_WIDTH = 40  # COLUMNS=0 gave rich a width of 0: every table and line came out empty
 
@@ -159,9 +163,10 @@ def out_console() -> Console:
 def fail(message: str, hint: str = "", exit_code: int = 2) -> NoReturn:
     """Print ``error: message`` (and the hint) to stderr and exit with ``exit_code`` (usage: 2)."""
     c = err_console()
-    c.print(f"[bold red]error:[/] {plain_text(message)}", soft_wrap=True)  # paths stay copy-pasteable
+    c.print(f"[bold red]error:[/] {plain_text(clip(message, MESSAGE_CHARS))}", soft_wrap=True)
+    # (paths stay copy-pasteable)
     if hint:
-        c.print(f"[dim]hint:[/] {plain_text(hint)}", soft_wrap=True)
+        c.print(f"[dim]hint:[/] {plain_text(clip(hint, MESSAGE_CHARS))}", soft_wrap=True)
     raise typer.Exit(exit_code)
 
 
@@ -268,7 +273,7 @@ def results_table(records: list[StageRecord], title: str = "") -> Table:
         if r.status is Status.SKIP and r.strict_fail:
             reason = f"{reason} [counts as failure under --strict]"
         t.add_row("-" if r.order is None else str(r.order), r.name, status_text(r.status),
-                  f"{r.duration_s:.1f}s", plain_text(reason))
+                  f"{r.duration_s:.1f}s", plain_text(clip(reason, TABLE_REASON_CHARS)))
     return t
 
 

@@ -400,6 +400,11 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
         rec.reason = ("the stage returned SKIP without a reason: a skip must say why it could not run here "
                       "(and the fix, as hint=)")
         rec.log_tail = tail(log_path)
+    elif rec.status is Status.ERROR and not visible(rec.reason):  # an ERROR says that the stage broke
+        # (a FAIL keeps its status and its empty reason: DESIGN §5 asks a reason of a SKIP only, and a
+        # FAIL is the stage's verdict "a check did not hold", not a stage that broke; its log tail is kept)
+        rec.reason = ("the stage returned ERROR without a reason (its log has what it printed)")
+        rec.log_tail = tail(log_path)
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
     outside, shared = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))

@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsa_runner._text import shown
 from nsa_runner.stage import Option, Stage
 
 GROUP = "nsa_runner.stages"
@@ -190,7 +191,7 @@ def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str]) ->
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--"):
-            raise OptionError(f"unexpected argument {arg!r} for stage {stage_name}", f"its options: {known}")
+            raise OptionError(f"unexpected argument {shown(arg)} for stage {stage_name}", f"its options: {known}")
         flag, eq, text = arg.partition("=")
         if flag not in opts:
             raise OptionError(f"unknown option {flag} for stage {stage_name}", f"its options: {known}")
@@ -202,7 +203,7 @@ def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str]) ->
         try:
             values[opts[flag].dest] = opts[flag].convert(text)
         except (ValueError, TypeError) as e:
-            raise OptionError(f"invalid value {text!r} for {flag} of stage {stage_name}: {e}") from None
+            raise OptionError(f"invalid value {shown(text)} for {flag} of stage {stage_name}: {e}") from None
         i += 1
     return values
 
@@ -260,10 +261,32 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
 DESCRIBE_STAGE = "nsa_runner.registry:describe_stage"
 
 
-def _timeout() -> float:
+DISCOVERY_TIMEOUT_ENV = "NSA_RUN_DISCOVERY_TIMEOUT"
+
+
+def discovery_timeout() -> float:
+    """Seconds one entry point's import may take (``NSA_RUN_DISCOVERY_TIMEOUT``, default 60). Raises
+    ValueError naming the variable and (the start of) its value when it is set but not a positive,
+    finite number: the CLI refuses it with one line, exit 2 (it used to fall back to 60 s silently)."""
+    text = os.environ.get(DISCOVERY_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DISCOVERY_TIMEOUT_S
     try:
-        t = float(os.environ.get("NSA_RUN_DISCOVERY_TIMEOUT", DISCOVERY_TIMEOUT_S))
-        return t if math.isfinite(t) and t > 0 else DISCOVERY_TIMEOUT_S
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{DISCOVERY_TIMEOUT_ENV}={text[:40]!r}"
+                         + (f" ({len(text)} characters)" if len(text) > 40 else "")
+                         + " is not a positive number of seconds")
+    return value
+
+
+def _timeout() -> float:
+    """The discovery limit where nothing can report a bad value (a stage's child loading an
+    implementation): the CLI has refused a bad one already (``resolve_machine``); the default here."""
+    try:
+        return discovery_timeout()
     except ValueError:
         return DISCOVERY_TIMEOUT_S
 

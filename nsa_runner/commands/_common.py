@@ -15,15 +15,18 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report
+from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report, shown
 from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
 from nsa_runner.executor import RunInterrupted, Settings, Terminated, execute, exit_code
 from nsa_runner.manifest import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_S, ManifestBusy, RunManifest, lock_timeout
 from nsa_runner.registry import (
+    DISCOVERY_TIMEOUT_ENV,
+    DISCOVERY_TIMEOUT_S,
     Machine,
     OptionError,
     StageEntry,
     cuda_available,
+    discovery_timeout,
     installed_metadata_problem,
     parse_options,
     triton_installed,
@@ -61,11 +64,15 @@ JSON = typer.Option(False, "--json", help="Machine-readable result on stdout (JS
 def resolve_machine(device: str | None, profile: str | None, timeout: float | None) -> tuple[Machine, str]:
     """Validate --device / --profile / --timeout; returns (machine, profile)."""
     if device is not None and device not in DEVICES:
-        fail(f"--device {device!r} is not one of {', '.join(DEVICES)}")
+        fail(f"--device {shown(device)} is not one of {', '.join(DEVICES)}")
     if profile is not None and profile not in PROFILES:
-        fail(f"--profile {profile!r} is not one of {', '.join(PROFILES)}")
+        fail(f"--profile {shown(profile)} is not one of {', '.join(PROFILES)}")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         fail(f"--timeout must be a positive number of seconds (finite), got {timeout:g}")
+    try:  # a bad discovery limit is named, never a silent fall-back to the default
+        discovery_timeout()
+    except ValueError as e:
+        fail(str(e), f"unset it (default {DISCOVERY_TIMEOUT_S:g}s) or give seconds, e.g. {DISCOVERY_TIMEOUT_ENV}=300")
     try:  # torch (and MKL) cannot load from a deleted cwd: it ended rc 2 without a word
         os.getcwd()
     except OSError as e:
@@ -123,6 +130,14 @@ def check_earlier_runs(out: Path, rid: str) -> list[Path]:
     result: it is passed over, never an obstacle."""
     folders = []
     for folder in run_folders(out, rid):
+        if folder.is_symlink():  # written through, it changed the run it leads to (a rerun moved its files)
+            try:
+                target = os.readlink(folder)
+            except OSError:
+                target = "?"
+            fail(f"run folder {folder} is a symlink (to {target}), not a run folder of its own: nsa-run "
+                 "never writes into a run through a link",
+                 "nothing was changed; move the link aside (or give --out the folder it leads to) and rerun")
         try:
             if not any(folder.iterdir()):
                 continue

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from nsa_runner import baseline as bl
 from nsa_runner._readers import ArtifactError, Run, resolve_run
-from nsa_runner._ui import err_console, fail, out_console, plain_text
+from nsa_runner._ui import err_console, fail, out_console, plain_text, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.compare import (
     MARKS,
@@ -61,9 +61,9 @@ def parse_threshold(text: str) -> float:
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise ValueError(f"--threshold {text!r} is not a number or a percentage (e.g. 10% or 0.1)") from None
+        raise ValueError(f"--threshold {shown(text)} is not a number or a percentage (e.g. 10% or 0.1)") from None
     if not (v >= 0 and v < 100):
-        raise ValueError(f"--threshold {text!r} must be between 0 and 100x")
+        raise ValueError(f"--threshold {shown(text)} must be between 0 and 100x")
     return v
 
 

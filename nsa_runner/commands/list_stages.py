@@ -15,7 +15,7 @@ import json
 import typer
 from rich.table import Table
 
-from nsa_runner._ui import fail, out_console, plain_text
+from nsa_runner._ui import fail, out_console, plain_text, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.registry import Machine, StageEntry, discover, skip_reason, unmet
 
@@ -81,7 +81,7 @@ def list_stages(
     if name is not None:
         match = [r for r in rows if r["name"] == name]
         if not match:
-            fail(f"unknown stage {name!r}", f"known stages: {', '.join(r['name'] for r in rows) or 'none'}")
+            fail(f"unknown stage {shown(name)}", f"known stages: {', '.join(r['name'] for r in rows) or 'none'}")
         if as_json:
             print(json.dumps({"schema_version": 1, "device": machine.device, "stage": match[0]}, indent=2,
                              default=str))

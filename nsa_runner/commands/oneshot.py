@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from nsa_runner._ui import fail
+from nsa_runner._ui import fail, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.commands import report as report_cmd
 from nsa_runner.manifest import RunManifest
@@ -22,7 +22,8 @@ def _names(text: str | None, flag: str, known: list[str]) -> list[str]:
         fail(f"{flag} needs a comma-separated list of stage names", f"known stages: {', '.join(known)}")
     unknown = [n for n in names if n not in known]
     if unknown:
-        fail(f"{flag}: unknown stage {', '.join(repr(n) for n in unknown)}",
+        fail(f"{flag}: unknown stage {', '.join(shown(n) for n in unknown[:5])}"
+             + (f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""),
              f"known stages: {', '.join(known)} (see `nsa-run list`)")
     return names
 

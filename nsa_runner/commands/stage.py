@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from nsa_runner._ui import err_console, fail, out_console, plain_text
+from nsa_runner._ui import err_console, fail, out_console, plain_text, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.commands import report as report_cmd
 from nsa_runner.registry import discover
@@ -41,7 +41,7 @@ def stage(
     machine, profile = c.resolve_machine(device, profile, timeout)
     entries = {e.name: e for e in discover()}
     if name not in entries:
-        fail(f"unknown stage {name!r}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
+        fail(f"unknown stage {shown(name)}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
     entry = entries[name]
     options = c.parse_stage_options(entry, list(ctx.args))
     out = c.check_out(out)
@@ -66,7 +66,7 @@ def _help(ctx: typer.Context, name: str | None, device: str | None) -> None:
     machine, _ = c.resolve_machine(device, None, None)  # first: it refuses metadata discovery would hang on
     entries = {e.name: e for e in discover()}
     if name not in entries:
-        fail(f"unknown stage {name!r}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
+        fail(f"unknown stage {shown(name)}", f"known stages: {', '.join(entries) or 'none'} (see `nsa-run list`)")
     _render_one(_row(entries[name], machine))
     raise typer.Exit(0)
 

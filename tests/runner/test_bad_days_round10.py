@@ -1,0 +1,182 @@
+"""Bad days, red-team round 10 (issue 16): what round 9 noted and left alone, each through the CLI.
+
+Every test here reproduces something that was wrong on the code before these fixes (see
+docs/reliability.md, "Red-team round 9", "Noted, not changed", and "Red-team round 10"): a bad
+``NSA_RUN_DISCOVERY_TIMEOUT`` fell back to 60 s without a word; a 100 000-character unknown stage
+name (``--only``, ``stage NAME``, ``list NAME``, a stage option's value, ``--threshold``) was echoed
+whole in its one error line (a 100 kB line); a 2 MB reason was printed whole in the terminal
+table; a run folder under ``--out`` that is a symlink to another run was written through (a rerun
+moved the other run's files into its history); a stage returning ERROR with an empty (or only
+invisible) reason left the reader with nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+try:
+    from _bad_days import PINNED, cli_cmd, env_with, make
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import PINNED, cli_cmd, env_with, make
+
+# the nsa-run script itself (cli.main: what a terminal or CI job runs), run id pinned
+MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
+                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
+assert MAIN != PINNED
+
+# a stage whose StageResult comes from its environment: R10_STATUS, R10_REASON (a Python literal) or
+# R10_REASON_FILE (the reason's text)
+SAYS = """
+import ast, os
+from nsa_runner import Stage, StageResult, Status
+
+class Says(Stage):
+    name, order, timeout_s = "says", 10, 120.0
+    def run(self, ctx):
+        (ctx.dir / "says.txt").write_text("said")
+        print("says printed this", flush=True)
+        if os.environ.get("R10_REASON_FILE"):
+            reason = open(os.environ["R10_REASON_FILE"]).read()
+        else:
+            reason = ast.literal_eval(os.environ.get("R10_REASON", "''"))
+        return StageResult(Status[os.environ.get("R10_STATUS", "PASS")], reason, files=["says.txt"])
+"""
+
+
+def main_cmd(*args) -> list[str]:
+    return [sys.executable, "-c", MAIN, *map(str, args)]
+
+
+@pytest.fixture
+def bd(plugins):
+    return make(plugins)
+
+
+@pytest.fixture
+def says(plugins):
+    plugins.make("says-plugin", "says_mod", SAYS, {"says": "says_mod:Says"})
+    return plugins.env()
+
+
+def _main(env, *args, timeout=90, **kw):
+    return subprocess.run(main_cmd(*args), env=env, text=True, timeout=timeout, capture_output=True, **kw)
+
+
+def _one_error_line(r, *names, longest=400):
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "(unexpected" not in r.stderr, r.stderr[-2000:]
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and all(n in err[0] for n in names), r.stderr[-2000:]
+    assert len(err[0]) <= longest, f"an error line of {len(err[0])} characters: {err[0][:300]}"
+    assert len(r.stderr) < 5000, f"stderr of {len(r.stderr)} characters"
+    return err[0]
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "-5", "0", "inf"])
+def test_a_bad_discovery_timeout_is_refused_in_one_line(bd, tmp_path, value):
+    """NSA_RUN_DISCOVERY_TIMEOUT=abc (or nan, -5, 0, inf) was used as 60 s without a word."""
+    env = env_with(bd, NSA_RUN_DISCOVERY_TIMEOUT=value)
+    _one_error_line(_main(env, "list"), "NSA_RUN_DISCOVERY_TIMEOUT", value)
+    r = _main(env, "oneshot", "--out", tmp_path / "o", "--only", "x", "--device", "cpu")
+    _one_error_line(r, "NSA_RUN_DISCOVERY_TIMEOUT")
+    assert not (tmp_path / "o" / "testrun").exists()  # refused before anything was made
+
+
+def test_a_good_discovery_timeout_is_used(bd):
+    """Pins the other side: a positive number (spaces around it allowed) is taken."""
+    r = _main(env_with(bd, NSA_RUN_DISCOVERY_TIMEOUT=" 30 "), "list")
+    assert r.returncode == 0 and "x" in r.stdout, r.stderr
+
+
+def test_a_huge_unknown_name_or_value_gives_a_short_error_line(bd, tmp_path):
+    """A 100 000-character unknown stage name was echoed whole: a 100 kB error line."""
+    huge = "q" * 100_000
+    out = tmp_path / "o"
+    for args in (("oneshot", "--out", out, "--only", huge, "--device", "cpu"),
+                 ("oneshot", "--out", out, "--skip", ",".join(f"n{i}" for i in range(5000)), "--device", "cpu"),
+                 ("stage", huge, "--out", out, "--device", "cpu"),
+                 ("list", huge),
+                 ("stage", "x", "--out", out, "--device", "cpu", huge),
+                 ("oneshot", "--out", out, "--device", huge),
+                 ("oneshot", "--out", out, "--profile", huge)):
+        line = _one_error_line(_main(bd, *args), longest=600)
+        assert "characters" in line or "more" in line, line[:300]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_huge_threshold_gives_a_short_error_line(bd, tmp_path):
+    r = subprocess.run(cli_cmd("oneshot", "--out", tmp_path / "o", "--only", "x", "--device", "cpu"), env=bd,
+                       text=True, timeout=90, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "o" / "testrun"
+    line = _one_error_line(_main(bd, "compare", folder, folder, "--threshold", "9" * 50_000 + "x"), "--threshold")
+    assert "50001 characters" in line
+
+
+def test_a_huge_reason_is_clipped_in_the_terminal_and_kept_whole_in_the_files(says, tmp_path):
+    """A 2 MB FAIL reason was printed whole in the terminal table (and again by `report`)."""
+    reason = "why " * 500_000
+    (tmp_path / "reason").write_text(reason)
+    env = env_with(says, R10_STATUS="FAIL", R10_REASON_FILE=tmp_path / "reason", COLUMNS=200)
+    out = tmp_path / "o"
+    r = _main(env, "oneshot", "--out", out, "--only", "says", "--device", "cpu", timeout=120)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert len(r.stdout) + len(r.stderr) < 60_000, len(r.stdout) + len(r.stderr)
+    assert "more characters" in r.stdout + r.stderr
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    assert m["stages"][0]["reason"] == reason  # the files keep it whole
+    assert reason in (out / "testrun" / "summary.json").read_text()
+    r = _main(says, "report", out / "testrun", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(r.stdout) + len(r.stderr) < 60_000, len(r.stdout) + len(r.stderr)
+
+
+def test_a_run_folder_that_is_a_symlink_is_refused_and_the_run_it_leads_to_is_untouched(bd, tmp_path):
+    """`$OUT/testrun` a link to another --out's run folder: `stage x` wrote through it and moved
+    that run's x.txt into its history."""
+    other = tmp_path / "other"
+    r = subprocess.run(cli_cmd("oneshot", "--out", other, "--only", "x", "--device", "cpu"), env=bd, text=True,
+                       timeout=90, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    target = other / "testrun"
+    before = sorted((str(p.relative_to(target)), p.read_bytes() if p.is_file() else b"") for p in target.rglob("*"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "testrun").symlink_to(target)
+    for args in (("stage", "x", "--out", out, "--device", "cpu"),
+                 ("oneshot", "--out", out, "--only", "x", "--device", "cpu")):
+        _one_error_line(_main(env_with(bd, BD_TEXT="v2"), *args), "symlink", str(out / "testrun"))
+    after = sorted((str(p.relative_to(target)), p.read_bytes() if p.is_file() else b"") for p in target.rglob("*"))
+    assert after == before
+    assert sorted(p.name for p in out.iterdir()) == ["testrun"]
+
+
+@pytest.mark.parametrize("reason", ["''", "'\\x1b[0m\\u200b  '"])
+def test_an_error_without_a_reason_says_so(says, tmp_path, reason):
+    """StageResult(Status.ERROR, "") (or only invisible text): the table, manifest and report had
+    an ERROR with nothing to read."""
+    out = tmp_path / "o"
+    r = _main(env_with(says, R10_STATUS="ERROR", R10_REASON=reason), "oneshot", "--out", out, "--only", "says",
+              "--device", "cpu")
+    assert r.returncode == 1, r.stderr[-2000:]
+    st = json.loads((out / "testrun" / "manifest.json").read_text())["stages"][0]
+    assert st["status"] == "ERROR"
+    assert "without a reason" in st["reason"] and "says printed this" in st.get("log_tail", ""), st
+    assert "without a reason" in r.stdout
+
+
+def test_a_fail_without_a_reason_stays_a_fail(says, tmp_path):
+    """Pins DESIGN §5 (held before too): a FAIL is the stage's verdict and needs no reason (only a
+    SKIP must say why); it is never turned into an ERROR, and its log tail is kept."""
+    out = tmp_path / "o"
+    r = _main(env_with(says, R10_STATUS="FAIL", R10_REASON="''"), "oneshot", "--out", out, "--only", "says",
+              "--device", "cpu")
+    assert r.returncode == 1, r.stderr[-2000:]
+    st = json.loads((out / "testrun" / "manifest.json").read_text())["stages"][0]
+    assert st["status"] == "FAIL" and st["reason"] == "", st
+    assert "says printed this" in st.get("log_tail", ""), st
+
