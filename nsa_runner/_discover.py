@@ -11,7 +11,9 @@ what ``describe(obj, ep)`` returned (a JSON-able dict) or the error. ``{"done": 
 request's ``nonce``) ends a complete pass; the parent checks every record again (plugin code ran
 here). A plugin whose import segfaults, hangs or calls ``os._exit`` leaves a ``loading``
 line without its ``entry``: the parent names that plugin as broken and starts a new child for the
-rest. The child's stdout and stderr are not the CLI's: a plugin that prints on import changes
+rest. The imports run in a fork of this process (``_worker.keep_orphans``), which appends
+``{"ended": exit status, "nonce": NONCE}`` when that child ends and keeps what it left
+running. The child's stdout and stderr are not the CLI's: a plugin that prints on import changes
 nothing the user sees.
 """
 
@@ -61,12 +63,21 @@ def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dic
 
 
 def main(argv: list[str]) -> int:
-    from nsa_runner._worker import _die_with_parent, become_subreaper, linger
+    from nsa_runner._worker import _die_with_parent, become_subreaper, keep_orphans, linger
 
     _die_with_parent()  # the CLI killed (kill -9, SIGHUP): this child goes with it
     become_subreaper()  # a daemon a plugin's import started stays in this tree (killed with it)
     result_path = argv[0]
     req = json.loads(sys.stdin.read())
+    rc = keep_orphans()  # the imports run in a child: a daemon stays here even when an import kills it
+    if rc is not None:
+        try:  # how the child ended (the parent names the plugin it was importing), then keep its orphans
+            with open(result_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"ended": rc, "nonce": req.get("nonce")}) + "\n")
+        except OSError:
+            os._exit(1)
+        linger()
+        os._exit(0)
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]
     faulthandler.enable()
     out = open(result_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass

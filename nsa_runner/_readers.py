@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsa_runner._text import shown
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
     JsonTextError,
@@ -88,6 +89,16 @@ def _runs_under(out: Path) -> list[str]:
         return []
 
 
+def _is(path: Path, kind: str) -> bool:
+    """``path.is_dir()`` / ``is_file()`` for a path the user gave: Python 3.11 raises OSError where the
+    system cannot look the name up (a name longer than the file system allows, ENAMETOOLONG), which
+    ended `report` / `compare` as an anonymous "OSError (unexpected)". Raises ArtifactError naming it."""
+    try:
+        return path.is_dir() if kind == "dir" else path.is_file()
+    except OSError as e:
+        raise ArtifactError(f"{shown(str(path), 120)}: cannot be looked up ({e.strerror or e})") from None
+
+
 def resolve_run(arg: str, out: Path) -> Path:
     """A run argument -> its folder (not created, not changed). Raises ArtifactError.
 
@@ -100,18 +111,18 @@ def resolve_run(arg: str, out: Path) -> Path:
         raise ArtifactError("run argument contains a NUL byte")
     if _looks_like_path(arg):
         folder = Path(arg).expanduser()
-        if not folder.is_dir():
+        if not _is(folder, "dir"):
             why = "not a run id (ids never contain '/' or '..')" if ("/" in arg or ".." in arg) else "no such folder"
             raise ArtifactError(f"{arg!r}: {why}, and no run folder exists at that path")
     else:
         check_run_id(arg)
         folder = out / arg
-        if not folder.is_dir():
+        if not _is(folder, "dir"):
             known = _runs_under(out)
             listing = (", ".join(known[-8:]) + (" ..." if len(known) > 8 else "")) if known else "none"
             raise ArtifactError(f"no run {arg!r} under {out} (runs there: {listing}; for a folder elsewhere give "
                                 f"its path, e.g. ./{arg})")
-    if not (folder / MANIFEST_NAME).is_file():
+    if not _is(folder / MANIFEST_NAME, "file"):
         raise ArtifactError(f"{folder}: not a run folder (no {MANIFEST_NAME})")
     return folder
 

@@ -64,6 +64,37 @@ def become_subreaper() -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def describe_exit(rc: int) -> str:
+    """How a stage process ended without a result (``rc`` as ``Popen.returncode``: -N for a signal)."""
+    if rc < 0:
+        return f"process died with {signal_name(rc)}"
+    return f"process exited with code {rc} without a result"
+
+
+def keep_orphans() -> int | None:
+    """Fork: the work goes on in the child (None is returned there); this process, a child
+    subreaper (``become_subreaper`` first), waits for it and returns its exit status (-N for a
+    signal), then keeps what it left running in its tree (``linger``) until the runner kills it.
+
+    The work is a plugin's code: it may kill its own process (a segfault, ``os._exit``) right after
+    starting a daemon that cleared its environment and left the session. When that process was the
+    subreaper itself, the daemon went to init with no cookie and outlived the stage (and ``nsa-run
+    list``): now its parent, this process, lives on and the daemon is re-parented here."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != parent:  # the keeper is gone already
+            os._exit(1)
+        return None
+    while True:
+        try:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 1
+
+
 def linger(max_s: float = 3600.0) -> None:
     """Once a stage (or a plugin import) is done: wait while any descendant still lives, reaping
     zombies, so that the runner's tree kill still finds every one of them (``become_subreaper``).
@@ -341,6 +372,15 @@ def main(argv: list[str]) -> int:
         return 2
     job_path, result_path = argv
     become_subreaper()  # orphans of the stage stay in this tree: killed with it
+    rc = keep_orphans()  # the stage runs in a child: its orphans stay here even when it kills itself
+    if rc is not None:
+        if not os.path.exists(result_path):  # a crash (signal, os._exit): the runner's usual ERROR
+            try:
+                write_json(result_path, _error(describe_exit(rc), None))
+            except OSError:  # the runner still sees the process end once the tree is killed
+                return 1
+        linger()
+        return 0
     faulthandler.enable()
     with open(job_path, "rb") as f:
         job = pickle.load(f)

@@ -60,6 +60,33 @@ def _robust_streams() -> None:
 for _module in COMMANDS:
     importlib.import_module(_module).register(app)
 
+USAGE_MESSAGE_CHARS = 300  # a usage error's message at most (an unknown option is echoed in it)
+
+
+def _clip_usage_errors() -> None:
+    """Usage errors found by the command-line parser (an unknown option, an extra argument) echo the
+    user's text: ``nsa-run list --x<100 000 characters>`` printed a 107 kB error box. Their message
+    is clipped like nsa-run's own error lines (``_text.clip``) before typer prints it."""
+    from typer import rich_utils
+
+    from nsa_runner._text import clip
+
+    show = rich_utils.rich_format_error
+    if getattr(show, "_nsa_clipped", False):
+        return
+
+    def clipped(e) -> None:
+        message = getattr(e, "message", None)
+        if isinstance(message, str) and len(message) > USAGE_MESSAGE_CHARS:
+            e.message = clip(message, USAGE_MESSAGE_CHARS)
+        show(e)
+
+    clipped._nsa_clipped = True
+    rich_utils.rich_format_error = clipped
+
+
+_clip_usage_errors()
+
 
 def main() -> None:
     """The ``nsa-run`` script. Bad input is reported by each command (one line, exit 2); this is the

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import nsa_runner
-from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, kill_processes, signal_name
+from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, describe_exit, kill_processes, signal_name
 from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import (
     ManifestError,
@@ -220,9 +220,7 @@ def _stop_stage(proc: subprocess.Popen, cookie: str,
 
 
 def _describe_exit(rc: int) -> str:
-    if rc < 0:
-        return f"process died with {signal_name(rc)}"
-    return f"process exited with code {rc} without a result"
+    return describe_exit(rc)
 
 
 def _check_files(run_dir: Path, result: StageResult, allowed: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:

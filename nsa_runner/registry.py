@@ -296,10 +296,10 @@ STARTUP_S = 120.0  # the child's own start-up, before it imports any plugin
 MAX_CHILDREN = 32  # a new child per plugin that kills the child; more than this: the rest are broken too
 
 
-def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float) -> str:
+def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: int | None = None) -> str:
     if timed_out:
         return f"its import did not finish within {limit:g}s (hangs?); stopped"
-    rc = proc.returncode
+    rc = ended if ended is not None else proc.returncode
     if rc is not None and rc < 0:
         from nsa_runner._worker import signal_name
 
@@ -347,7 +347,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 proc.stdin.close()
             except OSError:
                 pass
-            loading, done, timed_out, talked = None, False, False, False
+            loading, done, timed_out, talked, ended = None, False, False, False, None
             pos, last = 0, time.monotonic()
             try:
                 while True:
@@ -365,7 +365,9 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                             loading = None
                         elif line.get("done") == nonce:
                             done = True
-                    if done or exited:
+                        elif line.get("nonce") == nonce and type(line.get("ended")) is int:
+                            ended = line["ended"]  # the importing child ended; its parent keeps its orphans
+                    if done or exited or ended is not None:
                         break
                     # the child's own start-up (python, nsa_runner) may take long on a loaded machine
                     waited = time.monotonic() - last
@@ -383,13 +385,13 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 key = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))
                 records[key] = {"key": key, "name": "invalid:discovery", "value": "nsa_runner._discover",
                                 "dist": "nsa-run", "version": "?", "traceback": tail,
-                                "error": "the discovery process failed: " + (_describe_end(proc, timed_out, limit)
-                                                                             .replace("importing it ", ""))}
+                                "error": "the discovery process failed: "
+                                         + _describe_end(proc, timed_out, limit, ended).replace("importing it ", "")}
                 order.append(key)
                 break
             dist, ep_name, value = (loading.split("\t") + ["?", "?", "?"])[:3]
             records[loading] = {"key": loading, "name": ep_name, "value": value, "dist": dist, "version": "?",
-                                "error": f"{value}: {_describe_end(proc, timed_out, limit)}",
+                                "error": f"{value}: {_describe_end(proc, timed_out, limit, ended)}",
                                 "traceback": _tail(log)}
             order.append(loading)
             skip.add(loading)

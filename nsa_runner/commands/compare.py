@@ -14,6 +14,7 @@ the timing figures of B (or A) as a new baseline file; an existing file is never
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -144,7 +145,9 @@ def compare(
             base = bl.load(baseline)
         except ArtifactError as e:
             fail(f"--baseline: {e}", "see docs/baselines.md")
-    if save_baseline is not None and save_baseline.exists():
+    # lexists, not Path.exists: that raised OSError for a name too long (ENAMETOOLONG), an anonymous
+    # "OSError (unexpected)"; such a name is refused by the write below, naming it
+    if save_baseline is not None and os.path.lexists(save_baseline):
         fail(f"--save-baseline {save_baseline} exists: nothing was overwritten", "choose a new file name")
     run_a = _open(a, out, "A")
     run_b = _open(b, out, "B") if b is not None else None

@@ -180,3 +180,107 @@ def test_a_fail_without_a_reason_stays_a_fail(says, tmp_path):
     assert st["status"] == "FAIL" and st["reason"] == "", st
     assert "says printed this" in st.get("log_tail", ""), st
 
+
+# ---- red-team round 10: breaks found from outside, each fixed at the root ----------------------
+
+# a stage (and, in another test, a plugin import) that starts a daemon which clears its environment
+# and leaves the session, writes its pid to R10_DAEMON_PID, then kills its own process
+CRASHER = """
+import ctypes, os, subprocess
+from pathlib import Path
+from nsa_runner import Stage, StageResult, Status
+
+def _daemon():
+    p = subprocess.Popen(["sleep", "1000"], env={}, start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+    Path(os.environ["R10_DAEMON_PID"]).write_text(str(p.pid))
+
+class Crash(Stage):
+    name, order, timeout_s = "crash", 10, 120.0
+    def run(self, ctx):
+        _daemon()
+        if os.environ.get("R10_HOW") == "segv":
+            ctypes.string_at(0)
+        os._exit(0)
+
+if os.environ.get("R10_AT_IMPORT"):
+    _daemon()
+    os._exit(0)
+"""
+
+
+def _gone_or_kill(pid_file) -> bool:
+    """Whether the daemon is gone within 5 s; kills it otherwise (nothing outlives the test)."""
+    try:
+        from _bad_days import alive, gone_within
+    except ImportError:  # pragma: no cover
+        from tests.runner._bad_days import alive, gone_within
+    import os
+    import signal
+
+    pid = int(pid_file.read_text())
+    if gone_within(pid, 5.0):
+        return True
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    return False
+
+
+@pytest.fixture
+def crasher(plugins):
+    plugins.make("crash-plugin", "crash_mod", CRASHER, {"crash": "crash_mod:Crash"})
+    return plugins.env()
+
+
+@pytest.mark.parametrize("how, reason", [("segv", "process died with SIGSEGV"),
+                                         ("exit", "process exited with code 0 without a result")])
+def test_a_daemon_of_a_stage_that_kills_its_own_process_is_killed(crasher, tmp_path, how, reason):
+    """A stage starting `sleep` with env={} in a session of its own, then segfaulting (or calling
+    os._exit): the daemon went to init with no cookie and outlived the run (the stage's process was
+    the subreaper that should have kept it)."""
+    pid_file = tmp_path / "daemon.pid"
+    r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_HOW=how), "oneshot", "--out", tmp_path / "o",
+              "--only", "crash", "--device", "cpu")
+    assert r.returncode == 1, r.stderr[-2000:]
+    st = json.loads((tmp_path / "o" / "testrun" / "manifest.json").read_text())["stages"][0]
+    assert st["status"] == "ERROR" and st["reason"] == reason, st
+    assert _gone_or_kill(pid_file), "the stage's daemon outlived the run"
+
+
+def test_a_daemon_of_a_plugin_import_that_ends_the_discovery_process_is_killed(crasher, tmp_path):
+    """The same at import: `nsa-run list` named the plugin broken, and its daemon outlived it."""
+    pid_file = tmp_path / "daemon.pid"
+    r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_AT_IMPORT=1), "list", "--json")
+    assert r.returncode == 1, r.stderr[-2000:]
+    rows = [s for s in json.loads(r.stdout)["stages"] if s.get("entry_point") == "crash_mod:Crash"]
+    assert rows and "exit code 0" in rows[0]["why_not"], rows
+    assert _gone_or_kill(pid_file), "the plugin's daemon outlived `nsa-run list`"
+
+
+def test_a_path_too_long_for_the_system_is_named_in_one_line(bd, tmp_path):
+    """`report` / `compare` of a path with a 300-character name (or such an --out, or
+    --save-baseline) ended "error: OSError: [Errno 36] File name too long ... (unexpected ...)":
+    Python 3.11's Path.is_dir() / exists() raise for it."""
+    r = subprocess.run(cli_cmd("oneshot", "--out", tmp_path / "o", "--only", "x", "--device", "cpu"), env=bd,
+                       text=True, timeout=90, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "o" / "testrun"
+    long = tmp_path / ("L" * 300)
+    for args in (("report", long), ("compare", long, folder), ("compare", folder, folder / ("M" * 300)),
+                 ("report", "testrun", "--out", long), ("compare", "testrun", "testrun", "--out", long)):
+        line = _one_error_line(_main(bd, *args), "File name too long")
+        assert "characters" in line, line
+    # --save-baseline: refused for what it is (this run has no timings), never an anonymous OSError
+    r = _main(bd, "compare", folder, "--save-baseline", long)
+    _one_error_line(r)
+
+
+def test_a_usage_error_echoing_a_huge_argument_is_clipped(bd):
+    """`nsa-run list --x<100 000 characters>` (an unknown option, or extra arguments): the command-line
+    parser's error box echoed all of it (107 kB)."""
+    huge = "9" * 100_000
+    for args in (("list", f"--x{huge}"), ("list", "a", f"b{huge}")):
+        r = _main(bd, *args)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and len(r.stderr) < 5000, len(r.stderr)
+        assert "… (997" in r.stderr and "more" in r.stderr, r.stderr  # the clip's marker (the box wraps it)
