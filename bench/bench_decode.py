@@ -185,7 +185,7 @@ def cmd_sweep_split(args) -> int:
             six.x.copy_(x)
             six.pos.fill_(S - 1)
             proj = six.project(six.x)
-            us = bench(lambda: six.attn(*proj))
+            us = bench(lambda six=six, proj=proj: six.attn(*proj))
             print(f"{S:>6} {B:>3} {'triton (6 launches)':>26} {'':>4} {'':>5} {'':>3} {'':>3} {'':>3} {us:8.1f}",
                   flush=True)
             fd = FullDecode(proj[0], cache.K_sel, cache.V_sel, six.pos, six.scale)
@@ -416,7 +416,9 @@ def _pivot(df) -> None:
     for (S, B), g in df.groupby(["S", "B"]):
         by = {r.impl: r for _, r in g.iterrows()}
         full = min(g.itertuples(), key=lambda r: r.ms_full)
-        cell = lambda k, f: f(by[k]) if k in by else "-"  # noqa: E731
+
+        def cell(k, f, by=by):
+            return f(by[k]) if k in by else "-"
         print(f"| {S} | {B} | " + " | ".join(cell(k, lambda r: f"{r.ms_attn * 1e3:.1f}") for k in ks)
               + f" | {full.ms_full * 1e3:.1f} ({full.full_backend}) | "
               + " | ".join(cell(k, lambda r: f"{r.speedup:.2f}x") for k in ks) + " | "

@@ -23,6 +23,13 @@ Six launches per step, all reading the position from a device scalar (graph capt
                       and the tiles of each branch, applies the gates (Eq. 5) -> o [B, HQ, dv] in
                       the cache dtype.
 
+Two-launch variants: ``impl="fused"`` (append + split-K compressed pass with logits, probabilities and
+top-n in each row's last program; tiles + merge) and ``impl="split"`` (issue 14: split-K in both launches
+sized from the SM count, ``split_plan``; kernel 1 = compressed chunks that keep per-tile block partials
+instead of logits, the row's last chunk scores the blocks and picks the top-n, plus window chunks;
+kernel 2 = selected-block programs, compressed-merge programs, the row's last program merges and gates).
+See the comments above each kernel group.
+
 Softmax runs in the exp2 domain (qk_scale = scale * log2 e) in fp32; fp32 caches use IEEE
 dots (no tf32). Rows of padding heads (HP > h) are computed and never stored.
 """
