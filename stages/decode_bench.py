@@ -340,14 +340,25 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[list[dict], list
     ref_cache = cache.to(dtype=torch.float64)  # context before the step, for the float64 reference
     caches = {k: (cache if i == 0 else cache.clone()) for i, k in enumerate(kernels)}  # one context each
     decs = {}
-    for k in kernels:
-        dec = m.decoder(caches[k], impl=k)
-        dec.x.copy_(x)
-        dec.pos.fill_(S - 1)
-        dec.run_step()  # one eager step (also compiles the kernels)
-        decs[k] = dec
-    t_built = time.perf_counter()
     tag = f"S={S} B={B}"
+    for k in kernels:
+        try:
+            dec = m.decoder(caches[k], impl=k)
+            dec.x.copy_(x)
+            dec.pos.fill_(S - 1)
+            dec.run_step()  # one eager step (also compiles the kernels)
+        except Exception as e:  # noqa: BLE001 - with several kernels, one that breaks must not hide the others
+            if len(kernels) == 1:
+                raise
+            log(traceback.format_exc())
+            problems.append(f"{tag} kernel {k}: the step raised {type(e).__name__}: "
+                            f"{(str(e).strip().splitlines() or [''])[0][:300]}")
+            continue
+        decs[k] = dec
+    if not decs:
+        raise RuntimeError(f"{tag}: no kernel's step ran ({'; '.join(problems)})")
+    asked, kernels = kernels, list(decs)
+    t_built = time.perf_counter()
 
     # -- parity: each kernel's step vs the float64 eager reference fed that step's selection ------
     m64 = copy.deepcopy(m).to(torch.float64)
@@ -469,7 +480,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[list[dict], list
         def whose(pr, kk):
             return f"kernel {kk}:" in pr or f"step ({kk})" in pr
 
-        mine = [pr for pr in problems if whose(pr, k) or not any(whose(pr, kk) for kk in kernels)]
+        mine = [pr for pr in problems if whose(pr, k) or not any(whose(pr, kk) for kk in asked)]
         row["status"] = "FAIL" if mine else "PASS"
         rows.append(row)
     t_end = time.perf_counter()

@@ -235,3 +235,27 @@ def test_decode_bench_compares_kernels_in_one_run(tmp_path):
     assert opt.convert("split, triton") == "split,triton"
     with pytest.raises(ValueError, match="not one of"):
         opt.convert("split,cuda")
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the interpreter run is the CPU check")
+def test_decode_bench_a_kernel_that_raises_fails_the_stage_but_keeps_the_others(tmp_path, monkeypatch):
+    """With several kernels, one whose step raises is a FAIL naming it; the other kernel's row is
+    still measured and written."""
+    import pandas as pd
+
+    from nsa_core.decode import kernels as K
+    from nsa_runner.stage import Status
+    from stages.decode_bench import DecodeBench
+
+    def broken(self, *a, **kw):
+        raise RuntimeError("split kernel broke")
+
+    monkeypatch.setattr(K.Workspace, "split", broken)
+    opts = {o.dest: o.default for o in DecodeBench.options}
+    opts.update(S_list=[300], batch_list=[1], iters=1, warmup=0, kernel="split,torch", profile_passes=1)
+    from types import SimpleNamespace
+
+    res = DecodeBench().run(SimpleNamespace(dir=tmp_path, device="cpu", profile="quick", options=opts, run_id="t"))
+    assert res.status == Status.FAIL and "kernel split" in res.reason and "split kernel broke" in res.reason
+    df = pd.read_csv(tmp_path / "decode.csv")
+    assert df.kernel.tolist() == ["torch"] and df.status.tolist() == ["PASS"]
