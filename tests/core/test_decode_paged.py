@@ -1,6 +1,6 @@
 """Paged KV cache (issue 14): the raw selection cache in pages behind a block table, as vLLM /
 FlashInfer hold KV. Decode through it == prefill (float64, the tiny geometry of test_decode.py),
-for the eager path, the static torch step and the Triton step (interpreter on CPU), page sizes
+for the eager path, the static torch step and the Triton steps (6-launch and split; interpreter on CPU), page sizes
 smaller than, equal to and larger than a selection block; the layout is what the docstring says
 (token t of sequence b at K_sel[block_table[b, t // P], :, t % P]); counters stay exact."""
 
@@ -93,8 +93,9 @@ def test_static_step_from_an_empty_paged_cache_with_a_callers_block_table(setup)
     _ok(ys, y_full[:, :40], what="paged from empty")
 
 
+@pytest.mark.parametrize("impl", ["triton", "split"])  # split: the two-launch split-K step (issue 14)
 @pytest.mark.parametrize("phi", ["avg", "mlp"])
-def test_triton_step_through_pages_matches_prefill(phi):
+def test_triton_step_through_pages_matches_prefill(phi, impl):
     pytest.importorskip("triton", reason="triton not installed")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     m64 = _model(phi, seed=5)
@@ -102,9 +103,9 @@ def test_triton_step_through_pages_matches_prefill(phi):
     y_full, _ = m64(x)
     m = _model(phi, seed=5).float().to(dev)
     y, cache = m(x[:, :75].float().to(dev), max_len=96, page_size=8)
-    dec = m.decoder(cache, impl="triton", chunk=16)
+    dec = m.decoder(cache, impl=impl, chunk=16)
     outs = [y] + [dec.step(x[:, k:k + 1].float().to(dev)).clone() for k in range(75, 80)]
-    _ok(torch.cat(outs, 1), y_full[:, :80], torch.float32, what=f"triton paged {phi}")
+    _ok(torch.cat(outs, 1), y_full[:, :80], torch.float32, what=f"{impl} paged {phi}")
     for key, v in formula_reads(80, m.cfg).items():
         assert (cache.reads[key] == v).all(), key
 
