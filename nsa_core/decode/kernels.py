@@ -519,13 +519,15 @@ def _fused_tiles_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T,
 
 
 # ---- the split step: two launches, split-K everywhere (impl="split", issue 14) ---------------------
-# Kernel 1, grid (B*G, NCH + NW): programs 0..NCH-1 are split-K chunks of the compressed cache, the
+# Both grids put the program within a row on axis 0 (launch order: a row's programs are adjacent), so
+# rows complete one after another and each row's last-arriver tail overlaps the other rows' reads.
+# Kernel 1, grid (NCH + NW, B*G): programs 0..NCH-1 are split-K chunks of the compressed cache, the
 # next NW programs chunks of the window ring (the window does not depend on the selection, so it is
 # read here, beside the compressed pass). A compressed chunk keeps no logits: each BT-token tile folds
 # its unnormalised probabilities (relative to the tile's running max) into per-head block partials
 # with the overlap weights of Eq. 9 (A: to the token's own selection block, C: to the next one), so the
 # row's last chunk program scores every block from HP x NB partials instead of HP x ccap logits, and
-# picks the top-n. Kernel 2, grid (B*G, NSP + NVS): NSP programs attend SPB selected blocks each, NVS
+# picks the top-n. Kernel 2, grid (NSP + NVS, B*G): NSP programs attend SPB selected blocks each, NVS
 # programs merge the compressed chunks (one slice of value columns each); the row's last program merges
 # the selected and window partials, adds the merged compressed output and applies the gates (Eq. 5).
 
@@ -648,8 +650,8 @@ def _split_cmp_win_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks
                           BK1: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BT: tl.constexpr,
                           BC: tl.constexpr, BJ: tl.constexpr, APPEND: tl.constexpr, AVG: tl.constexpr,
                           IEEE: tl.constexpr, PAGED: tl.constexpr):
-    bg = tl.program_id(0)
-    p = tl.program_id(1)
+    p = tl.program_id(0)  # a row's programs are adjacent in launch order: rows finish (and run their
+    bg = tl.program_id(1)  # last-arriver tails) one after another, overlapping the other rows' reads
     b = bg // G
     g = bg % G
     bg64 = bg.to(tl.int64)
@@ -727,8 +729,8 @@ def _split_sel_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, CAP, qk_scale, TBL, s_tbl
                       DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                       BVC: tl.constexpr, BTT: tl.constexpr, BVF: tl.constexpr, IEEE: tl.constexpr,
                       PAGED: tl.constexpr):
-    bg = tl.program_id(0)
-    p = tl.program_id(1)
+    p = tl.program_id(0)  # a row's programs are adjacent in launch order: rows finish (and run their
+    bg = tl.program_id(1)  # last-arriver tails) one after another, overlapping the other rows' reads
     b = bg // G
     g = bg % G
     bg64 = bg.to(tl.int64)
@@ -1067,7 +1069,7 @@ class Workspace:
         avg = d.m.phi_k is None
         if not avg:  # a learned phi runs in torch between the append and the compressed pass
             self.append(kc, vc, ks, vs, kw, vw)
-        _split_cmp_win_kernel[(self.BG, s["NCH"] + s["NW"])](
+        _split_cmp_win_kernel[(s["NCH"] + s["NW"], self.BG)](
             d.pos, q, q.stride(0), kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0),
             kw.stride(0), vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp, d.cap,
             d.ccap, *self.paging(), s["m_p"], s["l_p"], s["acc_p"], s["abuf"], s["cbuf"], s["tmx"], s["sc"], d.blk,
@@ -1077,7 +1079,7 @@ class Workspace:
             DK0=self.DK0, BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=s["BT"], BC=_p2(s["NCH"]),
             BJ=s["BJ"], APPEND=avg, AVG=avg, IEEE=self.IEEE, PAGED=c.paged, num_warps=self.CONFIG["split_cmp"],
             num_stages=self.CONFIG["split_stages"])
-        _split_sel_kernel[(self.BG, s["NSP"] + s["NVS"])](
+        _split_sel_kernel[(s["NSP"] + s["NVS"], self.BG)](
             d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, d.cap, self.qk_scale, *self.paging(), s["m_p"], s["l_p"],
             s["acc_p"], s["oc"], s["m_t"], s["l_t"], s["acc_t"], gates, gates.stride(0), out, s["NCH"], s["NT"],
             s["NSP"], s["count"][1], s["NW"], s["NVS"], G=d.G, H=d.h, DK=d.dk, DV=d.dv, LSEL=cfg.l_sel,
