@@ -95,6 +95,31 @@ def keep_orphans() -> int | None:
             return 1
 
 
+def _end_as(rc: int) -> None:
+    """The keeper could not write the crash's result: it kills what the stage left running and ends
+    the way the stage's process did (the same signal, or exit code), so that the runner's ERROR
+    names the crash ("process died with SIGSEGV"), not the keeper's own exit."""
+    import psutil
+
+    try:
+        for p in psutil.Process().children(recursive=True):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    if rc < 0:
+        try:
+            signal.signal(-rc, signal.SIG_DFL)
+            faulthandler.disable()
+            os.kill(os.getpid(), -rc)
+            time.sleep(1.0)
+        except (OSError, ValueError):
+            pass
+    os._exit(rc if 0 <= rc < 256 else 1)
+
+
 def linger(max_s: float = 3600.0) -> None:
     """Once a stage (or a plugin import) is done: wait while any descendant still lives, reaping
     zombies, so that the runner's tree kill still finds every one of them (``become_subreaper``).
@@ -377,8 +402,8 @@ def main(argv: list[str]) -> int:
         if not os.path.exists(result_path):  # a crash (signal, os._exit): the runner's usual ERROR
             try:
                 write_json(result_path, _error(describe_exit(rc), None))
-            except OSError:  # the runner still sees the process end once the tree is killed
-                return 1
+            except OSError:  # no result can be written (a full disk, the temp folder gone)
+                _end_as(rc)
         linger()
         return 0
     faulthandler.enable()

@@ -199,6 +199,9 @@ class Crash(Stage):
     name, order, timeout_s = "crash", 10, 120.0
     def run(self, ctx):
         _daemon()
+        if os.environ.get("R10_NOWRITE"):  # the process above this one can write no byte (as on a full disk)
+            import resource
+            resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (0, 0))
         if os.environ.get("R10_HOW") == "segv":
             ctypes.string_at(0)
         os._exit(0)
@@ -241,20 +244,37 @@ def test_a_daemon_of_a_stage_that_kills_its_own_process_is_killed(crasher, tmp_p
     pid_file = tmp_path / "daemon.pid"
     r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_HOW=how), "oneshot", "--out", tmp_path / "o",
               "--only", "crash", "--device", "cpu")
+    gone = _gone_or_kill(pid_file)  # first: nothing outlives the test, whatever fails below
     assert r.returncode == 1, r.stderr[-2000:]
     st = json.loads((tmp_path / "o" / "testrun" / "manifest.json").read_text())["stages"][0]
     assert st["status"] == "ERROR" and st["reason"] == reason, st
-    assert _gone_or_kill(pid_file), "the stage's daemon outlived the run"
+    assert gone, "the stage's daemon outlived the run"
+
+
+def test_a_crash_whose_result_cannot_be_written_is_still_named(crasher, tmp_path):
+    """Round 10's own fix, probed again: the stage's temp disk is full (here: a file size limit of 0 on
+    the process above it) and it segfaults: the process keeping its orphans could not write the
+    crash's result and exited 1, so the stage was "process exited with code 1 without a result",
+    not SIGSEGV, and the daemon escaped."""
+    pid_file = tmp_path / "daemon.pid"
+    r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_HOW="segv", R10_NOWRITE=1), "oneshot", "--out",
+              tmp_path / "o", "--only", "crash", "--device", "cpu")
+    gone = _gone_or_kill(pid_file)
+    assert r.returncode == 1, r.stderr[-2000:]
+    st = json.loads((tmp_path / "o" / "testrun" / "manifest.json").read_text())["stages"][0]
+    assert st["status"] == "ERROR" and st["reason"] == "process died with SIGSEGV", st
+    assert gone, "the stage's daemon outlived the run"
 
 
 def test_a_daemon_of_a_plugin_import_that_ends_the_discovery_process_is_killed(crasher, tmp_path):
     """The same at import: `nsa-run list` named the plugin broken, and its daemon outlived it."""
     pid_file = tmp_path / "daemon.pid"
     r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_AT_IMPORT=1), "list", "--json")
+    gone = _gone_or_kill(pid_file)
     assert r.returncode == 1, r.stderr[-2000:]
     rows = [s for s in json.loads(r.stdout)["stages"] if s.get("entry_point") == "crash_mod:Crash"]
     assert rows and "exit code 0" in rows[0]["why_not"], rows
-    assert _gone_or_kill(pid_file), "the plugin's daemon outlived `nsa-run list`"
+    assert gone, "the plugin's daemon outlived `nsa-run list`"
 
 
 def test_a_path_too_long_for_the_system_is_named_in_one_line(bd, tmp_path):
