@@ -63,7 +63,7 @@ def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dic
 
 
 def main(argv: list[str]) -> int:
-    from nsa_runner._worker import _die_with_parent, become_subreaper, keep_orphans, linger
+    from nsa_runner._worker import _die_with_parent, _end_as, become_subreaper, keep_orphans, linger
 
     _die_with_parent()  # the CLI killed (kill -9, SIGHUP): this child goes with it
     become_subreaper()  # a daemon a plugin's import started stays in this tree (killed with it)
@@ -74,8 +74,8 @@ def main(argv: list[str]) -> int:
         try:  # how the child ended (the parent names the plugin it was importing), then keep its orphans
             with open(result_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"ended": rc, "nonce": req.get("nonce")}) + "\n")
-        except OSError:
-            os._exit(1)
+        except OSError:  # nothing can be written (a full disk): end as the child did, its orphans killed
+            _end_as(rc)
         linger()
         os._exit(0)
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]

@@ -208,6 +208,9 @@ class Crash(Stage):
 
 if os.environ.get("R10_AT_IMPORT"):
     _daemon()
+    if os.environ.get("R10_NOWRITE"):
+        import resource
+        resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (0, 0))
     os._exit(0)
 """
 
@@ -266,10 +269,12 @@ def test_a_crash_whose_result_cannot_be_written_is_still_named(crasher, tmp_path
     assert gone, "the stage's daemon outlived the run"
 
 
-def test_a_daemon_of_a_plugin_import_that_ends_the_discovery_process_is_killed(crasher, tmp_path):
-    """The same at import: `nsa-run list` named the plugin broken, and its daemon outlived it."""
+@pytest.mark.parametrize("nowrite", ["", "1"])
+def test_a_daemon_of_a_plugin_import_that_ends_the_discovery_process_is_killed(crasher, tmp_path, nowrite):
+    """The same at import: `nsa-run list` named the plugin broken, and its daemon outlived it (with
+    nothing writable, after the first fix: "exit code 1" and the daemon outlived it again)."""
     pid_file = tmp_path / "daemon.pid"
-    r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_AT_IMPORT=1), "list", "--json")
+    r = _main(env_with(crasher, R10_DAEMON_PID=pid_file, R10_AT_IMPORT=1, R10_NOWRITE=nowrite), "list", "--json")
     gone = _gone_or_kill(pid_file)
     assert r.returncode == 1, r.stderr[-2000:]
     rows = [s for s in json.loads(r.stdout)["stages"] if s.get("entry_point") == "crash_mod:Crash"]
