@@ -606,7 +606,9 @@ def _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, 
                        BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr, BNB: tl.constexpr):
     """Scores of blocks 0..t // l' (Eqs. 9-10) from the chunks' stats and the tiles' block partials:
     score[j] = sum_h (A[h, j] w[h, tile(j a)] + C[h, j-1] w[h, tile((j-1) a)]), w = 2^(m_tile - M_h) / Z_h;
-    -> SC[bg, :], then the top-n -> BLK. Reads other programs' results (.cg)."""
+    -> SC[bg, :], then the top-n -> BLK. Per iteration: [HP, BJ] of A and of C (two loads) and the
+    [HP, BJ / (BT / a)] tile weights, broadcast over each tile's blocks by a reshape (no gather).
+    Reads other programs' results (.cg)."""
     oh = tl.arange(0, HP)
     mh = oh < H
     oc = tl.arange(0, BC)
@@ -618,21 +620,33 @@ def _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, 
     Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
     invZ = tl.where((Z > 0.0) & mh, 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
     cur = pos // LSEL
+    BPT: tl.constexpr = BT // A  # blocks per tile
+    TPI: tl.constexpr = BJ // BPT  # tiles per iteration (BJ is a multiple of BPT)
+    ob = tl.arange(0, BPT)
     for j0 in range(0, cur + 1, BJ):
+        # the tiles' weights w[h, tile] = 2^(m_tile - M_h) / Z_h, broadcast over each tile's blocks (no gather)
+        ot = j0 // BPT + tl.arange(0, TPI)
+        vt = mh[:, None] & (ot * BT < nvis)[None, :]  # the tile ran (it holds visible tokens)
+        vp = mh[:, None] & ((ot >= 1) & ((ot - 1) * BT < nvis))[None, :]
+        tm = tl.load(TMX + (bg64 * NTILE + ot[None, :]) * HP + oh[:, None], mask=vt, other=0.0, cache_modifier=".cg")
+        tmp = tl.load(TMX + (bg64 * NTILE + ot[None, :] - 1) * HP + oh[:, None], mask=vp, other=0.0,
+                      cache_modifier=".cg")
+        w = tl.where(vt, tl.exp2(tm - Mh[:, None]) * invZ[:, None], 0.0)
+        wp = tl.where(vp, tl.exp2(tmp - Mh[:, None]) * invZ[:, None], 0.0)  # of the previous tile
         j = j0 + tl.arange(0, BJ)
-        ta = (j * A) // BT
-        va = mh[:, None] & ((j <= cur) & (ta * BT < nvis))[None, :]
-        av = tl.load(ABUF + (bg64 * HP + oh[:, None]) * NB + j[None, :], mask=va, other=0.0, cache_modifier=".cg")
-        tma = tl.load(TMX + (bg64 * NTILE + ta[None, :]) * HP + oh[:, None], mask=va, other=0.0, cache_modifier=".cg")
-        jc = j - 1
-        tc = (jc * A) // BT
-        vc = mh[:, None] & ((j <= cur) & (jc >= 0) & (tc * BT < nvis))[None, :]
-        cv = tl.load(CBUF + (bg64 * HP + oh[:, None]) * NB + jc[None, :], mask=vc, other=0.0, cache_modifier=".cg")
-        tmc = tl.load(TMX + (bg64 * NTILE + tc[None, :]) * HP + oh[:, None], mask=vc, other=0.0, cache_modifier=".cg")
-        w_a = tl.where(va, tl.exp2(tma - Mh[:, None]) * invZ[:, None], 0.0)
-        w_c = tl.where(vc, tl.exp2(tmc - Mh[:, None]) * invZ[:, None], 0.0)
-        s = tl.sum(av * w_a + cv * w_c, 0)
-        tl.store(SC + bg64 * NB + j, s, mask=(j <= cur) & (j < NB))
+        mj = (j <= cur) & (j < NB)
+        ran = ((j // BPT) * BT < nvis)
+        av = tl.load(ABUF + (bg64 * HP + oh[:, None]) * NB + j[None, :], mask=mh[:, None] & (mj & ran)[None, :],
+                     other=0.0, cache_modifier=".cg")
+        jc = j - 1  # C[j-1]: the previous block's tokens that overlap block j
+        ranc = (jc >= 0) & ((jc // BPT) * BT < nvis)
+        cv = tl.load(CBUF + (bg64 * HP + oh[:, None]) * NB + jc[None, :], mask=mh[:, None] & (mj & ranc)[None, :],
+                     other=0.0, cache_modifier=".cg")
+        a3 = tl.reshape(av, [HP, TPI, BPT])
+        c3 = tl.reshape(cv, [HP, TPI, BPT])
+        wc = tl.where((ob == 0)[None, None, :], wp[:, :, None], w[:, :, None])  # block 0 of a tile: C from before
+        s = tl.reshape(tl.sum(a3 * w[:, :, None] + c3 * wc, 0), [BJ])
+        tl.store(SC + bg64 * NB + j, s, mask=mj)
     tl.debug_barrier()  # this program's score stores precede its loads below
     oj = tl.arange(0, BNB)
     sc = tl.load(SC + bg64 * NB + oj, mask=(oj <= cur) & (oj < NB), other=0.0, cache_modifier=".cg")
@@ -847,7 +861,7 @@ SPLIT_SEL_PROGRAMS_PER_SM = 2
 SPLIT_MAX_WIN = 4
 SPLIT_MERGE_ELEMS = 8192
 SPLIT_BT = 64  # keys per tile (at most)
-SPLIT_SCORE_ELEMS = 2048  # the block-score pass loads [HP, BJ] of each of A, C and their tile maxima at once
+SPLIT_SCORE_ELEMS = 2048  # the block-score pass loads [HP, BJ] of A and of C at once (4096 spills: 64 B stack)
 SPLIT_MIN_CHUNK = 64  # default chunks: at least this many keys per program
 
 
@@ -882,7 +896,7 @@ def split_plan(ccap: int, w: int, n_sel: int, BG: int, HP: int, BV: int, a: int,
     BVC = max(1, min(BV, _p2_floor(SPLIT_MERGE_ELEMS // (BC * HP))))
     BTT = _p2(NSP + NW)
     BVF = max(1, min(BV, _p2_floor(SPLIT_MERGE_ELEMS // (BTT * HP))))
-    BJ = max(16, _p2_floor(SPLIT_SCORE_ELEMS // HP))
+    BJ = max(16, _p2_floor(SPLIT_SCORE_ELEMS // HP), BT // a)  # a multiple of the blocks per tile
     return dict(BT=BT, CH=CH, NCH=NCH, WCH=WCH, NW=NW, SPB=SPB, NSP=NSP, BVC=BVC, NVS=BV // BVC, BVF=BVF, BJ=BJ)
 
 
