@@ -8,6 +8,13 @@ whole in its one error line (a 100 kB line); a 2 MB reason was printed whole in 
 table; a run folder under ``--out`` that is a symlink to another run was written through (a rerun
 moved the other run's files into its history); a stage returning ERROR with an empty (or only
 invisible) reason left the reader with nothing.
+
+The tests after the "red-team round 10" marker reproduce what round 10's probes from outside broke:
+a stage (or a plugin import) that started a daemon with an empty environment in a session of its
+own and then killed its own process (segfault, ``os._exit``) left the daemon running; ``report`` /
+``compare`` of a path with a 300-character name ended "OSError: File name too long (unexpected)";
+the command-line parser's usage error echoed a 100 000-character unknown option whole; and, probing
+the first fix again, a crash where nothing could be written was named "exit code 1".
 """
 
 from __future__ import annotations
