@@ -3,6 +3,9 @@
     PYTHONPATH=. python bench/bench_decode.py stage --out DIR [--kernel triton] [--impl nsa_core,mykernel] ...
     PYTHONPATH=. python bench/bench_decode.py profile --S 65536 --B 16 [--kernel triton]
     PYTHONPATH=. python bench/bench_decode.py table RUN_DIR [RUN_DIR ...]     # the issue-14 table
+    PYTHONPATH=. python bench/bench_decode.py sweep-split                     # split step geometry (CUDA)
+    PYTHONPATH=. python bench/bench_decode.py warm --S 65536 --B 16           # compile what decode-bench runs
+    .venv/bin/python bench/bench_decode.py compile --S 65536 --B 16           # sm_90 regs/spills here, no GPU
 
 ``stage`` runs ``stages.decode_bench.DecodeBench`` exactly as ``nsa-run stage decode-bench``
 would (same options, device defaults), writing into DIR. ``profile`` fills a cache directly
@@ -434,7 +437,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("profile", help="torch.profiler kernel table of the eager static step (CUDA)")
     p.add_argument("--S", type=int, default=65536)
     p.add_argument("--B", type=int, default=16)
-    p.add_argument("--kernel", default="split", choices=("torch", "triton", "fused", "split"))
+    p.add_argument("--kernel", default="triton", choices=("torch", "triton", "fused", "split"))
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--G", type=int, default=4)
     p.add_argument("--h", type=int, default=16)
