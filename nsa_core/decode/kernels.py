@@ -205,31 +205,10 @@ def _cmp_chunk(q0, q1, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, C
                BV: tl.constexpr, BT: tl.constexpr, DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
     """Chunk c = compressed tokens lo..hi-1 of row bg: online-softmax stats (m, l) per head, the partial
     o_cmp (DO_O) and the logits (DO_LOGITS, log2 domain) -> M_P / L_P / ACC_P row bg * NCH + c, LOGITS."""
-    ot = tl.arange(0, BT)
-    m_i = tl.full([HP], NEG, dtype=tl.float32)
-    l_i = tl.zeros([HP], dtype=tl.float32)
-    acc = tl.zeros([HP, BV], dtype=tl.float32)
-    for t0 in range(lo, hi, BT):
-        n_off = t0 + ot
-        mn = n_off < hi
-        rows = bg64 * CCAP + n_off
-        sc = _qk(q0, q1, K_CMP, rows, mn, DK, DK0, BK1, IEEE)
-        sc = tl.where(mn[None, :], sc * qk_scale, float("-inf"))
-        if DO_LOGITS:
-            tl.store(LOGITS + (bg64 * HP + oh[:, None]) * CCAP + n_off[None, :], sc, mask=mh[:, None] & mn[None, :])
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DO_O:
-            vb = tl.load(V_CMP + rows[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
-            acc = acc * alpha[:, None] + _dot(p, vb, IEEE)
-        m_i = m_new
-    row = bg64 * NCH + c
-    tl.store(M_P + row * HP + oh, m_i)
-    tl.store(L_P + row * HP + oh, l_i)
-    if DO_O:
-        tl.store(ACC_P + (row * HP + oh[:, None]) * BV + ov[None, :], acc)
+    m_i, l_i, acc = _attend_range(q0, q1, K_CMP, V_CMP, bg64 * CCAP, lo, hi, hi, qk_scale, oh, ov, mh, mv,
+                                  LOGITS, LOGITS, LOGITS, bg64, 1, 1, LOGITS, CCAP, DK, DV, HP, DK0, BK1, BV, BT,
+                                  1, 1, False, DO_O, DO_LOGITS, IEEE)
+    _store_partial(M_P, L_P, ACC_P, bg64 * NCH + c, m_i, l_i, acc, oh, HP, BV, DO_O)
 
 
 @triton.jit
@@ -247,20 +226,28 @@ def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCA
 
 
 @triton.jit
-def _probs_rows(M_P, L_P, LOGITS, PSUM, bg64, lo, hi, CCAP, NCH, H: tl.constexpr, HP: tl.constexpr,
-                BT: tl.constexpr, BC: tl.constexpr):
-    """P[i] = sum over the group's heads of softmax_i (Eq. 10) for compressed tokens lo..hi-1 of row bg,
-    normalised with the merged stats of all NCH chunks -> PSUM. Reads other programs' results (.cg)."""
+def _merged_stats(M_P, L_P, bg64, NCH, H: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr):
+    """The softmax stats of row bg merged over its NCH split-K chunks -> (max M_h, 1 / Z_h) per head
+    (1 / Z = 0 for padding heads and where nothing was visible). Reads other programs' results (.cg)."""
     oh = tl.arange(0, HP)
     oc = tl.arange(0, BC)
-    mh = oh < H
     rows = bg64 * NCH + oc
     mc = oc < NCH
     Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG, cache_modifier=".cg")
     Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0, cache_modifier=".cg")
     Mh = tl.max(Mp, 0)
     Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
-    invZ = tl.where((Z > 0.0) & mh, 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
+    return Mh, tl.where((Z > 0.0) & (oh < H), 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
+
+
+@triton.jit
+def _probs_rows(M_P, L_P, LOGITS, PSUM, bg64, lo, hi, CCAP, NCH, H: tl.constexpr, HP: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr):
+    """P[i] = sum over the group's heads of softmax_i (Eq. 10) for compressed tokens lo..hi-1 of row bg,
+    normalised with the merged stats of all NCH chunks -> PSUM. Reads other programs' results (.cg)."""
+    oh = tl.arange(0, HP)
+    mh = oh < H
+    Mh, invZ = _merged_stats(M_P, L_P, bg64, NCH, H, HP, BC)
     ot = tl.arange(0, BT)
     for i0 in range(lo, hi, BT):
         ii = i0 + ot
@@ -294,22 +281,7 @@ def _topn(pos, nvis, PSUM, BLK, bg64, CCAP, NB, LSEL: tl.constexpr, NSEL: tl.con
             idx = oj * A + mm - nn
             okj = (idx >= 0) & (idx < nvis) & (oj < NB)
             sc += tl.load(PSUM + bg64 * CCAP + idx, mask=okj, other=0.0)
-    cur = pos // LSEL
-    cand = oj <= cur
-    forced = cand & ((oj == 0) | (oj == cur) | (oj == cur - 1))
-    sc = tl.where(forced, float("inf"), sc)
-    sc = tl.where(cand, sc, float("-inf"))
-    # one reduction per pick: the float's order-preserving int32 in the high half, BNB-1-j in the low
-    # half, so the max is the best score and, among equal scores, the lowest block id
-    bits = sc.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    key = (ordered.to(tl.int64) << 32) | (BNB - 1 - oj).to(tl.int64)
-    for k in tl.static_range(NSEL):
-        best = tl.max(key, 0)
-        j = BNB - 1 - (best & 0xFFFFFFFF)
-        valid = (best >> 32) > NEG_INF_ORDERED  # a candidate (score > -inf) was left
-        tl.store(BLK + bg64 * NSEL + k, tl.where(valid, j, -1).to(tl.int64))
-        key = tl.where(oj == j, KEY_MIN, key)
+    _pick_topn(sc, oj, pos // LSEL, BLK, bg64, NSEL, BNB)
 
 
 @triton.jit
@@ -533,13 +505,14 @@ def _fused_tiles_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T,
 
 @triton.jit
 def _attend_range(q0, q1, KB, VB, row0, lo, hi, last, qk_scale, oh, ov, mh, mv, ABUF, CBUF, TMX, bg64, NB, NTILE,
-                  DK: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr,
-                  BV: tl.constexpr, BT: tl.constexpr, A: tl.constexpr, BQ: tl.constexpr, BLOCKS: tl.constexpr,
-                  IEEE: tl.constexpr):
+                  LOGITS, LSTRIDE, DK: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr,
+                  BK1: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, A: tl.constexpr, BQ: tl.constexpr,
+                  BLOCKS: tl.constexpr, DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
     """Online softmax of the group's heads over key rows row0 + lo .. row0 + hi - 1 of KB / VB, keys with
-    index > last masked -> (m, l, acc). BLOCKS: per BT-tile (lo a multiple of BT) the block partials
-    A[h, j] = sum_i ws(i % a) p[h, i], C[h, j] = sum_i wn(i % a) p[h, i] over the tile's tokens i of block
-    j (p relative to the running max after the tile, stored in TMX[bg, tile, h])."""
+    index > last masked -> (m, l, acc); acc only with DO_O (else zeros, V not read). DO_LOGITS: the logits
+    (log2 domain) -> LOGITS[(bg * HP + h) * LSTRIDE + index]. BLOCKS: per BT-tile (lo a multiple of BT) the
+    block partials A[h, j] = sum_i ws(i % a) p[h, i], C[h, j] = sum_i wn(i % a) p[h, i] over the tile's
+    tokens i of block j (p relative to the running max after the tile, stored in TMX[bg, tile, h])."""
     ot = tl.arange(0, BT)
     m_i = tl.full([HP], NEG, dtype=tl.float32)
     l_i = tl.zeros([HP], dtype=tl.float32)
@@ -550,12 +523,15 @@ def _attend_range(q0, q1, KB, VB, row0, lo, hi, last, qk_scale, oh, ov, mh, mv, 
         rows = row0 + n_off
         sc = _qk(q0, q1, KB, rows, mn, DK, DK0, BK1, IEEE)
         sc = tl.where(mn[None, :], sc * qk_scale, float("-inf"))
+        if DO_LOGITS:
+            tl.store(LOGITS + (bg64 * HP + oh[:, None]) * LSTRIDE + n_off[None, :], sc, mask=mh[:, None] & mn[None, :])
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(VB + rows[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p, vb, IEEE)
+        if DO_O:
+            vb = tl.load(VB + rows[:, None] * DV + ov[None, :], mask=mn[:, None] & mv[None, :], other=0.0)
+            acc = acc * alpha[:, None] + _dot(p, vb, IEEE)
         m_i = m_new
         if BLOCKS:
             p3 = tl.reshape(p, [HP, BT // A, A])
@@ -574,11 +550,13 @@ def _attend_range(q0, q1, KB, VB, row0, lo, hi, last, qk_scale, oh, ov, mh, mv, 
 
 
 @triton.jit
-def _store_partial(M_X, L_X, ACC_X, row, m, l, acc, oh, HP: tl.constexpr, BV: tl.constexpr):
+def _store_partial(M_X, L_X, ACC_X, row, m, l, acc, oh, HP: tl.constexpr, BV: tl.constexpr, DO_ACC: tl.constexpr):
+    """Partial (m, l[, acc]) of the h heads -> row ``row`` of M_X / L_X [*, HP] (and ACC_X [*, HP, BV])."""
     ov = tl.arange(0, BV)
     tl.store(M_X + row * HP + oh, m)
     tl.store(L_X + row * HP + oh, l)
-    tl.store(ACC_X + (row * HP + oh[:, None]) * BV + ov[None, :], acc)
+    if DO_ACC:
+        tl.store(ACC_X + (row * HP + oh[:, None]) * BV + ov[None, :], acc)
 
 
 @triton.jit
@@ -611,14 +589,7 @@ def _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, 
     Reads other programs' results (.cg)."""
     oh = tl.arange(0, HP)
     mh = oh < H
-    oc = tl.arange(0, BC)
-    rows = bg64 * NCH + oc
-    mc = oc < NCH
-    Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG, cache_modifier=".cg")
-    Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0, cache_modifier=".cg")
-    Mh = tl.max(Mp, 0)
-    Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
-    invZ = tl.where((Z > 0.0) & mh, 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
+    Mh, invZ = _merged_stats(M_P, L_P, bg64, NCH, H, HP, BC)
     cur = pos // LSEL
     BPT: tl.constexpr = BT // A  # blocks per tile
     TPI: tl.constexpr = BJ // BPT  # tiles per iteration (BJ is a multiple of BPT)
@@ -693,9 +664,9 @@ def _split_cmp_win_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks
                     tl.debug_barrier()
         q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
         m_i, l_i, acc = _attend_range(q0, q1, K_CMP, V_CMP, bg64 * CCAP, lo, hi, hi, qk_scale, oh, ov, mh, mv,
-                                      ABUF, CBUF, TMX, bg64, NB, NTILE, DK, DV, HP, DK0, BK1, BV, BT, A, BQ, True,
-                                      IEEE)
-        _store_partial(M_P, L_P, ACC_P, bg64 * NCH + p, m_i, l_i, acc, oh, HP, BV)
+                                      ABUF, CBUF, TMX, bg64, NB, NTILE, ABUF, 0, DK, DV, HP, DK0, BK1, BV, BT, A, BQ,
+                                      True, True, False, IEEE)
+        _store_partial(M_P, L_P, ACC_P, bg64 * NCH + p, m_i, l_i, acc, oh, HP, BV, True)
         if _last_of_row(COUNT, bg64, NCH):
             _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, NTILE, NCH, H, HP, LSEL, NSEL,
                                A, BT, BC, BJ, BNB)
@@ -711,9 +682,9 @@ def _split_cmp_win_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks
                 tl.debug_barrier()
         q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
         m_i, l_i, acc = _attend_range(q0, q1, K_WIN, V_WIN, bg64 * W, lo, hi, pos, qk_scale, oh, ov, mh, mv,
-                                      ABUF, CBUF, TMX, bg64, NB, NTILE, DK, DV, HP, DK0, BK1, BV, BT, A, BQ, False,
-                                      IEEE)
-        _store_partial(M_T, L_T, ACC_T, bg64 * NT + T_WIN + w, m_i, l_i, acc, oh, HP, BV)
+                                      ABUF, CBUF, TMX, bg64, NB, NTILE, ABUF, 0, DK, DV, HP, DK0, BK1, BV, BT, A, BQ,
+                                      False, True, False, IEEE)
+        _store_partial(M_T, L_T, ACC_T, bg64 * NT + T_WIN + w, m_i, l_i, acc, oh, HP, BV, True)
 
 
 @triton.jit
@@ -774,7 +745,7 @@ def _split_sel_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, CAP, qk_scale, TBL, s_tbl
             vb = tl.load(V_SEL + rows[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
             acc = acc * alpha[:, None] + _dot(pr, vb, IEEE)
             m_i = m_new
-        _store_partial(M_T, L_T, ACC_T, bg64 * NT + p, m_i, l_i, acc, oh, HP, BV)
+        _store_partial(M_T, L_T, ACC_T, bg64 * NT + p, m_i, l_i, acc, oh, HP, BV, True)
     else:  # value columns (p - NSP) * BVC .. of the compressed chunks, merged -> OC
         ovc = (p - NSP) * BVC + tl.arange(0, BVC)
         oc = _merge3(M_P, L_P, ACC_P, bg64, NCH, 0, NCH, ovc, BC, HP, BV)
