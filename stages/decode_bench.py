@@ -1000,7 +1000,9 @@ class DecodeBench(Stage):
             out.append(f"  {r['status']} {r['impl']} S={r['S']} B={r['B']}: {r['note']}")
         out.append("")
         many = len({r["impl"] for r in rows}) > 1 or any(r["impl"] != BUILTIN for r in rows)
-        who = (lambda r: f"{r['impl']:>10} ") if many else (lambda r: "")
+        kern = len(o.get("kernels") or ()) > 1  # several nsa_core kernels: each line names its kernel
+        who = (lambda r: (f"{r['impl']:>10} " if many else "")
+               + (f"{(r['kernel'] if r['impl'] == BUILTIN else ''):>14} " if kern else ""))
         out.append("per point: speedup (full/attn), speedup_step (full/step), NSA KV read ratio, fastest "
                    "full-attention baseline")
         for r in rows:
