@@ -259,3 +259,31 @@ def test_decode_bench_a_kernel_that_raises_fails_the_stage_but_keeps_the_others(
     assert res.status == Status.FAIL and "kernel split" in res.reason and "split kernel broke" in res.reason
     df = pd.read_csv(tmp_path / "decode.csv")
     assert df.kernel.tolist() == ["torch"] and df.status.tolist() == ["PASS"]
+
+
+def test_split_step_at_the_paper_geometry():
+    """The paper's geometry and head dims (l=32, d=16, l'=64, n=16, w=512; h=16, dk=192 = 128 + 64, dv=128),
+    fp32, at S=1500 (92 compressed tokens, 24 candidate blocks for 16 slots): 64-key tiles of 16 blocks,
+    several chunks and window programs; == the float64 reference fed the step's selection, the selection
+    == the reference's own and the 6-launch step's."""
+    cfg = dict(l=32, d=16, l_sel=64, n_sel=16, w=512)
+    m64, m = _pair(dk=192, dv=128, hq=32, g=2, dim=64, seed=21, cfg=cfg)
+    m = m.float().to(DEV)
+    S = 1500
+    cache = m.new_cache(1, 1536)
+    cache.fill_random_(S - 1, generator=torch.Generator(device=DEV).manual_seed(2))
+    ctx, other = cache.clone(), cache.clone()
+    x = torch.randn(1, 1, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    dec = m.decoder(cache, impl="split")
+    g = _geometry(dec)
+    assert g["BT"] == 64 and g["NW"] >= 2 and g["NCH"] >= 2, g
+    y = dec.step(x.float().to(DEV)).clone()
+    six = m.decoder(other, impl="triton")
+    six.step(x.float().to(DEV))
+    assert torch.equal(torch.sort(dec.blk, -1).values, torch.sort(six.blk, -1).values)
+    y_ref, ref_blk = _ref_step(m64, ctx, x, S, dec.blk)
+    r = compare(y, y_ref, torch.float32)
+    assert r.ok, f"split at the paper geometry: {r}"
+    assert torch.equal(torch.sort(dec.blk.cpu(), -1).values, ref_blk)
+    for key, v in formula_reads(S, m.cfg).items():
+        assert (cache.reads[key] == v).all(), key
