@@ -73,7 +73,8 @@ def main(argv: list[str]) -> int:
     if rc is not None:
         try:  # how the child ended (the parent names the plugin it was importing), then keep its orphans
             with open(result_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"ended": rc, "nonce": req.get("nonce")}) + "\n")
+                # on a line of its own even after a line the dying child left half-written
+                f.write("\n" + json.dumps({"ended": rc, "nonce": req.get("nonce")}) + "\n")
         except OSError:  # nothing can be written (a full disk): end as the child did, its orphans killed
             _end_as(rc)
         linger()

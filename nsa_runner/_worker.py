@@ -86,6 +86,11 @@ def keep_orphans() -> int | None:
         if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != parent:  # the keeper is gone already
             os._exit(1)
         return None
+    # the runner stops a stage with SIGTERM first, then SIGKILL after a grace period: the keeper
+    # ignores the SIGTERM (dying of it would SIGKILL the stage at once through its parent-death
+    # signal, and a stage cleaning up on SIGTERM never got its grace period); SIGKILL still ends it
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     while True:
         try:
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
