@@ -566,7 +566,10 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
     (it is not empty) and the next number is tried. So a run never sees another's folder before
     its manifest exists, and a crash (full disk, kill -9) leaves only an ``.incoming-`` folder,
     which ``clean_stale`` removes at the next start. With ``only_first`` the only name tried is
-    the next after the existing ones at the time of the call; None when another run took it.
+    the next after the existing ones at the time of the call; None when another run took it (a
+    folder appeared there). A name taken by something that is not a run folder (a user's file, a
+    dangling link) is passed over in both modes: with ``only_first`` it was taken before the call,
+    so returning None for it made ``nsa-run stage`` ask again forever (a busy loop).
     """
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{INCOMING_PREFIX}{rid}-{os.getpid()}-", dir=out))
@@ -578,6 +581,7 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
         n = 1 + max([_folder_number(p) for p in existing], default=0)
         while True:
             target = out / (rid if n == 1 else f"{rid}.{n}")
+            taken_by_folder = True
             if not os.path.lexists(target):
                 try:
                     os.rename(tmp, target)
@@ -585,7 +589,9 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
                 except OSError as e:
                     if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
-            if only_first:
+            else:  # a file or a link that is no run folder: never one, passed over
+                taken_by_folder = os.path.isdir(target)
+            if only_first and taken_by_folder:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None
             n += 1

@@ -16,7 +16,15 @@ import typer
 from rich.markup import escape
 
 from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report, shown
-from nsa_runner.artifacts import ManifestError, check_writable, clean_stale, load_manifest, run_folders, run_id
+from nsa_runner.artifacts import (
+    ManifestError,
+    _folder_number,
+    check_writable,
+    clean_stale,
+    load_manifest,
+    run_folders,
+    run_id,
+)
 from nsa_runner.executor import RunInterrupted, Settings, Terminated, execute, exit_code
 from nsa_runner.manifest import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_S, ManifestBusy, RunManifest, lock_timeout
 from nsa_runner.registry import (
@@ -163,8 +171,11 @@ def new_manifest(make: Callable[[], RunManifest | None]) -> RunManifest | None:
 
 def open_latest_run(out: Path, rid: str, argv: list[str], **facts: Any) -> RunManifest:
     """The latest run folder of ``rid`` (``nsa-run stage X`` goes there), or a new one. Two
-    ``stage`` commands into an empty ``--out`` at once end up in the same folder."""
-    while True:
+    ``stage`` commands into an empty ``--out`` at once end up in the same folder.
+
+    A name of the run id taken by something that is no run folder (a user's file, a dangling link)
+    is passed over as ``oneshot`` does (``<rid>.2``), and named on one line; it spun here forever."""
+    for _ in range(1000):  # each turn another nsa-run made the folder meanwhile: a few at most
         folders = check_earlier_runs(out, rid)
         if folders:
             try:
@@ -178,7 +189,24 @@ def open_latest_run(out: Path, rid: str, argv: list[str], **facts: Any) -> RunMa
                 fail(f"cannot update {folders[-1]}: {e.strerror or e}", _disk_hint(e))
         made = new_manifest(lambda: RunManifest.new(out, rid, argv, only_first=True, **facts))
         if made is not None:
+            _say_passed_over(out, rid, made.dir)
             return made  # else another nsa-run created it a moment ago: open that one
+    fail(f"no run folder of {rid} under {out} could be opened or made (other nsa-run commands kept "
+         "taking the name)", "nothing was changed; rerun")
+
+
+def _say_passed_over(out: Path, rid: str, made: Path) -> None:
+    """One line naming the names of run id ``rid`` below ``made`` that are no run folder."""
+    n = _folder_number(made)
+    for i in range(1, n):
+        p = out / (rid if i == 1 else f"{rid}.{i}")
+        if os.path.lexists(p) and not p.is_dir():
+            try:
+                what = f"a link to no folder ({plain_text(os.readlink(p))})" if p.is_symlink() else "a file"
+            except OSError:
+                what = "not a folder"
+            err_console().print(f"note: {plain_text(p)} is {what}, not a run folder: passed over (left as it is); "
+                                f"this run's folder is {plain_text(made.name)}", soft_wrap=True)
 
 
 def set_aside(manifest: RunManifest, name: str) -> Path | None:
