@@ -23,6 +23,7 @@ import platform
 import re
 import shutil
 import socket
+import stat
 import sys
 import uuid
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from nsa_runner.artifacts import (
     MANIFEST_SCHEMA_VERSION,
     ManifestError,
     create_run_folder,
+    file_kind,
     load_manifest,
     names_overlap,
     now_iso,
@@ -140,14 +142,67 @@ def _dead(owner: dict) -> bool:
     return not pid_alive(owner.get("pid"), owner.get("pid_started"))
 
 
+class UnsafeLockFile(OSError):
+    """The lock file is not a file of its own (another name of it, a hard link, lies elsewhere)."""
+
+
+def _lock_file_problem(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode)
+    if st.st_nlink > 1:  # locking truncates the file: another name of it (a hard link) would lose its data
+        return f"a hard link ({st.st_nlink} names: the same file is also named elsewhere)"
+    return None
+
+
+class _RunLock(FileLock):
+    """``FileLock`` that never truncates a lock file with more than one name. filelock truncates the
+    file once it holds the lock (``O_NOFOLLOW`` keeps a symlink out, not a hard link): a
+    ``.manifest.lock`` hard-linked to a file outside the run folder lost that file's data. The
+    file the descriptor holds is checked before that step (no race with the check before opening)."""
+
+    def _finalize_locked_fd(self, fd: int) -> None:  # filelock >= 3.18: runs with the lock held
+        try:
+            problem = _lock_file_problem(os.fstat(fd))
+        except OSError:
+            problem = None  # filelock's own step reports it
+        if problem is not None:
+            try:
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except (ImportError, OSError):
+                pass
+            mark = getattr(self, "_mark_descriptor_released", None)
+            if mark is not None:
+                mark()
+            os.close(fd)
+            raise UnsafeLockFile(0, problem, self.lock_file)
+        super()._finalize_locked_fd(fd)
+
+
+def _refuse_unsafe(path: Path, problem: str) -> ManifestError:
+    return ManifestError(f"its lock file {path} is {problem}; nsa-run never locks (and so truncates) it: remove "
+                         f"it (nsa-run makes a new one) and rerun")
+
+
 def _acquire(lock: FileLock, timeout: float, path: Path) -> None:
-    """``lock.acquire``; a lock file someone replaced (a folder, a FIFO, a link to a device) is
-    named: ManifestError "its lock file PATH is a folder ...: remove it". Any other OSError (a
-    full disk) keeps its errno and carries the lock file's path."""
+    """``lock.acquire``; a lock file someone replaced (a folder, a FIFO, a link to a device, a hard
+    link to another file) is named: ManifestError "its lock file PATH is a folder ...: remove it".
+    Any other OSError (a full disk) keeps its errno and carries the lock file's path."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISLNK(st.st_mode):  # a symlink: named below (O_NOFOLLOW)
+        problem = _lock_file_problem(st)
+        if problem is not None:
+            raise _refuse_unsafe(path, problem)
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
         raise
+    except UnsafeLockFile as e:
+        raise _refuse_unsafe(path, e.strerror) from None
     except OSError as e:
         what = e.strerror or str(e)
         if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
@@ -192,7 +247,7 @@ class RunManifest:
             total = lock_timeout()
         except ValueError as e:
             raise ManifestBusy(str(e)) from None
-        lock = FileLock(str(path))
+        lock = _RunLock(str(path))
         try:
             _acquire(lock, min(LOCK_NOTICE_S, total), path)
         except Timeout:

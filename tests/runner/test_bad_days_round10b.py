@@ -26,7 +26,7 @@ import sys
 import pytest
 
 try:
-    from _bad_days import PINNED, make
+    from _bad_days import PINNED, env_with, make
 except ImportError:  # pragma: no cover - run from the repository root
     from tests.runner._bad_days import PINNED, make
 
@@ -40,9 +40,43 @@ def main_cmd(*args) -> list[str]:
     return [sys.executable, "-c", MAIN, *map(str, args)]
 
 
+# stages a (writes a.txt, runs $R10B_A_PY) and b (runs $R10B_B_PY, writes b.txt and declares it and
+# $R10B_B_FILES), each Python code run in the stage's process with the run folder as cwd
+EXEC = """
+import os
+from nsa_runner import Stage, StageResult, Status
+
+class A(Stage):
+    name, order, timeout_s = "a", 15, 120.0
+    def run(self, ctx):
+        exec(os.environ.get("R10B_A_PY", ""), {"ctx": ctx, "os": os})
+        (ctx.dir / "a.txt").write_text(os.environ.get("R10B_TEXT", "stage a's result"))
+        return StageResult(Status.PASS, "ok", files=["a.txt"] + os.environ.get("R10B_A_FILES", "").split())
+
+class B(Stage):
+    name, order, timeout_s = "b", 16, 120.0
+    def run(self, ctx):
+        exec(os.environ.get("R10B_B_PY", ""), {"ctx": ctx, "os": os})
+        (ctx.dir / "b.txt").write_text("b")
+        return StageResult(Status.PASS, "ok", files=["b.txt"] + os.environ.get("R10B_B_FILES", "").split())
+"""
+
+
 @pytest.fixture
 def bd(plugins):
     return make(plugins)
+
+
+@pytest.fixture
+def ab(plugins):
+    plugins.make("r10b-plugin", "r10b_mod", EXEC, {"a": "r10b_mod:A", "b": "r10b_mod:B"})
+    return plugins.env()
+
+
+def _oneshot(env, out, only="a", **kw):
+    r = _main(env_with(env, **kw), "oneshot", "--out", out, "--only", only, "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out / "testrun"
 
 
 def _main(env, *args, timeout=90, **kw):
@@ -89,3 +123,52 @@ def test_stage_passes_over_a_file_or_dangling_link_named_like_the_run_and_says_s
     r = _main(bd, "stage", "y", "--out", out, "--device", "cpu", timeout=30)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "testrun.2" / "y.txt").exists() and not (out / "testrun.3").exists()
+
+
+# ---- B6 -------------------------------------------------------------------------------------------
+
+
+def test_a_hard_linked_lock_file_is_refused_and_the_file_it_shares_is_untouched(ab, tmp_path):
+    """`.manifest.lock` replaced by a hard link to a file outside the run folder: the next `stage`
+    truncated that file to 0 bytes (filelock truncates the lock file once it holds it; O_NOFOLLOW
+    stops a symlink, not a hard link), rc 0 without a word. The same when a stage made the link."""
+    out = tmp_path / "o"
+    folder = _oneshot(ab, out)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("IMPORTANT USER DATA\n")
+    lock = folder / ".manifest.lock"
+    lock.unlink()
+    lock.hardlink_to(victim)
+    before = (folder / "manifest.json").read_text()
+    line = _one_error_line(_main(ab, "stage", "a", "--out", out, "--device", "cpu"), str(lock), "hard link")
+    assert "remove it" in line
+    assert victim.read_text() == "IMPORTANT USER DATA\n"
+    assert (folder / "manifest.json").read_text() == before and (folder / "a.txt").read_text() == "stage a's result"
+    # made by a stage during a oneshot: the next manifest change refuses it
+    victim2 = tmp_path / "victim2.txt"
+    victim2.write_text("MORE USER DATA\n")
+    code = f"os.remove('.manifest.lock'); os.link({str(victim2)!r}, '.manifest.lock')"
+    r = _main(env_with(ab, R10B_A_PY=code), "oneshot", "--out", out, "--only", "a", "--device", "cpu")
+    _one_error_line(r, ".manifest.lock", "hard link")
+    assert victim2.read_text() == "MORE USER DATA\n"
+
+
+def test_the_run_lock_never_truncates_a_lock_file_with_two_names(tmp_path):
+    """The check on the locked descriptor itself (no window between a check and filelock's open):
+    a lock file that is a hard link when locked is released untouched, never truncated."""
+    from nsa_runner import manifest as mf
+
+    victim = tmp_path / "victim"
+    victim.write_text("DATA")
+    lock = tmp_path / ".manifest.lock"
+    lock.hardlink_to(victim)
+    with pytest.raises((mf.UnsafeLockFile, mf.ManifestError)):
+        mf._RunLock(str(lock)).acquire(timeout=1)
+    assert victim.read_text() == "DATA"
+    with pytest.raises(mf.ManifestError, match="hard link"):
+        mf._acquire(mf._RunLock(str(lock)), 1, lock)
+    assert victim.read_text() == "DATA"
+    lock.unlink()  # a lock file of its own is locked as before
+    held = mf._RunLock(str(lock))
+    mf._acquire(held, 1, lock)
+    held.release()
