@@ -972,6 +972,10 @@ def headline(rows: list[dict], o: dict) -> str:
     if not rows:
         return "no timings"
     T = max(r["T"] for r in rows)
+
+    def x(v: float) -> str:  # 4.63x; a CPU's interpreted NSA is ~1e-3x of SDPA: "0.00x" read as broken
+        return f"{v:.2f}x" if v >= 0.095 else f"{v:.2g}x"
+
     out = []
     for pas in o["passes"]:
         n = _get(rows, T, NSA, pas)
@@ -979,13 +983,13 @@ def headline(rows: list[dict], o: dict) -> str:
             continue
         s = f"NSA {pas} {n['ms']:.3g} ms"
         if not math.isnan(n.get("speedup_vs_sdpa_flash", float("nan"))):
-            s += f", {n['speedup_vs_sdpa_flash']:.2f}x vs SDPA-flash"
+            s += f", {x(n['speedup_vs_sdpa_flash'])} vs SDPA-flash"
         f = _get(rows, T, FASTEST, pas)
         if f is not None:
-            s += f", {n['speedup_vs_fastest_full']:.2f}x vs fastest full ({f['note'][2:]})"
+            s += f", {x(n['speedup_vs_fastest_full'])} vs fastest full ({f['note'][2:]})"
         fl = _get(rows, T, FLA, pas)
         if fl is not None:
-            s += f", {fl['ms'] / n['ms']:.2f}x vs fla"
+            s += f", {x(fl['ms'] / n['ms'])} vs fla"
         out.append(s)
     return f"T={_fmt_T(T)}: " + "; ".join(out)
 

@@ -326,3 +326,21 @@ def test_fa4_full_attention_baseline_on_a_fake_module(monkeypatch):
     fwd()
     fwdbwd()
     assert "fa4" in pb.FULL_PATHS and dict(pb.full_paths("cpu", ["fa4"]))["fa4"] == "CUDA only"
+
+
+def test_headline_never_rounds_a_real_ratio_to_zero():
+    """The CPU oneshot read 'NSA fwd 439 ms, 0.00x vs fastest full': the interpreted NSA is ~1e-4x of
+    SDPA there, a real figure that two decimals printed as zero (looks broken). Small ratios keep two
+    significant digits; from ~0.1x two decimals as before."""
+    from stages.prefill_bench import headline
+
+    def rows(ratio):
+        return [{"T": 256, "path": "nsa", "part": "whole", "pass": "fwd", "ms": 439.0,
+                 "speedup_vs_sdpa_flash": float("nan"), "speedup_vs_fastest_full": ratio},
+                {"T": 256, "path": "full-fastest", "part": "whole", "pass": "fwd", "ms": 0.08,
+                 "note": "= sdpa-default"}]
+
+    want = "T=256: NSA fwd 439 ms, 0.00018x vs fastest full (sdpa-default)"
+    assert headline(rows(0.000182), {"passes": ["fwd"]}) == want
+    assert "4.63x vs fastest full" in headline(rows(4.634), {"passes": ["fwd"]})
+    assert "0.10x vs fastest full" in headline(rows(0.1), {"passes": ["fwd"]})
