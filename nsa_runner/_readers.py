@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsa_runner._text import shown
+from nsa_runner._text import clip, shown
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
     JsonTextError,
@@ -29,6 +29,7 @@ from nsa_runner.artifacts import (
     UnsafeFileError,
     json_loads,
     load_manifest,
+    outside_problem,
     read_limited,
     read_text_limited,
 )
@@ -416,8 +417,21 @@ class Run:
                 return s["name"]
         return None
 
+    def inside(self, name: str) -> Path:
+        """``self.dir / name`` once ``name`` is known to stay inside the run folder (no absolute
+        path, no ``..``, no link leading out): a hand-edited manifest ``files`` entry
+        ``../../secret.csv`` or ``/etc/x.csv`` was read and its rows copied into report.html.
+        Raises ArtifactError naming the entry; nothing is read."""
+        why = outside_problem(self.dir, name)
+        if why is not None:
+            owner = self.declared_by(name)
+            listed = f"manifest.json lists it for stage {owner!r}" if owner else "a run file"
+            raise ArtifactError(f"{self.dir}: {shown(str(name), 120)} ({listed}) is outside the run folder: "
+                                f"{clip(why, 300)}; not read")
+        return self.dir / name
+
     def _present(self, name: str) -> Path | None:
-        p = self.dir / name
+        p = self.inside(name)
         if p.is_file():
             return p
         if p.exists():
@@ -478,10 +492,10 @@ class Run:
     def _header(self, name: str) -> list[str] | None:
         """The CSV header of ``name`` (None when absent or unreadable: the full reader says why)."""
         try:
-            text = read_text_limited(self.dir / name)
+            text = read_text_limited(self.inside(name))
             return next(csv.reader(io.StringIO(text)), None)
-        except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error):
-            return None
+        except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error, ArtifactError):
+            return None  # outside the run folder: never read; timing() names it
 
     def parity_files(self) -> list[str]:
         """Case tables of parity stages: the declared CSVs with the parity columns (DESIGN §6), e.g.

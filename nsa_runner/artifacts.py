@@ -456,6 +456,30 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
     return None
 
 
+def outside_problem(run_dir: str | os.PathLike, rel: Any) -> str | None:
+    """Why ``rel`` (a name a manifest or a reader gives) does not name something strictly inside
+    ``run_dir``: not a relative name, absolute, climbing with ``..``, or resolving (symlinks
+    followed) outside; None when it is inside. The readers (``report``, ``compare``) apply the
+    check the runner applies to a stage's declared files, before reading anything."""
+    if not isinstance(rel, str) or not rel.strip() or "\0" in rel:
+        return f"{rel!r} is not a relative file name"
+    pure = Path(rel)
+    if pure.is_absolute():
+        return f"{rel} is an absolute path"
+    if ".." in pure.parts:
+        return f"{rel} climbs out with '..'"
+    if not pure.parts:
+        return f"{rel} is the run folder itself"
+    try:
+        root = Path(run_dir).resolve()
+        resolved = (root / pure).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop, a name too long
+        return f"{rel} cannot be resolved ({getattr(e, 'strerror', None) or e})"
+    if root not in resolved.parents:
+        return f"{rel} resolves outside the run folder (to {resolved})"
+    return None
+
+
 def runner_dirs_problem(run_dir: str | os.PathLike) -> str | None:
     """Why the run folder's ``logs`` / ``history`` cannot be written into (a symlink, e.g. to a
     folder outside the run, or not a folder), else None: logs are written and reruns move files

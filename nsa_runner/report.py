@@ -475,7 +475,7 @@ def _images_html(run: Run) -> str:
     images = [(n, titles.get(n, f"{n} ({stage} stage)")) for n, stage in declared]
     images += [(n, t) for n, t in IMAGES if n not in shown]  # the built-ins' pictures, said absent
     for name, title in images:
-        p = run.dir / name
+        p = run.inside(name)  # a declared name outside the run folder is named, never read
         if not p.is_file():
             out.append(_absent(f"{name} ({title})"))
             continue
@@ -490,7 +490,7 @@ def _images_html(run: Run) -> str:
 
 
 def _env_html(run: Run) -> str:
-    p = run.dir / "env.txt"
+    p = run.inside("env.txt")
     if not p.is_file():
         return _absent("env.txt")
     text = read_bytes_checked(p).decode("utf-8", errors="replace")  # refused by type and size first

@@ -20,6 +20,7 @@ Every test here reproduces a break of that pass (see docs/reliability.md, "Red-t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -172,3 +173,45 @@ def test_the_run_lock_never_truncates_a_lock_file_with_two_names(tmp_path):
     held = mf._RunLock(str(lock))
     mf._acquire(held, 1, lock)
     held.release()
+
+
+# ---- B3 -------------------------------------------------------------------------------------------
+
+SECRET = "case,status,reads_x\nsecret-row,PASS,123456\n"
+T_CSV = "open('t.csv', 'w').write('case,status,reads_x\\nc1,PASS,10\\n')"
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
+def test_a_manifest_entry_outside_the_run_folder_is_named_and_never_read(ab, tmp_path, how):
+    """A hand-edited manifest `files` entry `../../secret.csv` or `/abs/secret.csv` (or a declared
+    CSV later replaced by a link out) was read by `report` (its rows in report.html), `compare` and
+    `compare --json`: the readers joined any name to the run folder."""
+    out = tmp_path / "o"
+    folder = _oneshot(ab, out, R10B_A_PY=T_CSV, R10B_A_FILES="t.csv")
+    secret = tmp_path / "secret.csv"
+    secret.write_text(SECRET)
+    path = folder / "manifest.json"
+    if how == "link":
+        name = "t.csv"
+        (folder / "t.csv").unlink()
+        (folder / "t.csv").symlink_to(secret)
+    else:
+        name = "../../secret.csv" if how == "climbs" else str(secret)
+        m = json.loads(path.read_text())
+        m["stages"][0]["files"] = ["a.txt", "t.csv", name]
+        path.write_text(json.dumps(m))
+    line = _one_error_line(_main(ab, "report", folder), name, "outside the run folder")
+    assert "not read" in line
+    assert "secret-row" not in (folder / "report.html").read_text()  # the one the oneshot wrote stays
+    for args in (("compare", folder, folder, "--all"), ("compare", folder, folder, "--json"),
+                 ("compare", folder, "--save-baseline", tmp_path / "bl.json")):
+        r = _main(ab, *args)
+        _one_error_line(r, name, "outside the run folder")
+        assert "secret" not in r.stdout and "123456" not in r.stdout + r.stderr
+    assert not (tmp_path / "bl.json").exists()
+    # the run's own junit.xml (refreshed by the next `stage`) never holds the outside file's cases
+    r = _main(ab, "stage", "b", "--out", out, "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "secret-row" not in (folder / "junit.xml").read_text()
+    assert secret.read_text() == SECRET
+
