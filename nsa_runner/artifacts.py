@@ -520,9 +520,35 @@ def open_log(run_dir: str | os.PathLike, rel: str) -> int:
 
 def names_overlap(a: str, b: str) -> bool:
     """Whether two declared names are the same file or one lies inside the other (``sub`` and
-    ``sub/f.txt``): moving either one into history would move (part of) the other."""
+    ``sub/f.txt``), as text: ``entries_overlap`` also sees through links among the folders."""
     na, nb = os.path.normpath(a), os.path.normpath(b)
     return na == nb or nb.startswith(na + os.sep) or na.startswith(nb + os.sep)
+
+
+def entry_name(run_dir: str | os.PathLike, rel: str) -> str:
+    """The run-folder-relative name of the entry ``rel`` names, links among its folders followed
+    (the entry itself not: a rerun moves a link as a link). ``self/a.txt`` with ``self -> .`` is
+    ``a.txt``: compared as text, another stage's ``a.txt`` and it "differed", and a rerun moved the
+    other stage's result. The normalised text when it does not resolve inside the run folder."""
+    text = os.path.normpath(rel)
+    try:
+        root = Path(run_dir).resolve()
+        p = root / rel
+        full = p.parent.resolve() / p.name if p.name else p.resolve()
+        return full.relative_to(root).as_posix()
+    except (OSError, RuntimeError, ValueError):
+        return text
+
+
+def entry_forms(run_dir: str | os.PathLike, rel: str) -> set[str]:
+    """``rel`` as written (normalised) and as the entry it leads to (``entry_name``)."""
+    return {os.path.normpath(rel), entry_name(run_dir, rel)}
+
+
+def entries_overlap(a: set[str], b: set[str]) -> bool:
+    """Whether two names, each given by its ``entry_forms``, are the same entry or one lies in the
+    other: moving either one into history would move (part of) the other."""
+    return any(names_overlap(x, y) for x in a for y in b)
 
 
 def stage_allowed(name: str, builtin: bool = True) -> tuple[str, ...]:

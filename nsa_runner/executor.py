@@ -40,9 +40,10 @@ from nsa_runner.artifacts import (
     ManifestError,
     UnsafeFileError,
     declared_file_problem,
+    entries_overlap,
+    entry_forms,
     load_manifest,
     mark_owned,
-    names_overlap,
     now_iso,
     open_log,
     stage_allowed,
@@ -430,9 +431,16 @@ def _not_anothers(rec: StageRecord, manifest: RunManifest) -> None:
         stages = manifest.stages
     owner = {os.path.normpath(f): s["name"] for s in stages if s.get("name") != rec.name
              for f in s.get("files") or [] if isinstance(f, str)}
-    # the same name, or one inside the other (a folder `sub` and another stage's `sub/f.txt`)
-    taken = {f: next(o for o in owner if names_overlap(f, o)) for f in rec.files
-             if isinstance(f, str) and any(names_overlap(f, o) for o in owner)}
+    forms = {o: entry_forms(manifest.dir, o) for o in owner}
+    # the same name, or one inside the other (a folder `sub` and another stage's `sub/f.txt`), as
+    # written or through a link among the folders (`self/a.txt` with self -> . is stage a's a.txt)
+    taken = {}
+    for f in rec.files:
+        if isinstance(f, str) and owner:
+            mine = entry_forms(manifest.dir, f)
+            hit = next((o for o in owner if entries_overlap(mine, forms[o])), None)
+            if hit is not None:
+                taken[f] = hit
     if not taken:
         return
     rec.files = [f for f in rec.files if f not in taken]

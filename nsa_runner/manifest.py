@@ -38,9 +38,10 @@ from nsa_runner.artifacts import (
     MANIFEST_SCHEMA_VERSION,
     ManifestError,
     create_run_folder,
+    entries_overlap,
+    entry_forms,
     file_kind,
     load_manifest,
-    names_overlap,
     now_iso,
     pid_alive,
     process_started,
@@ -368,10 +369,14 @@ class RunManifest:
                     others: set[str] = frozenset()) -> None:
         """Move the files and log ``entry`` lists for stage ``name`` from ``src_root`` to ``dst_root``."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
+        # another stage's names as written and as the entries they lead to (links among folders followed)
+        taken = [entry_forms(self.dir, o) for o in others]
         for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
             # never anything outside the run folder, nor a shared name (logs, history, manifest),
-            # nor a file another stage's entry lists
-            if not rel or not stage_owns(self.dir, name, rel, log=is_log) or any(names_overlap(rel, o) for o in others):
+            # nor a file another stage's entry lists (also through a link: `self/a.txt`, self -> .)
+            if not rel or not stage_owns(self.dir, name, rel, log=is_log):
+                continue
+            if taken and any(entries_overlap(entry_forms(self.dir, rel), t) for t in taken):
                 continue
             src = src_root / rel
             if not _resolves_under(src.parent, src_root):  # a linked folder on the way (history/x/logs -> /elsewhere)

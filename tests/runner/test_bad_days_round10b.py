@@ -215,3 +215,40 @@ def test_a_manifest_entry_outside_the_run_folder_is_named_and_never_read(ab, tmp
     assert "secret-row" not in (folder / "junit.xml").read_text()
     assert secret.read_text() == SECRET
 
+
+# ---- B5 -------------------------------------------------------------------------------------------
+
+
+def test_a_stage_cannot_take_another_stages_file_through_a_folder_link(ab, tmp_path):
+    """Stage b made `self -> .` and declared `self/a.txt` (stage a's a.txt): accepted (names were
+    compared as text), and b's rerun moved a.txt into history/b-…/self/a.txt, a still PASS."""
+    out = tmp_path / "o"
+    r = _main(env_with(ab, R10B_B_PY="os.symlink('.', ctx.dir / 'self')", R10B_B_FILES="self/a.txt"),
+              "oneshot", "--out", out, "--only", "a,b", "--device", "cpu")
+    assert r.returncode == 1, r.stderr[-2000:]
+    folder = out / "testrun"
+    b = {s["name"]: s for s in json.loads((folder / "manifest.json").read_text())["stages"]}["b"]
+    assert b["status"] == "ERROR" and b["files"] == ["b.txt"], b
+    assert "self/a.txt (stage a: a.txt)" in b["reason"], b["reason"]
+    # a rerun of b (declaring only b.txt now) leaves stage a's result where it is
+    r = _main(ab, "stage", "b", "--out", out, "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (folder / "a.txt").read_text() == "stage a's result"
+    assert not list((folder / "history").rglob("a.txt"))
+
+
+def test_a_rerun_never_moves_another_stages_file_a_manifest_lists_through_a_link(ab, tmp_path):
+    """The same as recorded by an older nsa-run (b's entry listing `self/a.txt`): b's rerun moved
+    a.txt (the rerun's "another stage's file" check compared the names as text)."""
+    out = tmp_path / "o"
+    folder = _oneshot(ab, out, only="a,b", R10B_B_PY="os.symlink('.', ctx.dir / 'self')")
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    next(s for s in m["stages"] if s["name"] == "b")["files"] = ["b.txt", "self/a.txt"]
+    path.write_text(json.dumps(m))
+    r = _main(ab, "stage", "b", "--out", out, "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (folder / "a.txt").read_text() == "stage a's result"
+    assert not list((folder / "history").rglob("a.txt"))
+    assert list((folder / "history").rglob("b.txt"))  # b's own file did move
+
