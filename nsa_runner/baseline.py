@@ -161,12 +161,23 @@ def check(run: Run, baseline: dict) -> tuple[list[Row], list[str]]:
 
 def from_run(run: Run, tolerance: float = DEFAULT_TOLERANCE, note: str = "") -> dict:
     """A baseline holding every timing figure of ``run`` (its machine only)."""
-    figures = []
+    return figures_of(run, tolerance, note)[0]
+
+
+def figures_of(run: Run, tolerance: float = DEFAULT_TOLERANCE, note: str = "") -> tuple[dict, list[str]]:
+    """``from_run``'s baseline and a note per table left out: one with several rows and no key
+    column (its figures, all keyed ``{}``, were written and then refused by ``--baseline``: "key {}
+    matches 2 rows")."""
+    figures, notes = [], []
     for name in run.timing_files():
         df = run.timing(name)
         if df is None:
             continue
         keys = key_columns(df)
+        if not keys and len(df) > 1:  # a figure names its row by the key columns: these rows have none
+            notes.append(f"{name} not recorded: its {len(df)} rows have no key column (a string or integer "
+                         f"column naming the case) to tell them apart in a baseline")
+            continue
         for r in df.to_dict("records"):
             key = {k: _py(r[k]) for k in keys}
             for m in metric_columns(df):
@@ -179,13 +190,14 @@ def from_run(run: Run, tolerance: float = DEFAULT_TOLERANCE, note: str = "") -> 
                         fig["tolerance"] = 0.0  # read counters are deterministic
                     figures.append(fig)
     if not figures:
-        raise ArtifactError(f"{run.dir}: no timing figures to record (no decode.csv or benchmark CSV in this run)")
+        why = "; ".join(notes) if notes else "no decode.csv or benchmark CSV in this run"
+        raise ArtifactError(f"{run.dir}: no timing figures to record ({why})")
     label = run.machine()["label"]
     return {"schema_version": SCHEMA_VERSION, "kind": KIND,
             "description": note or f"figures of run {run.run_id} on {label}",
             "tolerance": tolerance,
             "machines": {label: {"profile": run.manifest.get("profile"), "source_run": run.run_id,
-                                 "recorded": now_iso(), "figures": figures}}}
+                                 "recorded": now_iso(), "figures": figures}}}, notes
 
 
 def _py(v: Any) -> Any:

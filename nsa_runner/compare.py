@@ -437,18 +437,29 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float, 
     for m in dict.fromkeys([*ma, *mb]):
         if m not in metrics:
             rows.append(Row("timing", name, "-", m, mark="x", note=f"column only in {'A' if m in ma else 'B'}"))
-    ra = {tuple(str(r[k]) for k in ka): r for r in da.to_dict("records")}
-    rb = {tuple(str(r[k]) for k in kb): r for r in db.to_dict("records")}
+    recs_a, recs_b = da.to_dict("records"), db.to_dict("records")
+    by_position = not ka and max(len(recs_a), len(recs_b)) > 1
+    if by_position:
+        # no key column (no string or integer column naming the case): the rows are matched by their
+        # position. Keyed by () every row of the table was one row, the last one: a 10x read
+        # regression in row 1 was "no regression"
+        ra = {(f"row {i}",): r for i, r in enumerate(recs_a, 1)}
+        rb = {(f"row {i}",): r for i, r in enumerate(recs_b, 1)}
+    else:
+        ra = {tuple(str(r[k]) for k in ka): r for r in recs_a}
+        rb = {tuple(str(r[k]) for k in kb): r for r in recs_b}
     # label rows by the key columns that vary (impl=torch on every row says nothing); match on all
     both = [*ra.values(), *rb.values()]
     shown = [k for k in ka if len({str(r[k]) for r in both}) > 1] or ka[:1]
     if "case" in shown:  # a case id already names T=256 etc.: keep only what it does not say
         shown = [k for k in shown if k == "case" or not all(str(r[k]) in str(r["case"]) for r in both)]
+    position_note = "no key column: rows matched by their position in the table"
     for key in dict.fromkeys([*ra, *rb]):
         a, b = ra.get(key), rb.get(key)
-        label = fmt_key(a or b, shown) or "(all)"
+        label = key[0] if by_position else (fmt_key(a or b, shown) or "(all)")
         if a is None or b is None:
-            rows.append(Row("timing", name, label, "-", mark="x", note=f"only in {'A' if b is None else 'B'}"))
+            note = f"only in {'A' if b is None else 'B'}" + (f" ({position_note})" if by_position else "")
+            rows.append(Row("timing", name, label, "-", mark="x", note=note))
             continue
         for m in metrics:
             va, vb = a.get(m), b.get(m)
@@ -478,6 +489,8 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float, 
                         row.mark, row.note = "", f"CPU timing, not judged ({row.note})"
                 if not comparable:
                     row.mark, row.note = "x", "another machine/profile"
+            if by_position:
+                row.note = f"{row.note}; {position_note}" if row.note else position_note
             rows.append(row)
     return rows
 

@@ -159,13 +159,15 @@ def compare(
             rows, notes = bl.check(subject, base)
             cmp.rows += rows
             cmp.notes += notes
-        figures = None
+        figures, left_out = None, []
         if save_baseline is not None:
-            figures = bl.from_run(subject, settings.threshold or bl.DEFAULT_TOLERANCE)
+            figures, left_out = bl.figures_of(subject, settings.threshold or bl.DEFAULT_TOLERANCE)
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file, or compare other runs")
     saved = None
     if figures is not None:
+        for note in left_out:
+            err_console().print(f"note: {plain_text(note)}", soft_wrap=True)
         try:
             saved = bl.save_new(save_baseline, figures)
         except bl.BaselineError as e:  # exists by now, no such folder

@@ -252,3 +252,31 @@ def test_a_rerun_never_moves_another_stages_file_a_manifest_lists_through_a_link
     assert not list((folder / "history").rglob("a.txt"))
     assert list((folder / "history").rglob("b.txt"))  # b's own file did move
 
+
+# ---- B2 -------------------------------------------------------------------------------------------
+
+WRITE_T = "open('t.csv', 'w').write(os.environ['R10B_T'])"
+
+
+@pytest.mark.parametrize("before, after", [("reads_x\n10\n10\n", "reads_x\n99\n10\n"),
+                                           ("scale,reads_x\n0.5,10\n1.5,10\n", "scale,reads_x\n0.5,99\n1.5,10\n")],
+                         ids=["no key column", "only a float key column"])
+def test_a_timing_table_without_a_key_column_keeps_every_row(ab, tmp_path, before, after):
+    """A declared timing CSV with no key column (or only a float one, not S/T/B): every row got the
+    key () and only the last was kept, so a 10x read regression in row 1 was "no regression" (rc 0);
+    `--save-baseline` wrote figures keyed {} that `--baseline` refused ("key {} matches 2 rows")."""
+    out = tmp_path / "o"
+    a = _oneshot(ab, out, R10B_A_PY=WRITE_T, R10B_A_FILES="t.csv", R10B_T=before)
+    b = _oneshot(ab, out, R10B_A_PY=WRITE_T, R10B_A_FILES="t.csv", R10B_T=after).with_name("testrun.2")
+    assert (b / "t.csv").read_text() == after
+    r = _main(ab, "compare", a, b, "--json")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [x for x in json.loads(r.stdout)["rows"] if x["source"] == "t.csv"]
+    assert [(x["key"], x["a"], x["b"], x["mark"]) for x in rows] == [("row 1", 10, 99, "+"), ("row 2", 10, 10, "")]
+    assert all("position" in x["note"] for x in rows)
+    # a baseline cannot name such rows: the table is left out with a note, never written as key {}
+    bl = tmp_path / "bl.json"
+    r = _main(ab, "compare", b, "--save-baseline", bl)
+    line = _one_error_line(r, "t.csv", "no key column")
+    assert "no timing figures" in line and not bl.exists()
+
