@@ -427,7 +427,7 @@ class Run:
             owner = self.declared_by(name)
             listed = f"manifest.json lists it for stage {owner!r}" if owner else "a run file"
             raise ArtifactError(f"{self.dir}: {shown(str(name), 120)} ({listed}) is outside the run folder: "
-                                f"{clip(why, 300)}; not read")
+                                f"{clip(why, 300)}; refused, not read")
         return self.dir / name
 
     def _present(self, name: str) -> Path | None:
