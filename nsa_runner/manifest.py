@@ -214,6 +214,10 @@ def _acquire(lock: FileLock, timeout: float, path: Path) -> None:
         raise OSError(e.errno, f"{what} ({path})", str(path)) from None
 
 
+class SetAsideIncomplete(OSError):
+    """A failed ``set_aside`` could not put every file it moved back (the message names them)."""
+
+
 class ManifestBusy(ManifestError):
     """Another nsa-run holds the manifest lock for too long, or runs the same stage in this folder."""
 
@@ -366,8 +370,9 @@ class RunManifest:
                 for f in s.get("files") or [] if isinstance(f, str)}
 
     def _move_owned(self, name: str, entry: dict, src_root: Path, dst_root: Path,
-                    others: set[str] = frozenset()) -> None:
-        """Move the files and log ``entry`` lists for stage ``name`` from ``src_root`` to ``dst_root``."""
+                    others: set[str] = frozenset(), done: list[tuple[Path, Path]] | None = None) -> None:
+        """Move the files and log ``entry`` lists for stage ``name`` from ``src_root`` to ``dst_root``;
+        each move made is appended to ``done`` as (from, to), so that a failure can be undone."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
         # another stage's names as written and as the entries they lead to (links among folders followed)
         taken = [entry_forms(self.dir, o) for o in others]
@@ -387,6 +392,29 @@ class RunManifest:
                 if os.path.lexists(target):  # a half-written file of an abandoned attempt
                     continue
                 shutil.move(str(src), str(target))
+                if done is not None:
+                    done.append((src, target))
+
+    @staticmethod
+    def _move_back(done: list[tuple[Path, Path]], dest: Path | None) -> list[str]:
+        """Undo the moves ``done`` (last first) and remove the folders left empty under ``dest``; the
+        names that could not go back (where they are now) are returned. A rename within the run
+        folder needs no new inode: it works on the disk that was too full to go on."""
+        left = []
+        for src, target in reversed(done):
+            try:
+                if os.path.lexists(src):  # something took the name meanwhile: never overwritten
+                    raise FileExistsError(src)
+                os.rename(target, src)
+            except OSError:
+                left.append(f"{src} (now {target})")
+        if dest is not None and dest.is_dir() and not dest.is_symlink():
+            for d in sorted([dest, *dest.rglob("*")], key=lambda p: -len(p.parts)):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+        return left
 
     def set_aside(self, name: str) -> Path | None:
         """Before rerunning stage ``name``: move its earlier files and log to ``history/<name>-<time>/``.
@@ -395,7 +423,15 @@ class RunManifest:
         the move (with this process), so ``restore`` / ``recover`` can put it back. Nothing is
         deleted. Returns the history folder, or None when the stage had no earlier result.
         Raises ManifestBusy when another live nsa-run is running this stage in this folder.
+
+        All or nothing: when a move, a folder of history or the manifest's own write fails (a disk
+        out of space or inodes), the files already moved go back before the error is raised (they
+        stayed in history/, with nothing recording the move, while the CLI said "earlier runs are
+        untouched"). Whatever cannot go back is named in the error (``SetAsideIncomplete``).
         """
+        done: list[tuple[Path, Path]] = []
+        dests: list[Path] = []
+
         def change(data: dict) -> Path | None:
             for p in data.get("pending", []):
                 if p.get("stage") == name and not _dead(p.get("owner") or {}):
@@ -405,12 +441,22 @@ class RunManifest:
             pending = {"stage": name, "token": self.token, "owner": _me(), "since": now_iso()}
             if old is not None:
                 dest = self._history_dir(name)
-                self._move_owned(name, old, self.dir, dest, self._others(data, name))
+                dests.append(dest)
+                self._move_owned(name, old, self.dir, dest, self._others(data, name), done)
                 pending["moved_to"] = str(dest.relative_to(self.dir))
             data.setdefault("pending", []).append(pending)
             return self.dir / pending["moved_to"] if old is not None else None
 
-        return self.update(change)
+        try:
+            return self.update(change)
+        except BaseException as e:  # the manifest does not record the move: undo it
+            if not done and not dests:
+                raise
+            left = self._move_back(done, dests[-1] if dests else None)
+            if left and isinstance(e, OSError):
+                raise SetAsideIncomplete(e.errno, f"{e.strerror or e}; these could not be put back: "
+                                                  f"{', '.join(left)}") from None
+            raise
 
     def mark_running(self, name: str) -> None:
         """Before running stage ``name`` (a oneshot's stage, or ``stage X`` after ``set_aside``): note
@@ -523,10 +569,14 @@ class RunManifest:
         except (OSError, ManifestError):
             return []
 
-    def abandon(self) -> None:
-        """Best effort after a runner error (e.g. a full disk): put back what this process set aside."""
-        mine = [p.get("stage") for p in self.data.get("pending", []) if p.get("token") == self.token]
-        for name in mine:
+    def abandon(self) -> list[str]:
+        """Best effort after a runner error (e.g. a full disk): put back what this process set aside.
+        Returns ``history/...`` of each earlier result that could not be put back now: its move stays
+        recorded in ``pending``, and the next nsa-run into this folder puts it back (``recover``)."""
+        mine = [p for p in self.data.get("pending", []) if p.get("token") == self.token]
+        left = []
+        for note in mine:
+            name = note.get("stage")
             try:
                 def change(data: dict, name=name) -> None:
                     p = self._take_pending(data, name, self.token)
@@ -535,7 +585,9 @@ class RunManifest:
 
                 self.update(change)
             except (OSError, ManifestError):
-                pass
+                if note.get("moved_to"):
+                    left.append(f"{name}: {note['moved_to']}")
+        return left
 
     # ---- records ----------------------------------------------------------------------------
 

@@ -26,7 +26,14 @@ from nsa_runner.artifacts import (
     run_id,
 )
 from nsa_runner.executor import RunInterrupted, Settings, Terminated, execute, exit_code
-from nsa_runner.manifest import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_S, ManifestBusy, RunManifest, lock_timeout
+from nsa_runner.manifest import (
+    LOCK_TIMEOUT_ENV,
+    LOCK_TIMEOUT_S,
+    ManifestBusy,
+    RunManifest,
+    SetAsideIncomplete,
+    lock_timeout,
+)
 from nsa_runner.registry import (
     DISCOVERY_TIMEOUT_ENV,
     DISCOVERY_TIMEOUT_S,
@@ -216,7 +223,10 @@ def set_aside(manifest: RunManifest, name: str) -> Path | None:
         fail(str(e), "nothing was changed")
     except ManifestError as e:
         fail(f"run folder is unusable: {e}", "nothing was changed")
-    except OSError as e:
+    except SetAsideIncomplete as e:  # the one case where the earlier result is not where it was
+        fail(f"cannot set the earlier {name} result aside: {e.strerror or e}",
+             "move those files back by hand (nothing records where they are), then rerun")
+    except OSError as e:  # everything moved went back (RunManifest.set_aside is all or nothing)
         fail(f"cannot set the earlier {name} result aside: {e.strerror or e}", _disk_hint(e))
 
 
@@ -397,12 +407,16 @@ def run_broke(manifest: RunManifest, e: Exception) -> None:
     rerun's earlier result, mark the run incomplete where the disk still allows it, exit 2.
     The manifest on disk is always a complete earlier version (atomic writes), so a later run
     is never blocked by this one."""
-    manifest.abandon()
+    waiting = manifest.abandon()
     what = f"{e.strerror or e}" if isinstance(e, OSError) else str(e)
     try:
         manifest.set_fields(incomplete=f"the runner stopped: {what}", finished=None)
     except (OSError, ManifestError):
         pass
+    if waiting:  # "earlier runs are untouched" would not be true: say where the earlier result is
+        fail(f"run {manifest.dir.name} is incomplete: {what}; the earlier result could not be put back yet "
+             f"({', '.join(waiting)}, recorded in manifest.json's pending)",
+             "free some space, then rerun: the next nsa-run stage / oneshot into this --out puts it back")
     fail(f"run {manifest.dir.name} is incomplete: {what}",
          _disk_hint(e) if isinstance(e, OSError) else "nothing else was changed")
 

@@ -21,6 +21,7 @@ Every test here reproduces a break of that pass (see docs/reliability.md, "Red-t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -280,3 +281,127 @@ def test_a_timing_table_without_a_key_column_keeps_every_row(ab, tmp_path, befor
     line = _one_error_line(r, "t.csv", "no key column")
     assert "no timing figures" in line and not bl.exists()
 
+
+# ---- B4 -------------------------------------------------------------------------------------------
+
+
+def _recorded_run(tmp_path):
+    from nsa_runner.manifest import RunManifest
+
+    m = RunManifest.new(tmp_path / "out", "r", ["nsa-run"])
+    for rel, text in (("a.txt", "A1"), ("c.txt", "C1"), ("logs/a.log", "LOG1")):
+        (m.dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (m.dir / rel).write_text(text)
+    m.record({"name": "a", "status": "PASS", "reason": "ok", "files": ["a.txt", "c.txt"], "log": "logs/a.log"})
+    return m
+
+
+def _unchanged(m, manifest_before: str) -> None:
+    assert [(m.dir / r).read_text() for r in ("a.txt", "c.txt", "logs/a.log")] == ["A1", "C1", "LOG1"]
+    assert (m.dir / "manifest.json").read_text() == manifest_before
+    history = m.dir / "history"
+    assert not history.exists() or not [p for p in history.rglob("*") if not p.is_dir()]
+
+
+@pytest.mark.parametrize("fails", ["second move", "manifest write"])
+def test_a_set_aside_that_fails_midway_puts_back_what_it_moved(tmp_path, monkeypatch, fails):
+    """set_aside moved the files one at a time: when a later move (or the history sub-folder, or the
+    manifest's write) failed on a full disk, the files moved before stayed in history/ with nothing
+    recording it, while the CLI said "earlier runs are untouched". Covered here on every machine by
+    an injected ENOSPC; the CLI test below does it on a real tmpfs out of inodes."""
+    import errno
+
+    from nsa_runner import manifest as mf
+
+    m = _recorded_run(tmp_path)
+    before = (m.dir / "manifest.json").read_text()
+    if fails == "second move":
+        calls = []
+        real_move = shutil.move
+
+        def move(src, dst):
+            calls.append(src)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_move(src, dst)
+
+        monkeypatch.setattr(mf.shutil, "move", move)
+    else:
+        def write_json(path, obj):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(mf, "write_json", write_json)
+    with pytest.raises(OSError) as e:
+        mf.RunManifest.open(m.dir, ["nsa-run", "stage", "a"]).set_aside("a") if fails == "second move" \
+            else m.set_aside("a")
+    assert not isinstance(e.value, getattr(mf, "SetAsideIncomplete", ()))  # everything went back
+    monkeypatch.undo()
+    if fails == "second move":  # open() added its `updates` entry before set_aside failed
+        assert json.loads((m.dir / "manifest.json").read_text())["stages"] == json.loads(before)["stages"]
+        before = (m.dir / "manifest.json").read_text()
+    _unchanged(m, before)
+    assert not json.loads(before).get("pending")
+    # and the next rerun sets it aside as usual
+    dest = mf.RunManifest.open(m.dir, ["nsa-run"]).set_aside("a")
+    assert (dest / "a.txt").read_text() == "A1" and (dest / "logs" / "a.log").read_text() == "LOG1"
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs (80 MiB: --out's free-space check wants 64; 400 inodes), or a skip naming why."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m,nr_inodes=400", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"needs `mount -t tmpfs` (root with CAP_SYS_ADMIN) for a disk out of inodes: "
+                    f"{(r.stderr or r.stdout).strip()[:200]}; the injected-ENOSPC test above covers set_aside")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_rerun_on_a_disk_out_of_inodes_leaves_the_earlier_result_in_place(ab, tmpfs):
+    """On a tmpfs with 1, 2, 3 ... free inodes, `stage a` reruns: it exited 2 saying "earlier runs are
+    untouched" while a.txt sat in history/a-…/ and the manifest still listed it (set_aside moved
+    a.txt, then failed making history/a-…/logs, and never put a.txt back)."""
+    out = tmpfs / "o"
+    folder = _oneshot(ab, out, R10B_TEXT="v1 result")
+    fill = tmpfs / "fill"
+    fill.mkdir()
+    n = 0
+    while True:
+        try:
+            (fill / f"f{n}").touch()
+        except OSError:
+            break
+        n += 1
+    refused = 0
+    for k in range(1, 8):
+        (fill / f"f{n - k}").unlink()  # one more free inode each time
+        r = _main(env_with(ab, R10B_TEXT="v2"), "stage", "a", "--out", out, "--device", "cpu")
+        m = json.loads((folder / "manifest.json").read_text())
+        if r.returncode == 0:
+            break
+        refused += 1
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert [s["files"] for s in m["stages"]] == [["a.txt"]], m["stages"]
+        if m.get("pending"):
+            # set aside and recorded, the stage then stopped by the full disk and the put-back could not
+            # finish: the error says where the earlier result is and that the next run puts it back
+            assert "could not be put back yet" in r.stderr and m["pending"][0]["moved_to"] in r.stderr, r.stderr
+            break
+        # nothing recorded: the earlier result is where it was (nothing half set aside)
+        assert (folder / "a.txt").is_file() and (folder / "a.txt").read_text() == "v1 result", (k, r.stderr[-1500:])
+        assert (folder / "logs" / "a.log").is_file(), (k, r.stderr[-1500:])
+        assert not (folder / "history").exists() or not list((folder / "history").rglob("a.txt"))
+    assert refused >= 2, "the disk was never full enough to refuse a rerun: the probe tested nothing"
+    # with space again, the next rerun keeps v1 in history (recorded) and records v2: nothing lost
+    shutil.rmtree(fill)
+    r = _main(env_with(ab, R10B_TEXT="v2"), "stage", "a", "--out", out, "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((folder / "manifest.json").read_text())
+    assert (folder / "a.txt").read_text() == "v2" and not m.get("pending")
+    kept = [folder / h["moved_to"] / "a.txt" for h in m["history"] if h["name"] == "a"]
+    assert [p.read_text() for p in kept if p.is_file()] == ["v1 result"], (m["history"], kept)
