@@ -28,3 +28,23 @@ def shown(text: object, limit: int = 60) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name`` (``default`` when unset or blank). Raises
+    ValueError naming the variable and (the start of) its value when it is not a positive, finite
+    number: the CLI refuses it in one line, exit 2 (NSA_RUN_DISCOVERY_TIMEOUT, NSA_RUN_LOCK_TIMEOUT)."""
+    import math
+    import os
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
+                         + " is not a positive number of seconds")
+    return value

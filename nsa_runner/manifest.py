@@ -17,7 +17,6 @@ retires it to ``history``. An interrupted rerun (``restore``) or one whose runne
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import re
@@ -33,6 +32,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from nsa_runner._text import env_seconds
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
     MANIFEST_SCHEMA_VERSION,
@@ -60,16 +60,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def lock_timeout() -> float:
     """Seconds a manifest change waits for the run folder's lock (``NSA_RUN_LOCK_TIMEOUT``, default
     120). Raises ValueError naming the variable when it is not a positive, finite number."""
-    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
-    if not text:
-        return LOCK_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text[:40]!r} is not a positive number of seconds")
-    return value
+    return env_seconds(LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_S)
 
 
 def lock_holders(path: Path) -> str:

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsa_runner._text import shown
+from nsa_runner._text import env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
 GROUP = "nsa_runner.stages"
@@ -268,18 +268,7 @@ def discovery_timeout() -> float:
     """Seconds one entry point's import may take (``NSA_RUN_DISCOVERY_TIMEOUT``, default 60). Raises
     ValueError naming the variable and (the start of) its value when it is set but not a positive,
     finite number: the CLI refuses it with one line, exit 2 (it used to fall back to 60 s silently)."""
-    text = os.environ.get(DISCOVERY_TIMEOUT_ENV, "").strip()
-    if not text:
-        return DISCOVERY_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{DISCOVERY_TIMEOUT_ENV}={text[:40]!r}"
-                         + (f" ({len(text)} characters)" if len(text) > 40 else "")
-                         + " is not a positive number of seconds")
-    return value
+    return env_seconds(DISCOVERY_TIMEOUT_ENV, DISCOVERY_TIMEOUT_S)
 
 
 def _timeout() -> float:
