@@ -74,6 +74,16 @@ step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS 
 #    its --impl (default nsa_core,fla: issue 15's side by side; "default" = the README's oneshot)
 if [ "${FINAL_IMPLS:-nsa_core,fla}" = default ]; then
   step nsa-run oneshot --profile full --out "$L/art_cold" > "$L/oneshot_cold.log" 2>&1
+elif [ "${FINAL_IMPLS}" = parallel ]; then
+  # warm-up only (its timings mean nothing): every stage in its own process at once, so the cold
+  # compiles (Triton, FA-4's JIT, fla's autotune) share the 16 cores instead of queueing (~1,000 s
+  # serial on stop 23's cold machine); the timed oneshot below then finds the caches filled
+  t0=\$SECONDS
+  for s in env-pairing sanity selection-map triton-fwd triton-bwd fa2-probe prefill-bench decode-bench; do
+    timeout 500 nsa-run stage "\$s" --profile full --out "$L/art_warm_\$s" > "$L/warm_\$s.log" 2>&1 &
+  done
+  wait; echo "\$(date -u +%T) parallel warm-up: \$((SECONDS - t0)) s" >> "$L/steps.txt"
+  grep -h "wall\|PASS\|FAIL\|ERROR" "$L"/warm_*.log | tail -20 > "$L/warm_summary.txt" 2>&1
 else
   step nsa-run oneshot --profile full --impl "${FINAL_IMPLS:-nsa_core,fla}" --out "$L/art_impls" > "$L/oneshot_impls.log" 2>&1
 fi
