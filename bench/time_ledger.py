@@ -91,13 +91,20 @@ def fa2_probe(run: Path, manifest: dict) -> list[tuple[str, float, str]]:
         if dur is not None:
             out.append(("fa2-probe (process start, imports, result)", dur - float(wall["total"]), ""))
     par = _rows(run / "fa2_varlen.csv")
+    kids = doc.get("parity_children") or {}
+    beside = set(kids.get("apart") or []) if kids.get("children") else set()
     by_path = _sum_by(par, lambda r: r.get("path", "?"), "wall_s")
     if by_path:
         n = {p: sum(1 for r in par if r.get("path") == p) for p in by_path}
+        here = {p: s for p, s in by_path.items() if p not in beside}
         out += [(f"  parity {p}", s, f"{n[p]} rows, {s / max(n[p], 1):.2f} s/row")
-                for p, s in sorted(by_path.items(), key=lambda kv: -kv[1])]
-        if "parity" in wall:
-            out.append(("  parity (references, comparisons)", float(wall["parity"]) - sum(by_path.values()), ""))
+                for p, s in sorted(here.items(), key=lambda kv: -kv[1])]
+        if "parity" in wall:  # the rest of the parity wall: references, comparisons, waiting for the children
+            out.append(("  parity (references, comparisons, children)", float(wall["parity"]) - sum(here.values()),
+                        ""))
+        # rows of child processes ran beside the above: their row times overlap, not part of the sum
+        out += [(f"    beside: parity {p}", 0.0, f"{n[p]} rows in {kids['children']} child processes, "
+                 f"{by_path[p]:.1f} s of row time") for p in sorted(beside & set(by_path))]
     bench = _rows(run / "fa2_bench.csv")
     if bench:
         for label, key in (("bench path", lambda r: f"{r.get('branch')}/{r.get('path')}"),

@@ -168,8 +168,15 @@ class Fa2Probe(Stage):
         doc["seed"], doc["replay"] = seed, replay
         txt.append(f"seed {seed}; replay the parity with: {replay}")
         t0 = time.perf_counter()
-        rows = _flash_bench.parity(device, paths, [torch.float16, torch.bfloat16], cases, cfg, seed=seed)
+        # cuDNN's rows (a graph built per new configuration in each process) in child processes
+        # beside this one's: the same rows, inputs and order (flash_bench.parity_apart)
+        rows, pinfo = _flash_bench.parity_apart(device, paths, [torch.float16, torch.bfloat16], cases, cfg,
+                                                seed=seed, log=lambda m: print(m, flush=True))
         doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 2)
+        doc["parity_children"] = pinfo
+        if pinfo["children"]:
+            txt.append(f"parity: the {', '.join(pinfo['apart'])} rows ran in {pinfo['children']} child processes "
+                       "beside this one" + "".join(f"; {w} (its rows were computed here)" for w in pinfo["fallback"]))
         par = pd.DataFrame(rows)
         par["seed"] = seed
         write_csv(d / "fa2_varlen.csv", par)

@@ -10,9 +10,15 @@ smallest S from which a path stays >= 1.2x faster than SDPA (or None: never in t
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -21,7 +27,7 @@ from nsa_core.compression import fast as cmp_fast
 from nsa_core.compression import reference as cmp_ref
 from nsa_core.config import NSAConfig
 from nsa_core.flash.adapters import PathUnavailable
-from nsa_core.testing import DTYPE_NAMES, case_id, compare
+from nsa_core.testing import DTYPE_NAMES, DTYPES_BY_NAME, case_id, compare
 from nsa_core.window import fast as win_fast
 from nsa_core.window import reference as win_ref
 from nsa_runner.measure import timing
@@ -128,6 +134,128 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
                     row["note"] = ("over tolerance / non-finite: " + ",".join(bad)) if bad else ""
                     rows.append(row)
     return rows
+
+
+# Paths whose first call per configuration builds and compiles a graph in the process (measured
+# on the H100, bench/cudnn_build_cost.py: cuDNN 0.8-4.8 s for the first forward + backward of a new
+# configuration; nothing of it outlives the process). The case matrix gives each cuDNN parity row a
+# new shape, so 28 rows cost ~40 s of fa2-probe's parity in one process, warm or not. ``parity_apart``
+# runs such paths' rows in child processes side by side; the builds then overlap.
+BUILDS_PER_PROCESS = ("sdpa-cudnn",)
+CHILD_TIMEOUT_S = 600.0
+
+
+def _row_order(cases: list[Case], paths: dict[str, list[str]], dtypes, cfg: NSAConfig):
+    """Each row's place in ``parity``'s own order (case, branch, dtype, path)."""
+    order = {}
+    for n, c in enumerate(cases):
+        for b, branch in enumerate(("cmp", "win")):
+            for i, dtype in enumerate(dtypes):
+                for j, path in enumerate(paths.get(branch, [])):
+                    order[(c.id(dtype, cfg.w), branch, DTYPE_NAMES[dtype], path)] = (n, b, i, j)
+    return order
+
+
+def _child_cmd() -> list[str]:
+    return [sys.executable, "-m", "nsa_runner.measure.flash_bench"]
+
+
+def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
+                 seed: int = 0, apart=BUILDS_PER_PROCESS, jobs: int | None = None,
+                 child_cmd: list[str] | None = None, log=None) -> tuple[list[dict], dict]:
+    """``parity`` with the rows of the ``apart`` paths computed in up to ``jobs`` child processes
+    (cases dealt round-robin), started first and run beside this process's own rows. The same rows,
+    inputs and order as ``parity``. A child that fails or times out is not a lost row: its cases
+    are computed here afterwards, and the returned info says which and why.
+
+    Returns (rows, info): info = {"children": n, "apart": [...], "fallback": [reason, ...]}."""
+    log = log or (lambda msg: None)
+    mine = {b: [p for p in ps if p not in apart] for b, ps in paths.items()}
+    away = {b: [p for p in ps if p in apart] for b, ps in paths.items()}
+    info = {"children": 0, "apart": sorted({p for ps in away.values() for p in ps}), "fallback": []}
+    if jobs is None:
+        jobs = int(os.environ.get("NSA_RUN_PARITY_JOBS", 0)) or min(8, max(1, (os.cpu_count() or 2) // 2))
+    if not info["apart"] or jobs < 2 or len(cases) < 2:
+        return parity(device, paths, dtypes, cases, cfg, seed=seed), info
+    groups = [list(range(len(cases)))[k::jobs] for k in range(min(jobs, len(cases)))]
+    tmp = tempfile.mkdtemp(prefix="nsa-run-parity-")
+    env = dict(os.environ)  # the child imports this nsa_runner / nsa_core, as this process does
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    procs = []
+    try:
+        for k, idx in enumerate(groups):
+            spec = {"device": device, "paths": away, "dtypes": [DTYPE_NAMES[d] for d in dtypes],
+                    "cases": [asdict(cases[i]) for i in idx], "seeds": [seed + i for i in idx],
+                    "cfg": cfg.to_dict(), "out": str(Path(tmp) / f"rows{k}.json")}
+            spec_path = Path(tmp) / f"spec{k}.json"
+            spec_path.write_text(json.dumps(spec))
+            out = open(Path(tmp) / f"child{k}.log", "wb")  # noqa: SIM115 - closed below
+            try:
+                p = subprocess.Popen([*(child_cmd or _child_cmd()), str(spec_path)], stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT, env=env)
+            except OSError as e:
+                p = None
+                info["fallback"].append(f"child {k} (cases {idx}) did not start: {e}")
+            finally:
+                out.close()
+            procs.append((k, idx, p, spec["out"]))
+        info["children"] = sum(1 for *_, p, _ in procs if p is not None)
+        log(f"parity: {info['apart']} rows in {info['children']} child processes "
+            f"({len(cases)} cases), the other paths here")
+        rows = parity(device, mine, dtypes, cases, cfg, seed=seed)
+        redo = []
+        t_end = time.monotonic() + CHILD_TIMEOUT_S
+        for k, idx, p, out_path in procs:
+            if p is None:
+                redo += idx
+                continue
+            try:
+                rc = p.wait(timeout=max(1.0, t_end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                rc = "timeout"
+            got = None
+            if rc == 0:
+                try:
+                    got = json.loads(Path(out_path).read_text())
+                except (OSError, ValueError) as e:
+                    rc = f"0 but its rows are unreadable ({e})"
+            if not isinstance(got, list):
+                tail = (Path(tmp) / f"child{k}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                info["fallback"].append(f"child {k} (cases {idx}) exit {rc}: " + " | ".join(tail)[:300])
+                redo += idx
+                continue
+            rows += got
+        for i in sorted(redo):  # computed here: slower, never missing
+            rows += parity(device, away, dtypes, [cases[i]], cfg, seed=seed + i)
+        for why in info["fallback"]:
+            log(f"parity: {why}; its rows were computed in this process")
+    finally:
+        for *_, p, _ in procs:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in Path(tmp).iterdir():
+            f.unlink()
+        os.rmdir(tmp)
+    order = _row_order(cases, paths, dtypes, cfg)
+    rows.sort(key=lambda r: order.get((r["case"], r["branch"], r["dtype"], r["path"]), (len(cases),)))
+    return rows, info
+
+
+def _child_main(spec_path: str) -> int:
+    """One child of ``parity_apart``: its cases' rows (each case with its own seed) as JSON."""
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = NSAConfig(**spec["cfg"])
+    dtypes = [DTYPES_BY_NAME[n] for n in spec["dtypes"]]
+    rows = []
+    for c, sd in zip(spec["cases"], spec["seeds"], strict=True):
+        rows += parity(spec["device"], spec["paths"], dtypes, [Case(**c)], cfg, seed=sd)
+    tmp = spec["out"] + ".part"
+    Path(tmp).write_text(json.dumps(rows))
+    os.replace(tmp, spec["out"])
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,3 +382,7 @@ def thresholds(rows: list[dict], speedup: float = SPEEDUP) -> dict:
             # per measured S (JSON keys are strings): routing picks the fastest path there
             "speedups": {str(S): round(x, 3) for S, x in wins if not math.isnan(x)}}
     return out
+
+
+if __name__ == "__main__":  # a child of parity_apart
+    sys.exit(_child_main(sys.argv[1]))

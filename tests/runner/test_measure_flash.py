@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from nsa_core import NSAConfig
@@ -102,3 +104,40 @@ def test_bench_times_each_path_against_sdpa_and_records_what_it_cost():
                                   B=1, HQ=4, G=2, D=16, dtype=torch.float32)
     assert not any(r["kind"] == "scores" for r in plain)
     assert {(r["branch"], r["path"]) for r in plain} == {(b, p) for b in ("cmp", "win") for p in ("sdpa", "sdpa-math")}
+
+
+def _strip_wall(rows):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+def test_parity_apart_gives_the_same_rows_in_the_same_order_as_parity():
+    """The rows of the paths set apart (here the CPU twin sdpa-math) come from child processes:
+    same inputs (seed per case), same values, same order as the in-process parity."""
+    cases = [_flash_bench.Case(1, 40, 4, 2, 8), _flash_bench.Case(2, 50, 4, 1, 8, Tq=3),
+             _flash_bench.Case(1, 70, 8, 2, 16)]
+    paths = {"cmp": ["sdpa-math"], "win": ["varlen", "sdpa-math"]}
+    cfg = NSAConfig(w=16)
+    serial = _flash_bench.parity("cpu", paths, [torch.float32], cases, cfg, seed=5)
+    said = []
+    rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, seed=5,
+                                           apart=("sdpa-math",), jobs=2, log=said.append)
+    assert info["children"] == 2 and info["apart"] == ["sdpa-math"] and info["fallback"] == []
+    assert _strip_wall(rows) == _strip_wall(serial)
+    assert sum(r["status"] == "PASS" for r in rows) == 6  # sdpa-math on both branches, 3 cases
+    assert any("2 child processes" in m for m in said)
+
+
+def test_parity_apart_computes_a_failed_childs_rows_itself_and_says_so():
+    cases = [_flash_bench.Case(1, 40, 4, 2, 8), _flash_bench.Case(2, 50, 4, 1, 8, Tq=3)]
+    paths = {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}
+    cfg = NSAConfig(w=16)
+    serial = _flash_bench.parity("cpu", paths, [torch.float32], cases, cfg)
+    crash = [sys.executable, "-c", "import sys; print('boom: no CUDA driver'); sys.exit(3)"]
+    rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, apart=("sdpa-math",),
+                                           jobs=2, child_cmd=crash)
+    assert _strip_wall(rows) == _strip_wall(serial)  # nothing lost
+    assert len(info["fallback"]) == 2 and all("exit 3" in w and "boom" in w for w in info["fallback"])
+    rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, apart=("sdpa-math",),
+                                           jobs=2, child_cmd=["/nonexistent/python"])
+    assert _strip_wall(rows) == _strip_wall(serial)
+    assert info["children"] == 0 and all("did not start" in w for w in info["fallback"])

@@ -56,11 +56,29 @@ def test_each_section_adds_up_to_its_figure(tmp_path):
     assert abs(sum(fa2) - 60.0) < 1e-9  # probe + parity + bench + rest + process start = the stage
     parity = [s for w, s, _ in lines if w.startswith("  parity ")]
     assert abs(sum(parity) - 20.0) < 1e-9 and got["  parity sdpa-cudnn"] == 16.0 and got["  parity fa4"] == 1.5
+    assert not any(w.startswith("    beside") for w, _, _ in lines)  # no children: nothing beside
     by_path = [s for w, s, _ in lines if w.startswith("  bench path ")]
     by_s = [s for w, s, _ in lines if w.startswith("  bench S ")]
     assert sum(by_path) == sum(by_s) == 12.0 and got["  bench S 65536"] == 10.0
     prefill = [s for w, s, _ in lines if w.startswith("  prefill ")]
     assert abs(sum(prefill) - 40.0) < 1e-9 and got["  prefill parity T=2085 ok"] == 12.5
+
+
+def test_parity_rows_of_child_processes_are_shown_beside_not_added(tmp_path):
+    """fa2-probe's cuDNN rows run in child processes beside the others (flash_bench.parity_apart):
+    their row times overlap this process's, so they are listed at 0 s and the parity still adds up."""
+    led = _ledger_module()
+    run = _run(tmp_path)
+    doc = json.loads((run / "fa2_probe.json").read_text())
+    doc["parity_children"] = {"children": 4, "apart": ["sdpa-cudnn"], "fallback": []}
+    (run / "fa2_probe.json").write_text(json.dumps(doc))
+    lines = led.ledger(run)
+    got = {w: (s, note) for w, s, note in lines}
+    parity = [s for w, s, _ in lines if w.startswith("  parity ")]
+    assert abs(sum(parity) - 20.0) < 1e-9 and "  parity sdpa-cudnn" not in got
+    assert got["  parity (references, comparisons, children)"][0] == 18.5  # 20 - fa4's 1.5
+    s, note = got["    beside: parity sdpa-cudnn"]
+    assert s == 0.0 and "2 rows in 4 child processes, 16.0 s of row time" in note
 
 
 def test_cli_names_a_folder_without_a_manifest(tmp_path, capsys):
