@@ -260,7 +260,9 @@ JSON_SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "env.json": {"facts": dict, "facts.gpu": dict, "facts.torch": dict, "facts.triton": dict,
                  "facts.gpu.devices": list},
     "routing.json": {"branches": dict},
-    "sanity.json": {"checks": list},
+    # a check's verdict and numbers: "ok": "false" (a non-empty string, truthy) counted as passing
+    "sanity.json": {"checks": list, "checks[].ok": bool, "checks[].rel_err": (int, float, type(None)),
+                    "checks[].tol": (int, float, type(None))},
 }
 
 
@@ -270,10 +272,11 @@ def check_shape(path: Path, data: dict, shape: dict) -> None:
         for where, value in _walk(data, spec):
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
                 want = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in _tuple(types))
-                raise ArtifactError(f"{path}: {where!r} must be {want}, got {type(value).__name__}")
+                got = type(value).__name__ if isinstance(value, (dict, list)) else f"{type(value).__name__} {shown(value, 40)}"
+                raise ArtifactError(f"{path}: {where!r} must be {want}, got {got}")
 
 
-_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+_TYPE_WORDS = {bool: "true or false", dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                type(None): "null"}
 
 
@@ -459,6 +462,21 @@ class Run:
             check_shape(p, data, JSON_SHAPES.get(name, {}))
             return data
         return self._cached(f"json:{name}", load)
+
+    def sanity_checks(self) -> list[dict] | None:
+        """The checks of sanity.json (None when it is not in the run), the one reader ``report`` and
+        ``compare`` share: each ``{"check", "status", "rel_err", "tol", "detail", "has_err"}``, its
+        status PASS only for ``"ok": true`` (a hand-edited ``"ok": "false"``, truthy, counted as a
+        pass). Wrong types (``ok`` not true/false, ``rel_err`` / ``tol`` not a number or null) are
+        refused by ``JSON_SHAPES`` as a broken file, naming the field. A check that is no object is
+        passed over; a check name or detail of another type is shown as text."""
+        doc = self.json("sanity.json")
+        if doc is None:
+            return None
+        return [{"check": str(c.get("check")), "status": "PASS" if c.get("ok") is True else "FAIL",
+                 "rel_err": c.get("rel_err"), "tol": c.get("tol"), "detail": c.get("detail"),
+                 "has_err": "rel_err" in c}
+                for c in doc.get("checks") or [] if isinstance(c, dict)]
 
     def jsonl(self, name: str) -> list[dict] | None:
         def load():

@@ -311,37 +311,40 @@ def _finite(x: Any) -> bool:
 
 
 def _sanity_rows(A: Run, B: Run, comparable: bool, factor: float) -> list[Row]:
-    sa, sb = A.json("sanity.json"), B.json("sanity.json")
+    sa, sb = A.sanity_checks(), B.sanity_checks()  # validated: "ok" true/false, numbers numbers
     if sa is None and sb is None:
         return []
     if sa is None or sb is None:
         return [Row("parity", "sanity.json", "-", "rel_err", mark="x",
                     note=f"sanity.json not in {'A' if sa is None else 'B'}")]
+    da, db = A.json("sanity.json"), B.json("sanity.json")
     defn = ""
     for k in ("shape", "cfg"):
-        if sa.get(k) != sb.get(k):
-            defn = f"{k} {sa.get(k)} -> {sb.get(k)}"
-    # a hand-edited check name or detail of another type (a list, an object) is shown as text
-    ca = {str(c.get("check")): c for c in sa.get("checks") or [] if isinstance(c, dict)}
-    cb = {str(c.get("check")): c for c in sb.get("checks") or [] if isinstance(c, dict)}
+        if da.get(k) != db.get(k):
+            defn = f"{k} {da.get(k)} -> {db.get(k)}"
+    ca = {c["check"]: c for c in sa}
+    cb = {c["check"]: c for c in sb}
     rows = []
     for name in dict.fromkeys([*ca, *cb]):
         a, b = ca.get(name), cb.get(name)
         if not (_has_err(a) or _has_err(b) or _flipped(a, b)):
             continue  # structural checks without an error number: shown only when they change
-        st = lambda c: None if c is None else ("PASS" if c.get("ok") else "FAIL")  # noqa: E731
-        rows.append(_error_row("parity", "sanity.json", str(name), st(a), st(b), _num(a, "rel_err"),
-                               _num(b, "rel_err"), _num(b or a, "tol"), comparable, factor, defn,
-                               b_note=str((b or {}).get("detail", ""))[:120]))
+        rows.append(_error_row("parity", "sanity.json", name, (a or {}).get("status"), (b or {}).get("status"),
+                               _num(a, "rel_err"), _num(b, "rel_err"), _num(b or a, "tol"), comparable, factor, defn,
+                               b_note=_text((b or {}).get("detail"))[:120]))
     return rows
 
 
+def _text(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
 def _has_err(c: dict | None) -> bool:
-    return c is not None and "rel_err" in c
+    return c is not None and c["has_err"]
 
 
 def _flipped(a: dict | None, b: dict | None) -> bool:
-    return a is None or b is None or bool(a.get("ok")) != bool(b.get("ok"))
+    return a is None or b is None or a["status"] != b["status"]
 
 
 def _num(d: dict | None, k: str) -> float:

@@ -419,14 +419,12 @@ def _parity_html(run: Run) -> str:
         skip = sum(r["status"] == "SKIP" for r in recs)
         tables.append(f"<h3>{_e(name)}: {len(recs) - bad - skip} passed, {bad} failed, {skip} skipped "
                       f"(not run)</h3>" + _table(recs, cols, "status"))
-    sanity = run.json("sanity.json")
-    if sanity is not None:
-        checks = [c for c in sanity.get("checks") or [] if isinstance(c, dict)]
-        errs = [{"case": c.get("check"), "status": "PASS" if c.get("ok") else "FAIL", "rel_err": c.get("rel_err"),
-                 "tol": c.get("tol")} for c in checks if "rel_err" in c]
+    checks = run.sanity_checks()  # validated: "ok" true/false, rel_err / tol numbers (shared with compare)
+    if checks is not None:
+        errs = [{"case": c["check"], "status": c["status"], "rel_err": c["rel_err"], "tol": c["tol"]}
+                for c in checks if c["has_err"]]
         panels.append(("sanity.json (branches vs float64 reference)", errs))
-        failing = [{"check": c.get("check"), "status": "PASS" if c.get("ok") else "FAIL", "detail": c.get("detail")}
-                   for c in checks]
+        failing = [{"check": c["check"], "status": c["status"], "detail": c["detail"]} for c in checks]
         nbad = sum(r["status"] == "FAIL" for r in failing)
         tables.append(f"<h3>sanity.json: {len(failing) - nbad} of {len(failing)} checks hold</h3>"
                       + _table(failing, ["check", "status", "detail"], "status"))
