@@ -85,6 +85,9 @@ DEFAULTS = {
     "cpu": dict(S_list=[256, 1024], batch_list=[1, 2], iters=15, warmup=2, profile_passes=3, dtype="fp32",
                 groups=2, heads_per_group=2, dk=32, dv=16, dim=64, nsa="l=16,d=8,l_sel=32,n_sel=8,w=128"),
 }
+# --profile quick on CUDA (the GPU smoke check, issue 13): the paper's shape at the two ends of the
+# S range only, fewer replays (its full run measured all 10 points, 33 s, under quick on the H100)
+QUICK_CUDA = dict(S_list=[4096, 65536], iters=20, warmup=5, profile_passes=2)
 KERNELS = ("torch", "triton", "fused", "split")  # nsa_core.decode.static.IMPLS
 # --kernel auto on CUDA: the 6-launch step, the one measured on the H100 (the split step is not measured
 # yet: bench/gpu_decode14.sh times both in one run; make it "split" once it wins there)
@@ -799,7 +802,8 @@ class DecodeBench(Stage):
     description = "decode step latency per branch and total vs full-attention decode; read counters vs formula"
     timeout_s = 1800.0
     options = (
-        Option("--S-list", int_list, None, "cached lengths S (default CUDA 4k,8k,16k,32k,64k; CPU 256,1024)"),
+        Option("--S-list", int_list, None, "cached lengths S (default CUDA 4k,8k,16k,32k,64k, quick 4k,64k; "
+               "CPU 256,1024)"),
         Option("--batch-list", int_list, None, "batch sizes (default CUDA 1,16; CPU 1,2)"),
         Option("--iters", _pos, None, "timed steps per measurement, median (default CUDA 50, CPU 15)"),
         Option("--warmup", _nonneg, None, "untimed steps first (default CUDA 10, CPU 2)"),
@@ -828,6 +832,8 @@ class DecodeBench(Stage):
         """Options with device defaults filled in; ValueError naming the problem."""
         dev = "cuda" if ctx.device == "cuda" else "cpu"
         o = dict(DEFAULTS[dev])
+        if dev == "cuda" and getattr(ctx, "profile", "full") == "quick":
+            o.update(QUICK_CUDA)
         for k, v in (ctx.options or {}).items():
             if v is not None:
                 o[k] = v

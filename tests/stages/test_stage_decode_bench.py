@@ -188,3 +188,17 @@ def test_fa4_full_decode_baseline_maps_the_group_rows(monkeypatch):
     assert got.shape == (B, G, h, dv)
     assert (got.double() - ref).abs().max().item() < 2e-3
     assert adapters.status("fa4", "cpu")["present"]
+
+
+def test_quick_profile_on_cuda_measures_two_lengths_with_fewer_replays():
+    """--profile quick on a GPU is the smoke check: the paper's shape at 4K and 64K, not the full
+    run's five lengths (it measured all ten points under quick before, 33 s on the H100)."""
+    st = decode_bench.DecodeBench()
+    defaults = {o.dest: o.default for o in st.options}
+    ctx = lambda profile, **opts: SimpleNamespace(dir=".", device="cuda", profile=profile,  # noqa: E731
+                                                  options={**defaults, **opts}, run_id="t")
+    quick, full = st.resolve(ctx("quick")), st.resolve(ctx("full"))
+    assert quick["S_list"] == [4096, 65536] and full["S_list"] == [4096, 8192, 16384, 32768, 65536]
+    assert quick["batch_list"] == full["batch_list"] == [1, 16] and quick["dk"] == full["dk"] == 192
+    assert quick["iters"] < full["iters"] and quick["profile_passes"] < full["profile_passes"]
+    assert st.resolve(ctx("quick", S_list=[8192]))["S_list"] == [8192]  # an explicit option wins
