@@ -386,6 +386,13 @@ def _fmt_val(v: Any) -> str:
 # one run folder
 
 
+def _not_text(name: Any) -> str | None:
+    """The first lone surrogate of ``name`` (a string that cannot be written as UTF-8), else None."""
+    if not isinstance(name, str):
+        return None
+    return next((ch for ch in name if 0xD800 <= ord(ch) <= 0xDFFF), None)
+
+
 @dataclass
 class Run:
     """A run folder, read lazily and strictly. ``Run.open(folder)`` validates manifest.json."""
@@ -400,6 +407,15 @@ class Run:
             m = load_manifest(folder)
         except ManifestError as e:
             raise ArtifactError(str(e)) from None
+        # every section, table and plot shows the stage names: control characters are escaped or left
+        # out where they are shown (junit.xml, summary.md, report.html), but a lone surrogate (a
+        # hand-edited "\udcff", a name that was not UTF-8) is no text: no file can be written with it
+        for i, s in enumerate(m["stages"]):
+            bad = _not_text(s.get("name"))
+            if bad is not None:
+                raise ArtifactError(f"{Path(folder) / MANIFEST_NAME}: stages[{i}] name {clip(ascii(s['name']), 80)} "
+                                    f"is not text (a lone surrogate, U+{ord(bad):04X}, at character "
+                                    f"{s['name'].index(bad) + 1}): a hand-edited entry? repair the name")
         return cls(Path(folder), m)
 
     @property

@@ -47,6 +47,7 @@ from nsa_runner.registry import (
     triton_installed,
 )
 from nsa_runner.results import counts
+from nsa_runner.results.junit import case_table_problems
 from nsa_runner.results.reports import write_run_reports
 
 DEFAULT_OUT = Path("artifacts/runner")
@@ -434,6 +435,9 @@ def finish_run(manifest: RunManifest, err) -> None:
         previous = None
     try:
         write_run_reports(manifest.dir, manifest.data)
+        # a declared case table junit.xml could not use (a row of the wrong length): named, never fatal
+        for line in case_table_problems(manifest.data, manifest.dir):
+            err.print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     except (OSError, ValueError) as e:
         err.print(f"[bold red]summary.md / junit.xml not written:[/] {escape(str(e))}")
     finally:

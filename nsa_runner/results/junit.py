@@ -35,23 +35,45 @@ def clean(text: object, limit: int = _TEXT_MAX) -> str:
     return s[-limit:]
 
 
-def case_rows(folder: Path, stage: dict) -> list[tuple[str, str, str]]:
+def read_case_table(folder: Path, name: str) -> tuple[list[dict[str, str]] | None, str | None]:
+    """(rows, problem) of one declared CSV read as a case table.
+
+    ``rows`` is None when the file is not a case table (no ``case`` and ``status`` columns) or cannot
+    be read (``report`` / ``compare`` validate and name those); ``problem`` is one line naming the
+    file and the first row whose number of fields is not the header's (a short row gave the CSV
+    reader's None as a case name, and junit.xml ended in a TypeError for this run and every later
+    one): such a table gives no testcases, and the problem is said instead."""
+    if outside_problem(folder, name) is not None:  # a hand-edited entry leading out: never read
+        return None, None
+    try:  # refused by type and size before reading (a FIFO or /dev/zero never hangs the report)
+        lines = list(csv.reader(io.StringIO(read_text_limited(folder / name), newline="")))
+    except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error):
+        return None, None
+    if not lines or any(c not in lines[0] for c in CASE_COLUMNS):
+        return None, None
+    header = lines[0]
+    for i, fields in enumerate(lines[1:], 2):
+        if fields and len(fields) != len(header):
+            return None, (f"case table {clean(name, 200)} line {i} has {len(fields)} field(s), the header "
+                          f"{len(header)}: not read, no testcases from it (repair the stage's CSV)")
+    return [dict(zip(header, fields, strict=True)) for fields in lines[1:] if fields], None
+
+
+def case_rows(folder: Path, stage: dict, problems: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(case name, status, note) of every named case in the CSVs the stage declared.
 
     A CSV counts as a case table when it has ``case`` and ``status`` columns; a status outside
     the run's vocabulary (e.g. ``N/A``: not applicable here) becomes SKIP with that word as note.
-    Unreadable CSVs are ignored here (``report`` / ``compare`` validate and name them).
+    Unreadable CSVs are ignored here (``report`` / ``compare`` validate and name them); a case
+    table with a row of the wrong length is left out, its problem appended to ``problems``.
     """
     rows: list[tuple[str, str, str]] = []
-    tables = [f for f in stage.get("files") or [] if str(f).endswith(".csv")]
+    tables = [str(f) for f in stage.get("files") or [] if str(f).endswith(".csv")]
     for name in tables:
-        if outside_problem(folder, name) is not None:  # a hand-edited entry leading out: never read
-            continue
-        try:  # refused by type and size before reading (a FIFO or /dev/zero never hangs the report)
-            data = list(csv.DictReader(io.StringIO(read_text_limited(folder / name), newline="")))
-        except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error):
-            continue
-        if not data or any(c not in data[0] for c in CASE_COLUMNS):
+        data, problem = read_case_table(folder, name)
+        if problem is not None and problems is not None:
+            problems.append(problem)
+        if not data:
             continue
         prefix = f"{Path(name).stem}: " if len(tables) > 1 else ""
         ids = [r["case"] for r in data]
@@ -65,6 +87,17 @@ def case_rows(folder: Path, stage: dict) -> list[tuple[str, str, str]]:
                 st, note = "SKIP", f"status {st}" + (f": {note}" if note else "")
             rows.append((prefix + case, st, note))
     return rows
+
+
+def case_table_problems(m: dict, folder: Path) -> list[str]:
+    """One line per declared case table of manifest ``m`` that junit.xml could not use (``read_case_table``),
+    each naming the stage, the file and the row: the CLI prints them after writing junit.xml."""
+    out: list[str] = []
+    for s in m["stages"]:
+        problems: list[str] = []
+        case_rows(folder, s, problems)
+        out += [f"stage {clean(s['name'], 200)}: {p}" for p in problems]
+    return out
 
 
 def _result(status: str, message: str, detail: str):
@@ -96,9 +129,14 @@ def junit_xml(m: dict, folder: Path) -> str:
                      ("files", ", ".join(s.get("files") or [])), ("log", s.get("log"))):
             if v not in (None, ""):
                 props.add_property(Property(k, clean(v, 2000)))
+        problems: list[str] = []
+        cases = case_rows(folder, s, problems)
+        for p in problems:
+            props.add_property(Property("problem", clean(p, 2000)))
         suite.append(props)
-        classname = f"nsa-run.{s['name']}"
-        cases = case_rows(folder, s)
+        # a hand-edited stage name with a control character, U+FFFE or a lone surrogate made junit.xml
+        # not well-formed (ExpatError when pretty-printed): every name written goes through clean()
+        classname = clean(f"nsa-run.{s['name']}")
         detail = "\n".join(filter(None, [s.get("traceback"), s.get("log_tail") and
                                           f"--- last lines of {s.get('log') or 'the log'} ---\n{s['log_tail']}"]))
         for case, st, note in cases:
