@@ -190,17 +190,23 @@ def plot_parity(panels: list[tuple[str, list[dict]]]) -> str | None:
     axes = fig.subplots(len(panels), 1, squeeze=False,
                         gridspec_kw={"height_ratios": [max(1, len(r)) for _, r in panels]})[:, 0]
     for ax, (title, rows) in zip(axes, panels, strict=True):
-        vals = [r["rel_err"] for r in rows if _pos(r["rel_err"])] + [r["tol"] for r in rows if _pos(r["tol"])]
-        floor = min(vals) / 10 if vals else 1e-12
+        # drawn within [_PLOT_MIN, _PLOT_MAX]: a hand-edited rel_err of 1e308 put the log axis's limits
+        # (with their margins) beyond a float, and matplotlib printed "RuntimeWarning: overflow" on stderr
+        vals = [_drawn(r["rel_err"]) for r in rows if _pos(r["rel_err"])] + [_drawn(r["tol"]) for r in rows
+                                                                              if _pos(r["tol"])]
+        floor = max(min(vals) / 10, _PLOT_MIN) if vals else 1e-12
         for i, r in enumerate(rows):
             color = STATUS_COLOR.get(r["status"], "#6e7781")
             if _pos(r["rel_err"]) or r["rel_err"] == 0:
-                ax.barh(i, max(r["rel_err"], floor) - floor, left=floor, color=color, height=0.6)
+                ax.barh(i, max(_drawn(r["rel_err"]), floor) - floor, left=floor, color=color, height=0.6)
+                if float(r["rel_err"]) > _PLOT_MAX:
+                    ax.text(_PLOT_MAX, i, f" {float(r['rel_err']):.3g} (bar cut at {_PLOT_MAX:g})", va="center",
+                            fontsize=8, color=color, style="italic")
             else:
                 word = "SKIP (not run)" if r["status"] == "SKIP" else f"{r['status']} (no finite error)"
                 ax.text(floor * 1.2, i, word, va="center", fontsize=8, color=color, style="italic")
             if _pos(r["tol"]):
-                ax.plot([r["tol"]] * 2, [i - 0.4, i + 0.4], color="k", lw=2)
+                ax.plot([_drawn(r["tol"])] * 2, [i - 0.4, i + 0.4], color="k", lw=2)
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([r["case"] for r in rows], fontsize=7)
         ax.invert_yaxis()
@@ -211,6 +217,14 @@ def plot_parity(panels: list[tuple[str, list[dict]]]) -> str | None:
         ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     return _png(fig)
+
+
+_PLOT_MIN, _PLOT_MAX = 1e-200, 1e100  # a log axis of errors, with room for its margins within a float
+
+
+def _drawn(v: Any) -> float:
+    """A positive error or tolerance as drawn: within [_PLOT_MIN, _PLOT_MAX] (tables show the value)."""
+    return min(max(float(v), _PLOT_MIN), _PLOT_MAX)
 
 
 def _pos(v: Any) -> bool:
