@@ -17,6 +17,7 @@ retires it to ``history``. An interrupted rerun (``restore``) or one whose runne
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import re
@@ -37,6 +38,7 @@ from nsa_runner.artifacts import (
     MANIFEST_NAME,
     MANIFEST_SCHEMA_VERSION,
     ManifestError,
+    _runner_name,
     create_run_folder,
     entries_overlap,
     entry_forms,
@@ -46,6 +48,7 @@ from nsa_runner.artifacts import (
     pid_alive,
     process_started,
     runner_dirs_problem,
+    stage_allowed,
     stage_owns,
     write_json,
 )
@@ -214,6 +217,21 @@ class ManifestBusy(ManifestError):
 
 
 
+def _move_entry(src: Path, target: Path) -> None:
+    """Move the entry ``src`` itself to ``target``: a regular file or a real folder as ``shutil.move``
+    does; a link, a FIFO, a device node or a socket by a rename only (never followed, never opened,
+    never copied: copying a FIFO would block)."""
+    st = os.lstat(src)
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        shutil.move(str(src), str(target))
+    else:
+        os.rename(src, target)
+
+
+def _disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _resolves_under(path: Path, root: Path) -> bool:
     """``path``, links followed, is ``root`` or inside it (links followed too)."""
     try:
@@ -377,12 +395,14 @@ class RunManifest:
             src = src_root / rel
             if not _resolves_under(src.parent, src_root):  # a linked folder on the way (history/x/logs -> /elsewhere)
                 continue
-            if src.is_file() or src.is_dir():
+            # any kind of entry: a file, a folder, a link (moved as a link, never followed), a FIFO, a
+            # device node (a put-back passed over a FIFO an interrupted attempt left, and lost v1)
+            if os.path.lexists(src):
                 target = dst_root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if os.path.lexists(target):  # a half-written file of an abandoned attempt
                     continue
-                shutil.move(str(src), str(target))
+                _move_entry(src, target)
                 if done is not None:
                     done.append((src, target))
 
@@ -473,9 +493,16 @@ class RunManifest:
                 return data["pending"].pop(i)
         return None
 
-    def _put_back(self, data: dict, pending: dict, attempt: dict | None, tag: str) -> None:
+    def _put_back(self, data: dict, pending: dict, attempt: dict | None, tag: str) -> list[str]:
         """Undo a ``set_aside``: whatever the attempt left (its files, its log) goes to history, the
-        earlier files come back, the earlier entry stays current."""
+        earlier files come back, the earlier entry stays current.
+
+        Whatever kind of entry the attempt left at a name the earlier result needs (a file, a FIFO,
+        a device node, a link, a file where a folder of the name was, a folder where a file was) is
+        moved out of the way into the attempt's history folder, as itself: a link is never followed.
+        Returns what could not be put back (each name with where it waits and why): the caller then
+        keeps ``pending``, so that nothing is cleared while something is not back. A full disk
+        (ENOSPC, EDQUOT) raises instead (the manifest is then not written: ``pending`` stays)."""
         name = pending["stage"]
         old = next((s for s in data["stages"] if s.get("name") == name), None)
         moved = self.dir / pending["moved_to"] if old is not None and pending.get("moved_to") else None
@@ -500,16 +527,99 @@ class RunManifest:
             if leftovers["log"] in owned and not waiting(leftovers["log"]):
                 leftovers["log"] = ""
         dest = self._history_dir(name, tag)
-        self._move_owned(name, leftovers, self.dir, dest, self._others(data, name))
+        others = self._others(data, name)
+        self._move_owned(name, leftovers, self.dir, dest, others)
         if attempt is not None:
             data["history"].append({**attempt, "moved_to": str(dest.relative_to(self.dir))})
+        left: list[str] = []
         if moved is not None:
-            self._move_owned(name, old, moved, self.dir)
+            left = self._bring_back(name, old, moved, dest, others)
             for d in sorted([moved, *moved.rglob("*")], key=lambda p: -len(p.parts)):  # empty folders left
                 try:
                     d.rmdir()
                 except OSError:
                     pass
+        return left
+
+    def _bring_back(self, name: str, entry: dict, moved: Path, dest: Path, others: set[str]) -> list[str]:
+        """Move the files and log of ``entry`` that wait in ``moved`` back to their names in the run
+        folder, making way for each (``_make_way``); what cannot come back is returned, named."""
+        files = entry.get("files") if isinstance(entry.get("files"), list) else []
+        taken = {o: entry_forms(self.dir, o) for o in others}
+        where = moved.relative_to(self.dir).as_posix()
+        left = []
+        for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
+            if not rel or not isinstance(rel, str):
+                continue
+            src = moved / rel
+            if not os.path.lexists(src) or not _resolves_under(src.parent, moved):
+                continue  # not set aside (another stage's, outside), or back already
+            shown = rel.encode("utf-8", "backslashreplace").decode("utf-8")
+            try:
+                problem = self._textual_problem(name, rel, is_log)
+                if problem is None:
+                    hit = next((o for o, forms in taken.items() if entries_overlap(entry_forms(self.dir, rel), forms)),
+                               None)
+                    if hit is not None:
+                        problem = f"stage entry {hit} of another stage is in the way"
+                if problem is None:
+                    self._make_way(rel, dest)
+                    if not stage_owns(self.dir, name, rel, log=is_log):
+                        problem = "its folder does not lead to a folder of the run folder"
+                if problem is None:
+                    _move_entry(src, self.dir / rel)
+            except OSError as e:
+                if _disk_full(e):
+                    raise
+                problem = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+            if problem is not None:
+                left.append(f"{shown} (waits in {where}/{shown}: {problem})")
+        return left
+
+    @staticmethod
+    def _textual_problem(name: str, rel: str, is_log: bool) -> str | None:
+        """Why ``rel`` (a name the recorded entry lists) is no name of this stage's, as text."""
+        pure = Path(rel)
+        if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+            return "not a name inside the run folder"
+        if is_log:
+            return None if rel == f"logs/{name}.log" else "not this stage's log"
+        if _runner_name(pure.parts[0], stage_allowed(name)):
+            return "a name the runner owns"
+        return None
+
+    def _make_way(self, rel: str, dest: Path) -> None:
+        """Make ``rel`` free to take back: each folder on its way must be a folder (or a link to a
+        folder of the run folder); anything else there (a file, a FIFO, a device node, a link out or
+        to nothing), and whatever now holds the name itself, is what the failed attempt made: it is
+        moved, as itself (never followed), to the same name under ``dest`` (its history folder)."""
+        parts = Path(rel).parts
+        here = self.dir
+        for i, part in enumerate(parts):
+            here = here / part
+            last = i == len(parts) - 1
+            try:
+                st = os.lstat(here)
+            except FileNotFoundError:
+                if not last:
+                    os.mkdir(here)
+                continue
+            if not last:
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if stat.S_ISLNK(st.st_mode) and here.is_dir() and _resolves_under(here, self.dir):
+                    continue  # a link to a folder of the run folder: as the earlier result had it
+                if i == 0 and part in ("logs", "history"):  # the runner's own: never moved for a stage
+                    raise OSError(errno.ENOTDIR, "not the run folder's own folder", str(here))
+            away = dest / Path(*parts[: i + 1])
+            n = 1
+            while os.path.lexists(away):
+                n += 1
+                away = dest / Path(*parts[:i], f"{part}.{n}")
+            away.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(here, away)
+            if not last:
+                os.mkdir(here)
 
     def _inside_history(self, folder: Path) -> bool:
         """``folder`` is a real folder of this run's history/ (no link on the way leads elsewhere)."""
@@ -519,14 +629,28 @@ class RunManifest:
         """An interrupted rerun of ``name``: its record ``attempt`` goes to history and the earlier
         result is put back. False (and nothing set aside any more) when there was no earlier
         result: the caller then records ``attempt`` as usual."""
+        left: list[str] = []
+
         def change(data: dict) -> bool:
+            left.clear()
             pending = self._take_pending(data, name, self.token)
             if pending is None or not pending.get("moved_to"):
                 return False
-            self._put_back(data, pending, attempt, "-interrupted")
+            left.extend(self._put_back(data, pending, attempt, "-interrupted"))
+            if left:  # never cleared while something is not back
+                data.setdefault("pending", []).append(pending)
             return True
 
-        return self.update(change)
+        put = self.update(change)
+        self._say_not_back(name, left)
+        return put
+
+    def _say_not_back(self, name: str, left: list[str]) -> None:
+        """One line naming what of stage ``name``'s earlier result could not be put back, and where."""
+        if left:
+            self._say(f"warning: the earlier {name} result of {self.dir} could not all be put back: "
+                      f"{'; '.join(left)}. manifest.json's pending keeps the move: the next nsa-run stage / "
+                      f"oneshot into this --out puts it back once what is in the way is moved")
 
     def recover(self) -> list[str]:
         """Put back the earlier results of reruns whose nsa-run died (kill -9, power loss)."""
@@ -534,16 +658,26 @@ class RunManifest:
         if not stale:
             return []
 
+        left: dict[str, list[str]] = {}
+
         def change(data: dict) -> list[str]:
             done = []
+            left.clear()
             for p in list(data.get("pending", [])):
                 if isinstance(p, dict) and _dead(p.get("owner") or {}):
                     data["pending"].remove(p)
-                    self._put_back(data, p, None, "-abandoned")
-                    done.append(p.get("stage"))
+                    not_back = self._put_back(data, p, None, "-abandoned")
+                    if not_back:  # kept: the next nsa-run tries again
+                        data["pending"].append(p)
+                        left[p.get("stage")] = not_back
+                    else:
+                        done.append(p.get("stage"))
             return done
 
-        return self.update(change)
+        done = self.update(change)
+        for name, not_back in left.items():
+            self._say_not_back(name, not_back)
+        return done
 
     @classmethod
     def recover_folder(cls, dir: Path, data: dict) -> list[str]:
@@ -569,12 +703,19 @@ class RunManifest:
         for note in mine:
             name = note.get("stage")
             try:
-                def change(data: dict, name=name) -> None:
+                def change(data: dict, name=name) -> list[str]:
                     p = self._take_pending(data, name, self.token)
                     if p is not None and p.get("moved_to"):  # else nothing was set aside: nothing to put back
-                        self._put_back(data, p, None, "-abandoned")
+                        not_back = self._put_back(data, p, None, "-abandoned")
+                        if not_back:
+                            data.setdefault("pending", []).append(p)
+                        return not_back
+                    return []
 
-                self.update(change)
+                not_back = self.update(change)
+                if not_back:
+                    self._say_not_back(name, not_back)
+                    left.append(f"{name}: {note['moved_to']}")
             except (OSError, ManifestError):
                 if note.get("moved_to"):
                     left.append(f"{name}: {note['moved_to']}")
