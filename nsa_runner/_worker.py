@@ -279,7 +279,12 @@ class Watchdog:
         finally:
             os.close(r)
 
-    def done(self) -> None:
+    def done(self, wait_s: float = 30.0) -> None:
+        """Tell the watchdog the runner is done and reap it. It never outlives this call: a watchdog
+        someone stopped (a stage may SIGSTOP it) is continued, and one that does not end within
+        ``wait_s`` is killed (SIGKILL ends a stopped process too). An interrupt (Ctrl-C, SIGTERM)
+        while waiting kills it at once, reaps it, and is raised again: a stopped watchdog was left
+        behind in state T when the runner exited on a SIGTERM during this wait."""
         if self.w is not None:
             try:
                 os.write(self.w, b"d")
@@ -287,12 +292,37 @@ class Watchdog:
                 pass
             os.close(self.w)
             self.w = None
-        if self.proc is not None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
             try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                proc.send_signal(signal.SIGCONT)  # stopped, it would never read the "done" byte
+            except OSError:
+                pass
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self._kill(proc)
+        except BaseException:
+            self._kill(proc)
+            raise
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        """SIGKILL and reap the watchdog; an interrupt arriving meanwhile waits until it is reaped."""
+        interrupted = None
+        while True:
+            try:
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
+                proc.wait()
+                break
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
 
 
 def _die_with_parent() -> None:

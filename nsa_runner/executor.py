@@ -322,7 +322,11 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             _stop_stage(proc, cookie)
             _done(guard)
             raise
-        _done(guard)
+        late = None
+        try:  # an interrupt while the watchdog ends: the stage's result is still recorded (below)
+            _done(guard)
+        except KeyboardInterrupt as e:
+            late = e
         rec.duration_s = time.monotonic() - t0
         rec.finished = now_iso()
         if timed_out:
@@ -334,6 +338,8 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         else:
             rec.reason = _describe_exit(proc.returncode)
             rec.log_tail = tail(log_path)
+    if late is not None:
+        raise _FinishedThenInterrupted(rec, late)
     return rec
 
 
@@ -346,6 +352,16 @@ class _Interrupted(KeyboardInterrupt):
     def __init__(self, record: StageRecord):
         super().__init__(record.name)
         self.record = record
+
+
+class _FinishedThenInterrupted(KeyboardInterrupt):
+    """The stage had finished (its record is complete) when an interrupt came: the record counts as
+    the stage's result, then the run stops as interrupted."""
+
+    def __init__(self, record: StageRecord, interrupt: KeyboardInterrupt):
+        super().__init__(record.name)
+        self.record = record
+        self.interrupt = interrupt
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -488,6 +504,13 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 continue
             try:
                 rec = run_one(entry, ctx, machine, timeout, observer)
+            except _FinishedThenInterrupted as done:
+                rec = done.record
+                _not_anothers(rec, manifest)
+                records.append(rec)
+                manifest.record(rec.to_dict())
+                observer.on_finish(entry, rec)
+                raise done.interrupt from None
             except _Interrupted as intr:
                 rec = intr.record
                 records.append(rec)

@@ -28,9 +28,9 @@ import time
 import pytest
 
 try:
-    from _bad_days import PINNED, env_with, wait_for
+    from _bad_days import PINNED, alive, env_with, gone_within, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, env_with, wait_for
+    from tests.runner._bad_days import PINNED, alive, env_with, gone_within, wait_for
 
 # the nsa-run script itself (cli.main: what a terminal or CI job runs), run id pinned
 MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
@@ -258,3 +258,28 @@ def test_a_put_back_that_cannot_finish_names_what_and_keeps_pending(rt, tmp_path
     assert [p["stage"] for p in m.get("pending") or []] == ["a"], m.get("pending")
     assert "d/x.txt" in err and m["pending"][0]["moved_to"] in err, err[-2000:]
     assert (run / m["pending"][0]["moved_to"] / "d" / "x.txt").read_text() == "v1"
+
+
+def test_a_stopped_watchdog_is_never_left_behind_and_the_result_is_recorded(rt, tmp_path, spawn):
+    """A-R5: stage a SIGSTOPs its own watchdog and PASSes; a SIGTERM to nsa-run while it waited for
+    the watchdog exited 130 at once, leaving the watchdog stopped (state T) and a's result unrecorded."""
+    out = tmp_path / "out"
+    mark = tmp_path / "watchdog.pid"
+    proc = spawn(main_cmd("stage", "a", "--out", out, "--device", "cpu"),
+                 env=env_with(rt, RT_A_MARK=mark, RT_A_STOP_WATCHDOG=1, RT_A_SLEEP=0.2),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    dog = int(wait_for(mark, proc=proc))
+    assert dog > 0, "the stage found no watchdog to stop"
+    time.sleep(2.0)  # the stage has returned; the runner waits for the watchdog
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    try:
+        assert proc.returncode in (0, 130), err[-2000:]
+        assert gone_within(dog, 10), "the stopped watchdog was left behind"
+        m = _manifest(out / "testrun")
+        assert [(s["name"], s["status"]) for s in m["stages"]] == [("a", "PASS")], m["stages"]
+    finally:
+        if alive(dog):
+            os.kill(dog, signal.SIGKILL)
+            os.kill(dog, signal.SIGCONT)
