@@ -233,6 +233,8 @@ def _check_files(run_dir: Path, result: StageResult, allowed: tuple[str, ...] = 
     """
     outside, shared = [], []
     for rel in result.files:
+        if not_text(rel):
+            continue  # named by _apply_result (not_text), never looked up
         problem = declared_file_problem(run_dir, rel, allowed)
         if problem is None:
             if not os.path.lexists(Path(run_dir) / rel):
@@ -242,6 +244,23 @@ def _check_files(run_dir: Path, result: StageResult, allowed: tuple[str, ...] = 
         else:
             outside.append(str(rel))
     return outside, shared
+
+
+def not_text(rel: object) -> bool:
+    """A declared name that is not UTF-8 text (a lone surrogate: a file named with the byte 0xff,
+    ``a\\udcff.txt``): every report, link and summary of it would break or name another file."""
+    if not isinstance(rel, str):
+        return False
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def shown_name(rel: str) -> str:
+    """``rel`` with what is not UTF-8 text escaped (``a\\udcff.txt``), for a reason or a message."""
+    return rel.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
@@ -423,9 +442,12 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
     outside, shared = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))
-    if outside or shared:
-        rec.files = [f for f in rec.files if isinstance(f, str) and f not in outside + shared]
+    bad_text = [f for f in rec.files if not_text(f)]
+    if outside or shared or bad_text:
+        rec.files = [f for f in rec.files if isinstance(f, str) and f not in outside + shared + bad_text]
         notes = []
+        if bad_text:
+            notes.append(f"declared file name(s) not UTF-8 text, not recorded: {', '.join(map(shown_name, bad_text))}")
         if outside:
             notes.append(f"declared file(s) missing or outside the run folder: {', '.join(outside)}")
         if shared:

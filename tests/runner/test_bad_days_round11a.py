@@ -283,3 +283,22 @@ def test_a_stopped_watchdog_is_never_left_behind_and_the_result_is_recorded(rt, 
         if alive(dog):
             os.kill(dog, signal.SIGKILL)
             os.kill(dog, signal.SIGCONT)
+
+
+def test_a_declared_name_that_is_not_utf8_text_is_an_error_naming_it(rt, tmp_path):
+    """A-R2: a declared 'a\\udcff.txt' (a file named with the byte 0xff) PASSed with exit 0; then
+    report.html said the manifest could not be used (UnicodeEncodeError)."""
+    out = tmp_path / "out"
+    r = _main(env_with(rt, RT_A_CMD="printf x > \"$(printf 'a\\377.txt')\"", RT_A_FILES="['a.txt', 'a\\udcff.txt']"),
+              "stage", "a", "--out", out, "--device", "cpu")
+    assert r.returncode == 1, r.stderr[-2000:]
+    run = out / "testrun"
+    (a,) = _manifest(run)["stages"]
+    assert a["status"] == "ERROR" and a["files"] == ["a.txt"], a
+    assert "a\\udcff.txt" in a["reason"] and "UTF-8" in a["reason"], a["reason"]
+    r = _main(rt, "stage", "b", "--out", out, "--device", "cpu")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = _main(rt, "report", run)
+    assert "Traceback" not in r.stderr and "UnicodeEncodeError" not in r.stderr + r.stdout, r.stderr[-2000:]
+    html = (run / "report.html").read_text()
+    assert "UnicodeEncodeError" not in html and "cannot be used" not in html
