@@ -132,9 +132,22 @@ def prefill_phases(run: Path, manifest: dict) -> list[tuple[str, float, str]]:
     return out
 
 
+def env_pairing(run: Path, manifest: dict) -> list[tuple[str, float, str]]:
+    """env.json ``wall_s``: the stage's parts in its run(), then its process start and imports."""
+    try:
+        wall = json.loads((run / "env.json").read_text()).get("wall_s") or {}
+    except (OSError, ValueError):
+        return []
+    out = [(f"env-pairing {k}", _num(v), "") for k, v in wall.items()]
+    dur = _duration(manifest, "env-pairing")
+    if out and dur is not None:
+        out.append(("env-pairing (process start, imports, result)", dur - sum(s for _, s, _ in out), ""))
+    return out
+
+
 def ledger(run: Path) -> list[tuple[str, float, str]]:
     manifest = json.loads((run / "manifest.json").read_text())
-    return whole(manifest) + fa2_probe(run, manifest) + prefill_phases(run, manifest)
+    return whole(manifest) + env_pairing(run, manifest) + fa2_probe(run, manifest) + prefill_phases(run, manifest)
 
 
 def render(lines, md: bool) -> str:

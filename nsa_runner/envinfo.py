@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 # (module, what it is, distribution names that provide it, install hint)
 # (what is really FA-2 / FA-4 is decided by nsa_core.flash.detect, not by the module name)
@@ -339,12 +340,13 @@ def flash_build(dists: tuple[str, ...]) -> dict:
 
 
 def collect() -> dict:
-    """Everything but flash (see ``probe_flash``) and the pairing verdict."""
-    return {
-        "python": python_info(),
-        "torch": torch_info(),
-        "torch_triton_requirement": torch_triton_requirement(),
-        "triton": triton_info(),
-        "gpu": gpu_info(),
-        "nvidia_smi": nvidia_smi(),
-    }
+    """Everything but flash (see ``probe_flash``) and the pairing verdict; ``wall_s``: seconds per
+    part (where env-pairing's time goes, issue 13)."""
+    out: dict = {"wall_s": {}}
+    for key, fn in (("python", python_info), ("torch", torch_info),
+                    ("torch_triton_requirement", torch_triton_requirement), ("triton", triton_info),
+                    ("gpu", gpu_info), ("nvidia_smi", nvidia_smi)):
+        t0 = time.perf_counter()
+        out[key] = fn()
+        out["wall_s"][key] = round(time.perf_counter() - t0, 3)
+    return out

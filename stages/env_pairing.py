@@ -24,6 +24,7 @@ import importlib.metadata as md
 import os
 import sys
 import threading
+import time
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_bytes, write_json, write_text
@@ -358,9 +359,13 @@ class EnvPairing(Stage):
         # the flash-attn child (import torch + each flash package: ~10 s with FA-4 on an H100) runs
         # while this process collects its own facts (import torch, a Triton launch, a CUDA op):
         # this side only waits on the child's pipe, so the two overlap (issue 13: the oneshot's wall)
+        t0 = time.perf_counter()
         flash_probe = _Background(probe_flash)
         facts = collect()
+        wall = facts.pop("wall_s", {})  # seconds per part: where this stage's time goes (issue 13)
+        t1 = time.perf_counter()
         flash = flash_probe.result()
+        wall["flash child (waited for after the facts)"] = round(time.perf_counter() - t1, 3)
         if not facts["torch"].get("installed"):
             checks = [_check("torch", FAIL, f"import torch failed: {facts['torch']['error']}")]
         else:
@@ -384,6 +389,8 @@ class EnvPairing(Stage):
                "paths": _paths(facts, {c["check"]: c for c in checks}, ctx.device, flash),
                "flash": flash, "plugins": _plugins(), "facts": facts}
         env["routing_thresholds"], extra = _thresholds_copy(ctx.dir)
+        wall["plugins, thresholds, checks"] = round(time.perf_counter() - t0 - sum(wall.values()), 3)
+        env["wall_s"] = wall
         write_json(ctx.dir / "env.json", env)
         text = _render(env)
         write_text(ctx.dir / "env.txt", text)

@@ -57,6 +57,14 @@ def test_env_pairing_records_facts(cpu_run):
     assert any(p["name"] == "sanity" and p["dist"] == "nsa-run" for p in env["plugins"])
     text = (run / "env.txt").read_text()
     assert "verdict: PASS" in text and "torch" in text and "stage plugins" in text
+    # where the stage's time goes (issue 13): seconds per part, none negative, within the stage's own time
+    wall = env["wall_s"]
+    assert {"torch", "triton", "gpu", "flash child (waited for after the facts)",
+            "plugins, thresholds, checks"} <= set(wall)
+    assert all(isinstance(v, float) and v >= 0 for v in wall.values())
+    manifest = json.loads((run / "manifest.json").read_text())
+    dur = next(s["duration_s"] for s in manifest["stages"] if s["name"] == "env-pairing")
+    assert sum(wall.values()) <= dur
 
 
 def test_sanity_outputs(cpu_run):

@@ -81,6 +81,16 @@ def test_parity_rows_of_child_processes_are_shown_beside_not_added(tmp_path):
     assert s == 0.0 and "2 rows in 4 child processes, 16.0 s of row time" in note
 
 
+def test_env_pairing_parts_add_up_to_the_stage(tmp_path):
+    led = _ledger_module()
+    run = _run(tmp_path)
+    (run / "env.json").write_text(json.dumps({"wall_s": {"torch": 3.5, "gpu": 0.5, "flash child": 1.0}}))
+    lines = led.ledger(run)
+    got = {w: s for w, s, _ in lines}
+    env = [s for w, s, _ in lines if w.startswith("env-pairing ")]
+    assert abs(sum(env) - 7.5) < 1e-9 and got["env-pairing (process start, imports, result)"] == 2.5
+
+
 def test_cli_names_a_folder_without_a_manifest(tmp_path, capsys):
     led = _ledger_module()
     assert led.main([str(tmp_path)]) == 2
