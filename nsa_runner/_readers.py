@@ -32,6 +32,7 @@ from nsa_runner.artifacts import (
     outside_problem,
     read_limited,
     read_text_limited,
+    still_running,
 )
 from nsa_runner.results import (  # the schema's owner; re-exported for report / compare / baseline
     DECODE_FILE,
@@ -272,12 +273,14 @@ def check_shape(path: Path, data: dict, shape: dict) -> None:
         for where, value in _walk(data, spec):
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
                 want = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in _tuple(types))
-                got = type(value).__name__ if isinstance(value, (dict, list)) else f"{type(value).__name__} {shown(value, 40)}"
+                got = type(value).__name__
+                if not isinstance(value, (dict, list)):
+                    got += f" {shown(value, 40)}"
                 raise ArtifactError(f"{path}: {where!r} must be {want}, got {got}")
 
 
-_TYPE_WORDS = {bool: "true or false", dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
-               type(None): "null"}
+_TYPE_WORDS = {bool: "true or false", dict: "an object", list: "a list", str: "a string", int: "an integer",
+               float: "a number", type(None): "null"}
 
 
 def _tuple(t) -> tuple:
@@ -457,9 +460,33 @@ class Run:
             raise ArtifactError(f"{p}: expected a file")
         owner = self.declared_by(name)
         if owner is not None:
+            if self._rerunning(owner):  # a live nsa-run set it aside in history/ to rerun the stage
+                return None
             raise ArtifactError(f"{p}: the manifest lists it as written by stage {owner!r}, but the file is "
                                 "missing (deleted or moved?)")
         return None
+
+    def _rerunning(self, stage: str) -> bool:
+        """Is a live nsa-run on this host rerunning ``stage`` in this folder now? Its earlier files are
+        set aside in history/ until the new result is recorded (``pending`` of manifest.json, read again:
+        the rerun may have started after ``Run.open``). Such files are "not in this run (yet)", and
+        ``running()`` says RUNNING, as for a oneshot at work: it said "missing (deleted or moved?)",
+        "repair or move the broken file aside", exit 2."""
+        try:
+            fresh = load_manifest(self.dir)
+        except ManifestError:
+            return False
+        line = still_running({"pending": [p for p in fresh.get("pending") or []
+                                          if isinstance(p, dict) and p.get("stage") == stage]})
+        if line is not None:
+            self._cache["_rerun"] = f"{line} (a rerun: its earlier files are set aside until it ends)"
+        return line is not None
+
+    def running(self) -> str | None:
+        """One line when an nsa-run on this host is at work in this run (a oneshot's stage, a rerun
+        whose earlier files a reader found set aside), else None: the results read are of the
+        stages finished so far, not a verdict."""
+        return self._cache.get("_rerun") or still_running(self.manifest)
 
     def _cached(self, key: str, fn):
         self._cache.setdefault("_touched", []).append(key.partition(":")[2])  # what a report section read

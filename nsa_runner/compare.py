@@ -550,7 +550,19 @@ def compare_runs(A: Run, B: Run, settings: Settings | None = None) -> Comparison
         cmp.rows += _timing_rows(A, B, name, comparable, settings.threshold, cpu)
     if A.dir.resolve() == B.dir.resolve():
         cmp.notes.append("A and B are the same run folder: every ratio is 1 by construction")
+    cmp.notes += running_notes({"A": A, "B": B})
     return cmp
+
+
+def running_notes(runs: dict[str, Run]) -> list[str]:
+    """A RUNNING note per run an nsa-run is still at work in (a oneshot, a rerun whose earlier files
+    are set aside): its rows are of the stages finished so far. Called after the rows are read."""
+    notes = []
+    for which, run in runs.items():
+        line = run.running()
+        if line is not None and not (which == "B" and runs.get("A") is not None and runs["A"].dir == run.dir):
+            notes.append(f"RUNNING: run {which} ({run.run_id}): {line}; its rows are of the stages finished so far")
+    return notes
 
 
 def _md(text: Any) -> str:

@@ -39,7 +39,7 @@ from nsa_runner._readers import (
     read_bytes_checked,
     spread_columns,
 )
-from nsa_runner.artifacts import now_iso, still_running, unfinished, write_text
+from nsa_runner.artifacts import now_iso, unfinished, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
 from nsa_runner.results import summary as results_summary
@@ -588,6 +588,6 @@ def write(folder: Path) -> dict:
         write_text(summary_path, summary_text)
     return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
             "run_id": run.run_id, "counts": counts(run.stages),
-            "unfinished": unfinished(run.manifest), "running": still_running(run.manifest),
+            "unfinished": unfinished(run.manifest), "running": run.running(),
             "interrupted": bool(run.manifest.get("interrupted")),
             "problems": list(run._cache.get("_problems", []))}

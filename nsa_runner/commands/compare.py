@@ -33,6 +33,7 @@ from nsa_runner.compare import (
     fmt,
     fmt_ratio,
     run_info,
+    running_notes,
     title,
     to_markdown,
     visible_rows,
@@ -162,6 +163,8 @@ def compare(
         figures, left_out = None, []
         if save_baseline is not None:
             figures, left_out = bl.figures_of(subject, settings.threshold or bl.DEFAULT_TOLERANCE)
+        if run_b is None:  # (compare_runs adds them for two runs)
+            cmp.notes += running_notes({"A": run_a})
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file, or compare other runs")
     saved = None
