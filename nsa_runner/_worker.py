@@ -285,27 +285,31 @@ class Watchdog:
         ``wait_s`` is killed (SIGKILL ends a stopped process too). An interrupt (Ctrl-C, SIGTERM)
         while waiting kills it at once, reaps it, and is raised again: a stopped watchdog was left
         behind in state T when the runner exited on a SIGTERM during this wait."""
-        if self.w is not None:
-            try:
-                os.write(self.w, b"d")
-            except OSError:
-                pass
-            os.close(self.w)
-            self.w = None
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
+        proc = self.proc
         try:
-            try:
-                proc.send_signal(signal.SIGCONT)  # stopped, it would never read the "done" byte
-            except OSError:
-                pass
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            self._kill(proc)
+            if self.w is not None:
+                try:
+                    os.write(self.w, b"d")
+                except OSError:
+                    pass
+                os.close(self.w)
+                self.w = None
+            if proc is not None:
+                try:
+                    proc.send_signal(signal.SIGCONT)  # stopped, it would never read the "done" byte
+                except OSError:
+                    pass
+                try:
+                    proc.wait(timeout=wait_s)
+                except subprocess.TimeoutExpired:
+                    self._kill(proc)
         except BaseException:
-            self._kill(proc)
+            if proc is not None:
+                self._kill(proc)
             raise
+        finally:
+            if proc is None or proc.returncode is not None:
+                self.proc = None
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:

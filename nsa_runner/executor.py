@@ -346,6 +346,10 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             _done(guard)
         except KeyboardInterrupt as e:
             late = e
+            try:  # the watchdog is reaped either way (Watchdog.done kills it on an interrupt)
+                _done(guard)
+            except KeyboardInterrupt:
+                pass
         rec.duration_s = time.monotonic() - t0
         rec.finished = now_iso()
         if timed_out:

@@ -528,12 +528,18 @@ class RunManifest:
                 leftovers["log"] = ""
         dest = self._history_dir(name, tag)
         others = self._others(data, name)
-        self._move_owned(name, leftovers, self.dir, dest, others)
+        left: list[str] = []
+        try:
+            self._move_owned(name, leftovers, self.dir, dest, others)
+            if moved is not None:
+                left = self._bring_back(name, old, moved, dest, others)
+        except OSError as e:  # a full disk: named with its path (the callers print strerror alone)
+            if e.filename and str(e.filename) not in (e.strerror or ""):
+                raise OSError(e.errno, f"{e.strerror or e} ({e.filename})", e.filename) from None
+            raise
         if attempt is not None:
             data["history"].append({**attempt, "moved_to": str(dest.relative_to(self.dir))})
-        left: list[str] = []
         if moved is not None:
-            left = self._bring_back(name, old, moved, dest, others)
             for d in sorted([moved, *moved.rglob("*")], key=lambda p: -len(p.parts)):  # empty folders left
                 try:
                     d.rmdir()
