@@ -98,6 +98,10 @@ nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$L/gpu_apps_befo
 step nsa-run oneshot --profile full --out "$L/art" > "$L/oneshot.log" 2>&1
 # where its time went (issue 13): the run folder's own records, split into parts that add up
 python3 bench/time_ledger.py "\$(ls -d "$L"/art/*/ | head -1)" > "$L/ledger.txt" 2>&1
+# the same oneshot with the spare worker (opt-in, NSA_RUN_SPARE_WORKER=1): the next stage's process
+# imports torch while the current one runs; compare the two wall times (same machine, same caches)
+step env NSA_RUN_SPARE_WORKER=1 nsa-run oneshot --profile full --out "$L/art_spare" > "$L/oneshot_spare.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art_spare/*/ | head -1)" > "$L/ledger_spare.txt" 2>&1
 # the hypothesis behind fa2-probe's parity time: a cuDNN graph built per new shape, per process
 step python3 bench/cudnn_build_cost.py > "$L/cudnn_build.txt" 2>&1
 # the fixed cost every stage's process pays (python + torch import + CUDA context), for the profile
@@ -125,14 +129,14 @@ wait)
   while [ ! -e "$L/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
   cat "$L/steps.txt" 2>/dev/null; [ -e "$L/done" ] || echo "NOT DONE yet: $(date -u +%T)"
   [ -f bench/gpu_fa2_build.sh ] && bash bench/gpu_fa2_build.sh status 2>&1 | tail -3
-  for f in oneshot_impls oneshot_cold oneshot oneshot_quick1 oneshot_quick probe1 probe2 fa2probe; do
+  for f in oneshot_impls oneshot_cold oneshot oneshot_spare oneshot_quick1 oneshot_quick probe1 probe2 fa2probe; do
     [ -f "$L/$f.log" ] || continue; echo "== $f"
     grep -hE "^(env-pairing|sanity|selection-map|triton-|fa2-probe|prefill-bench|decode-bench|summary) |\[[0-9]/[0-9]\]" "$L/$f.log" | cut -c1-200
     grep -hE "passed, [0-9]+ failed" "$L/$f.log" | tail -1
   done
   [ -f "$L/d14/table.md" ] && { echo "== decode14"; cat "$L/d14/log.txt" "$L/d14/table.md"; }
   [ -f "$L/overhead.txt" ] && cat "$L/overhead.txt"
-  for f in ledger ledger_quick cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
+  for f in ledger ledger_spare ledger_quick cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
   [ -f "$L/fa4_cache.txt" ] && { echo "FA-4 JIT cache:"; cat "$L/fa4_cache.txt"; }
   for d in "$L"/art_p1 "$L"/art_p2 "$L"/art_fa2; do grep -h "wall time" "$d"/*/fa2_probe.txt 2>/dev/null; done
   [ -f "$L/fa2probe.log" ] && { echo "== fa2-probe with FA-2"; tail -4 "$L/fa2probe.log"; tail -4 "$L/fa2_test.log"; }

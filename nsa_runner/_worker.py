@@ -14,6 +14,12 @@ tree below the worker, plus every process of this user carrying the cookie) and
 (``PR_SET_PDEATHSIG`` on Linux), and ``python -m nsa_runner._worker --watchdog`` (a process of its
 own per stage) kills the cookie's processes and removes the stage's temp folder when the runner
 dies without saying it is done (kill -9).
+
+``python -m nsa_runner._worker --spare FD`` (opt-in: ``NSA_RUN_SPARE_WORKER=1``, issue 13): a worker
+started while the previous stage runs. It imports torch, then waits on the Unix socket FD for its
+job: the JOB and RESULT paths, the run folder and, as an SCM_RIGHTS file descriptor, the stage's log,
+which becomes its stdout / stderr. From there it is the worker above. It dies with its runner
+(``PR_SET_PDEATHSIG``) and ends quietly when the socket closes without a job.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import ctypes
 import faulthandler
 import fcntl
 import importlib
+import json
 import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -422,10 +430,48 @@ def _reopen_log_fds(kept: dict[int, int]) -> None:
             setattr(sys, name, open(fd, "w", closefd=False, errors="backslashreplace", buffering=1))
 
 
+def _spare(fd: int) -> list[str] | None:
+    """``--spare FD``: import torch (the ~4 s every stage's process pays on a GPU machine), then wait
+    for the job on the socket FD -> [JOB, RESULT] with the log as stdout / stderr and the run folder
+    as the working directory; None when the runner closed the socket without one."""
+    sock = socket.socket(fileno=fd)
+    try:
+        import torch  # noqa: F401 - the preload; a failure shows again in the stage's own import
+    except BaseException:  # noqa: BLE001 - never the spare's end: the stage reports it
+        pass
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    if not msg or len(fds) != 1:
+        for f in fds:
+            os.close(f)
+        return None
+    job = json.loads(msg.decode())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fds[0], 1)
+    os.dup2(fds[0], 2)
+    os.close(fds[0])
+    try:  # what the preload printed (a warning of an import) heads the stage's log
+        with open(job["preload_log"], "rb") as f:
+            os.write(1, f.read(1 << 16))
+    except (OSError, KeyError):
+        pass
+    os.chdir(job["cwd"])
+    return [job["job"], job["result"]]
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--watchdog" and len(argv) == 5:
         return watchdog(argv[1:])
     _die_with_parent()
+    if argv and argv[0] == "--spare" and len(argv) == 2:
+        argv = _spare(int(argv[1]))
+        if argv is None:
+            return 0
     for stream in (sys.stdout, sys.stderr):  # a stage's text may hold lone surrogates: never a crash
         try:
             stream.reconfigure(errors="backslashreplace")

@@ -19,9 +19,12 @@ signal stop the stage if this runner is killed (``_worker`` docstring).
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import shutil
 import site
+import socket
 import stat
 import subprocess
 import sys
@@ -263,8 +266,63 @@ def shown_name(rel: str) -> str:
     return rel.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+SPARE_ENV = "NSA_RUN_SPARE_WORKER"
+
+
+class _Spare:
+    """A stage worker started ahead of its stage (``NSA_RUN_SPARE_WORKER=1``, issue 13): it imports
+    torch while the previous stage runs, then ``hand`` gives it the next stage's job and log
+    (``_worker --spare``). Its own cookie and session, like any worker; it dies with the runner
+    (PR_SET_PDEATHSIG) and ends when its socket closes unused (``close``)."""
+
+    def __init__(self, device: str, run_dir: Path):
+        self.cookie = uuid.uuid4().hex
+        self.tmp = tempfile.mkdtemp(prefix=f"nsa-run-spare-{os.getpid()}-")
+        mark_owned(self.tmp)
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.preload_log = Path(self.tmp) / "preload.log"
+        self.proc: subprocess.Popen | None = None
+        try:
+            with open(self.preload_log, "wb") as pre:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno())],
+                    stdin=subprocess.DEVNULL, stdout=pre, stderr=subprocess.STDOUT, cwd=run_dir,
+                    env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
+        except OSError:
+            self.close()
+        finally:
+            child.close()
+
+    def hand(self, job: Path, result: Path, log_fd: int, cwd: Path) -> subprocess.Popen | None:
+        """Give this worker its stage; None when it cannot take one (it ended, the socket broke)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        msg = json.dumps({"job": str(job), "result": str(result), "cwd": str(cwd),
+                          "preload_log": str(self.preload_log)}).encode()
+        try:
+            socket.send_fds(self.sock, [msg], [log_fd])
+        except OSError:
+            return None
+        self.sock.close()
+        proc, self.proc = self.proc, None  # the stage's process now: run_one ends it
+        return proc
+
+    def close(self) -> None:
+        """End an unused spare (nothing of it left running) and remove its folder."""
+        self.sock.close()
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                kill_processes(self.cookie, proc.pid, 0.0)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
-            observer: Observer | None = None) -> StageRecord:
+            observer: Observer | None = None, spare: _Spare | None = None) -> StageRecord:
     """Run (or skip, or record as broken) one stage; never raises except KeyboardInterrupt.
 
     Calls ``observer.on_start`` / ``on_tick`` while a stage process runs; ``execute`` calls
@@ -305,13 +363,18 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         result_path = Path(tmp) / "result.json"
         with open(job, "wb") as f:
             pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
+        proc = spare.hand(job, result_path, log_fd, run_dir) if spare is not None else None
+        if proc is not None:  # a spare worker (imports done) takes the stage
+            cookie = spare.cookie
+            os.close(log_fd)
         env = _child_env(ctx.device, cookie)
-        with os.fdopen(log_fd, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "nsa_runner._worker", str(job), str(result_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=run_dir, env=env, start_new_session=True,
-            )
+        if proc is None:
+            with os.fdopen(log_fd, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "nsa_runner._worker", str(job), str(result_path)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    cwd=run_dir, env=env, start_new_session=True,
+                )
         guard = None
         timed_out = False
         try:
@@ -513,8 +576,11 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     observer = observer or Observer()
     records: list[StageRecord] = []
     run_id = manifest.data["run_id"]
+    entries = list(entries)
+    use_spare = os.environ.get(SPARE_ENV) == "1"
+    ready: _Spare | None = None  # opt-in: the next stage's worker, its imports done while this stage runs
     try:
-        for entry, options in entries:
+        for i, (entry, options) in enumerate(entries):
             ctx = RunContext(manifest.dir, settings.device, settings.profile, options, run_id, entry.name)
             timeout = settings.timeout_s
             if timeout is None:
@@ -528,8 +594,11 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 records.append(rec)  # the other nsa-run's record stays the manifest's
                 observer.on_finish(entry, rec)
                 continue
+            this, ready = ready, None
+            if use_spare and i + 1 < len(entries):
+                ready = _Spare(settings.device, manifest.dir)
             try:
-                rec = run_one(entry, ctx, machine, timeout, observer)
+                rec = run_one(entry, ctx, machine, timeout, observer, spare=this)
             except _FinishedThenInterrupted as done:
                 rec = done.record
                 _not_anothers(rec, manifest)
@@ -545,6 +614,11 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                     manifest.record(rec.to_dict())
                 observer.on_finish(entry, rec)
                 raise
+            finally:
+                if this is not None and this.proc is not None and ready is None:
+                    ready, this = this, None  # not taken (a skip): the next stage's
+                if this is not None:
+                    this.close()  # taken: its folder; not taken: ended
             _not_anothers(rec, manifest)
             records.append(rec)
             manifest.record(rec.to_dict())
@@ -552,6 +626,9 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     except KeyboardInterrupt:
         manifest.finish(interrupted=True)
         raise RunInterrupted(records) from None
+    finally:
+        if ready is not None:
+            ready.close()
     manifest.finish()
     return records
 

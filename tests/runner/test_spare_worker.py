@@ -1,0 +1,114 @@
+"""The spare worker (``NSA_RUN_SPARE_WORKER=1``, issue 13): the next stage's process is started,
+and imports torch, while the current stage runs; the stage then starts in it. Opt-in until its
+effect is measured on a GPU (docs/benchmarks.md). The stages run as before, in their own
+processes; an unused spare never outlives the runner (Ctrl-C, kill -9) and leaves no folder."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from _bad_days import STAGES_XYZ, alive, cli_cmd, env_with, gone_within, manifest, wait_for
+
+SOURCE = """
+import json, os, sys, time
+from pathlib import Path
+import psutil
+from nsa_runner import Stage, StageResult, Status
+
+def _act(ctx, name):
+    worker = psutil.Process(os.getppid())  # the stage runs in the worker's forked child
+    rec = {"pid": os.getpid(), "worker_pid": worker.pid, "worker_created": worker.create_time(),
+           "runner_pid": worker.ppid(), "torch_loaded": "torch" in sys.modules, "start": time.time()}
+    wait = os.environ.get("SP_SPARE_PID")
+    if wait and name == "x":  # say which process is the next stage's spare, then wait
+        runner = psutil.Process(worker.ppid())
+        for _ in range(1200):
+            spare = [c for c in runner.children() if "--spare" in c.cmdline()]
+            if spare:
+                Path(wait).write_text(str(spare[0].pid))
+                break
+            time.sleep(0.05)
+    time.sleep(float(os.environ.get("SP_SLEEP_" + name.upper(), "0")))
+    rec["end"] = time.time()
+    (ctx.dir / (name + ".json")).write_text(json.dumps(rec))
+    print(name, "ran in", os.getpid(), flush=True)
+    return StageResult(Status.PASS, name + " ok", files=[name + ".json"])
+""" + STAGES_XYZ
+
+
+def _make(plugins) -> dict[str, str]:
+    plugins.make("sp-plugin", "sp_mod", SOURCE, {"x": "sp_mod:X", "y": "sp_mod:Y", "z": "sp_mod:Z"})
+    env = plugins.env()
+    env.pop("NSA_RUN_SPARE_WORKER", None)
+    return env
+
+
+def _oneshot(env, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_cmd("oneshot", "--out", out, "--only", "x,y,z", "--device", "cpu"), env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _spare_dirs(runner_pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"nsa-run-spare-{runner_pid}-*"))
+
+
+def test_with_spares_each_stage_starts_in_a_worker_made_while_the_previous_one_ran(plugins, tmp_path):
+    env = _make(plugins)
+    r = _oneshot(env_with(env, NSA_RUN_SPARE_WORKER=1, SP_SLEEP_X=2, SP_SLEEP_Y=1), tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "out" / "testrun"
+    assert [s["status"] for s in manifest(tmp_path / "out")["stages"]] == ["PASS"] * 3
+    x, y, z = (json.loads((run / f"{n}.json").read_text()) for n in "xyz")
+    # y's and z's workers existed, torch imported, before the stage before them ended
+    assert y["worker_created"] < x["end"] and z["worker_created"] < y["end"]
+    assert y["torch_loaded"] and z["torch_loaded"]
+    assert len({x["worker_pid"], y["worker_pid"], z["worker_pid"]}) == 3  # a process per stage, as before
+    for n in "yz":  # each log is the stage's own: the worker's header, then what the stage printed
+        log = (run / "logs" / f"{n}.log").read_text()
+        assert log.startswith("# nsa-run stage " + n) and f"{n} ran in" in log and "PASS" in log
+    assert not any(alive(s[k]) for s in (x, y, z) for k in ("pid", "worker_pid"))
+    assert _spare_dirs(x["runner_pid"]) == []
+
+
+def test_without_the_option_each_worker_starts_after_the_previous_stage(plugins, tmp_path):
+    env = _make(plugins)
+    r = _oneshot(env_with(env, SP_SLEEP_X=1), tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "out" / "testrun"
+    x, y = (json.loads((run / f"{n}.json").read_text()) for n in "xy")
+    assert y["worker_created"] > x["end"]
+
+
+def _interrupt_with_a_waiting_spare(plugins, tmp_path, spawn, sig):
+    env = _make(plugins)
+    spare_file = tmp_path / "spare.pid"
+    proc = spawn(cli_cmd("oneshot", "--out", tmp_path / "out", "--only", "x,y,z", "--device", "cpu"),
+                 env=env_with(env, NSA_RUN_SPARE_WORKER=1, SP_SPARE_PID=spare_file, SP_SLEEP_X=600),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spare = int(wait_for(spare_file, proc=proc))
+    assert alive(spare)
+    spawn.snapshot()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc, spare, err, env
+
+
+def test_ctrl_c_ends_the_unused_spare_and_removes_its_folder(plugins, tmp_path, spawn):
+    proc, spare, err, _ = _interrupt_with_a_waiting_spare(plugins, tmp_path, spawn, signal.SIGINT)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert gone_within(spare, 5), f"the spare worker {spare} outlived the interrupted run"
+    assert _spare_dirs(proc.pid) == []
+
+
+def test_kill_9_of_the_runner_ends_the_spare_and_the_next_start_removes_its_folder(plugins, tmp_path, spawn):
+    proc, spare, _, env = _interrupt_with_a_waiting_spare(plugins, tmp_path, spawn, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert gone_within(spare, 5), f"the spare worker {spare} outlived its runner's kill -9"
+    r = _oneshot(env, tmp_path / "out2")  # any next start removes what the killed runner left
+    assert r.returncode == 0, r.stderr
+    assert _spare_dirs(proc.pid) == []
