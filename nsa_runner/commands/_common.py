@@ -231,10 +231,16 @@ def set_aside(manifest: RunManifest, name: str) -> Path | None:
         fail(f"cannot set the earlier {name} result aside: {e.strerror or e}", _disk_hint(e))
 
 
+def _disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _disk_hint(e: OSError) -> str:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if _disk_full(e):
         return "the disk is full: free some space, then rerun (earlier runs are untouched)"
-    return "check the --out folder's permissions and free space"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "the --out folder (or something in it) is not writable: fix its permissions or choose another --out"
+    return "fix what is named above (see its path), then rerun (earlier runs are untouched)"
 
 
 def parse_stage_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
@@ -417,7 +423,8 @@ def run_broke(manifest: RunManifest, e: Exception) -> None:
     if waiting:  # "earlier runs are untouched" would not be true: say where the earlier result is
         fail(f"run {manifest.dir.name} is incomplete: {what}; the earlier result could not be put back yet "
              f"({', '.join(waiting)}, recorded in manifest.json's pending)",
-             "free some space, then rerun: the next nsa-run stage / oneshot into this --out puts it back")
+             ("free some space" if _disk_full(e) else "fix what is named above") +
+             ", then rerun: the next nsa-run stage / oneshot into this --out puts it back")
     fail(f"run {manifest.dir.name} is incomplete: {what}",
          _disk_hint(e) if isinstance(e, OSError) else "nothing else was changed")
 
