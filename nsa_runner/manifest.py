@@ -402,9 +402,12 @@ class RunManifest:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if os.path.lexists(target):  # a half-written file of an abandoned attempt
                     continue
-                _move_entry(src, target)
+                # noted BEFORE the move: a signal's handler runs the moment os.rename returns (inside
+                # shutil.move), so a note made after it was missed and the undo left the file in
+                # history/ unrecorded; ``_move_back`` passes over a noted move that did not happen
                 if done is not None:
                     done.append((src, target))
+                _move_entry(src, target)
 
     @staticmethod
     def _move_back(done: list[tuple[Path, Path]], dest: Path | None) -> list[str]:
@@ -414,6 +417,8 @@ class RunManifest:
         left = []
         for src, target in reversed(done):
             try:
+                if not os.path.lexists(target):  # noted, then interrupted before the move: nothing to undo
+                    continue
                 if os.path.lexists(src):  # something took the name meanwhile: never overwritten
                     raise FileExistsError(src)
                 os.rename(target, src)
@@ -435,39 +440,62 @@ class RunManifest:
         deleted. Returns the history folder, or None when the stage had no earlier result.
         Raises ManifestBusy when another live nsa-run is running this stage in this folder.
 
+        Write-ahead: ``pending`` (with ``moved_to`` and ``setting_aside``) is in manifest.json BEFORE
+        anything moves, so a kill -9 (or a signal) at any point of the moves leaves a note the next
+        nsa-run into this folder puts back from (``recover``); once every move is made, a second
+        write drops ``setting_aside``. (The moves were made before the manifest recorded them: a
+        signal or kill there left the earlier file in history/ with nothing recording the move.)
+
         All or nothing: when a move, a folder of history or the manifest's own write fails (a disk
-        out of space or inodes), the files already moved go back before the error is raised (they
-        stayed in history/, with nothing recording the move, while the CLI said "earlier runs are
-        untouched"). Whatever cannot go back is named in the error (``SetAsideIncomplete``).
+        out of space or inodes), or a signal comes, the files already moved go back and the note
+        is dropped before the error is raised. Whatever cannot go back is named in the error
+        (``SetAsideIncomplete``), and its note stays in ``pending`` for the next nsa-run.
         """
         done: list[tuple[Path, Path]] = []
-        dests: list[Path] = []
-
-        def change(data: dict) -> Path | None:
+        dest: Path | None = None
+        noted = False
+        with self._locked():
+            try:
+                data = load_manifest(self.path)
+            except ManifestError:
+                if self.path.exists():
+                    raise
+                data = self.data  # not written yet
             for p in data.get("pending", []):
                 if p.get("stage") == name and not _dead(p.get("owner") or {}):
                     raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
                                        f"{(p.get('owner') or {}).get('pid')}); wait for it to finish")
             old = next((s for s in data["stages"] if s.get("name") == name), None)
             pending = {"stage": name, "token": self.token, "owner": _me(), "since": now_iso()}
-            if old is not None:
+            if old is None:
+                data.setdefault("pending", []).append(pending)
+                write_json(self.path, data)
+                self.data = data
+                return None
+            try:
                 dest = self._history_dir(name)
-                dests.append(dest)
-                self._move_owned(name, old, self.dir, dest, self._others(data, name), done)
                 pending["moved_to"] = str(dest.relative_to(self.dir))
-            data.setdefault("pending", []).append(pending)
-            return self.dir / pending["moved_to"] if old is not None else None
-
-        try:
-            return self.update(change)
-        except BaseException as e:  # the manifest does not record the move: undo it
-            if not done and not dests:
+                pending["setting_aside"] = True
+                data.setdefault("pending", []).append(pending)
+                write_json(self.path, data)  # the intent, before the first move
+                noted = True
+                self.data = data
+                self._move_owned(name, old, self.dir, dest, self._others(data, name), done)
+                del pending["setting_aside"]
+                write_json(self.path, data)
+                return dest
+            except BaseException as e:  # undo the moves, then drop the note
+                left = self._move_back(done, dest) if dest is not None else []
+                if noted and not left:
+                    try:
+                        data["pending"] = [p for p in data.get("pending", []) if p is not pending]
+                        write_json(self.path, data)
+                    except (OSError, KeyboardInterrupt):  # kept: the next nsa-run finds nothing to put back
+                        pass
+                if left and isinstance(e, OSError):
+                    raise SetAsideIncomplete(e.errno, f"{e.strerror or e}; these could not be put back: "
+                                                      f"{', '.join(left)}") from None
                 raise
-            left = self._move_back(done, dests[-1] if dests else None)
-            if left and isinstance(e, OSError):
-                raise SetAsideIncomplete(e.errno, f"{e.strerror or e}; these could not be put back: "
-                                                  f"{', '.join(left)}") from None
-            raise
 
     def mark_running(self, name: str) -> None:
         """Before running stage ``name`` (a oneshot's stage, or ``stage X`` after ``set_aside``): note
@@ -511,9 +539,15 @@ class RunManifest:
             # nsa-run's is there; moving "back" from it took another folder's files and removed its
             # empty sub-folders
             moved = None
+        # a runner that died while setting aside (the write-ahead note still says so): no attempt
+        # ran, whatever holds a name in the run folder is the earlier result itself (not yet moved,
+        # or the source of a copy across file systems that did not finish): it stays
+        aside_only = bool(pending.get("setting_aside")) and attempt is None
         leftovers = dict(attempt or {})
         leftovers.setdefault("log", f"logs/{name}.log")
-        if old is not None:
+        if aside_only:
+            leftovers = {"files": [], "log": ""}
+        elif old is not None:
             # Idempotent: a name the recorded entry owns is the attempt's only while the earlier copy
             # still waits in the set-aside folder; once that copy is back (an earlier put-back whose
             # manifest write failed, e.g. on a full disk), the file in place IS the recorded result.
@@ -532,7 +566,7 @@ class RunManifest:
         try:
             self._move_owned(name, leftovers, self.dir, dest, others)
             if moved is not None:
-                left = self._bring_back(name, old, moved, dest, others)
+                left = self._bring_back(name, old, moved, dest, others, keep_present=aside_only)
         except OSError as e:  # a full disk: named with its path (the callers print strerror alone)
             if e.filename and str(e.filename) not in (e.strerror or ""):
                 raise OSError(e.errno, f"{e.strerror or e} ({e.filename})", e.filename) from None
@@ -547,9 +581,12 @@ class RunManifest:
                     pass
         return left
 
-    def _bring_back(self, name: str, entry: dict, moved: Path, dest: Path, others: set[str]) -> list[str]:
+    def _bring_back(self, name: str, entry: dict, moved: Path, dest: Path, others: set[str],
+                    keep_present: bool = False) -> list[str]:
         """Move the files and log of ``entry`` that wait in ``moved`` back to their names in the run
-        folder, making way for each (``_make_way``); what cannot come back is returned, named."""
+        folder, making way for each (``_make_way``); what cannot come back is returned, named.
+        ``keep_present``: a name that exists in the run folder keeps what it holds (the copy in
+        ``moved`` stays there)."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
         taken = {o: entry_forms(self.dir, o) for o in others}
         where = moved.relative_to(self.dir).as_posix()
@@ -560,6 +597,8 @@ class RunManifest:
             src = moved / rel
             if not os.path.lexists(src) or not _resolves_under(src.parent, moved):
                 continue  # not set aside (another stage's, outside), or back already
+            if keep_present and os.path.lexists(self.dir / rel):
+                continue
             shown = rel.encode("utf-8", "backslashreplace").decode("utf-8")
             try:
                 problem = self._textual_problem(name, rel, is_log)
