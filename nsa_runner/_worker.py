@@ -273,7 +273,27 @@ class Watchdog:
     kill of the runner's process group do not reach it."""
 
     def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
+        self._args = (cookie, worker_pid, tmpdir, env)
         self.proc = None
+        self._start(cookie, worker_pid, tmpdir, env)
+
+    def alive(self) -> None:
+        """(The runner, while the stage runs.) A watchdog that died (a kill -9 of it; it ignores
+        SIGTERM / SIGHUP / SIGINT) is reaped and a new one started: a runner killed afterwards left
+        the stage's processes running, with nothing watching."""
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return
+        if self.w is not None:
+            try:
+                os.close(self.w)
+            except OSError:
+                pass
+            self.w = None
+        self.proc = None
+        self._start(*self._args)
+
+    def _start(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]) -> None:
         r, self.w = (_above_std(fd) for fd in os.pipe())
         try:
             env = {k: v for k, v in env.items() if k not in (COOKIE_ENV, PARENT_ENV)}
@@ -346,6 +366,14 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _ignore_stops() -> None:
+    """The watchdog ignores SIGTERM, SIGHUP and SIGINT (as the keeper does): only SIGKILL ends it. A
+    terminal's Ctrl-C is the runner's to handle; a TERM or HUP that killed it left the stage's
+    processes running when the runner was killed (kill -9) afterwards."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def watchdog(argv: list[str]) -> int:
     """``--watchdog FD COOKIE WORKER_PID TMPDIR``: wait for the runner; on EOF without the "done"
     byte (the runner died) kill the stage's processes and remove its temp folder."""
@@ -354,7 +382,7 @@ def watchdog(argv: list[str]) -> int:
     import psutil
 
     fd, cookie, worker, tmpdir = int(argv[0]), argv[1], int(argv[2]), argv[3]
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's to handle
+    _ignore_stops()
     # the worker's tree, seen every half second: a descendant without the cookie (a daemon that
     # cleared its environment) is still known when the runner and the worker die at once
     seen: dict[int, psutil.Process] = {}
@@ -466,6 +494,7 @@ def _spare(fd: int) -> list[str] | None:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--watchdog" and len(argv) == 5:
+        _ignore_stops()
         return watchdog(argv[1:])
     _die_with_parent()
     if argv and argv[0] == "--spare" and len(argv) == 2:

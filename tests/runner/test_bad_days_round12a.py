@@ -167,3 +167,67 @@ def test_b1_kill9_during_set_aside_is_repaired_by_the_next_run(rt, tmp_path, vic
     m = _manifest(run)
     (h,) = [e for e in m["history"] if e["name"] == "a"]
     assert (run / h["moved_to"] / "a.txt").read_text() == "v1", h
+
+
+# ---- B2: the watchdog ignores TERM / HUP; a dead one is replaced ----------------------------------
+
+def _watchdog_of(runner_pid: int) -> psutil.Process:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "--watchdog" in cmd and any(f"nsa-run-a-{runner_pid}-" in a for a in cmd):
+                return p
+        time.sleep(0.1)
+    raise AssertionError("no watchdog found")
+
+
+def _sleepers(*secs: int) -> list[psutil.Process]:
+    want = {str(s) for s in secs}
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) == 2 and os.path.basename(cmd[0]) == "sleep" and cmd[1] in want:
+            found.append(p)
+    return found
+
+
+@pytest.mark.parametrize("how", ["TERM+HUP", "KILL"])
+def test_b2_runner_kill9_after_its_watchdog_got_term_hup_or_kill_leaves_nothing(rt, tmp_path, spawn, how):
+    """B2: SIGTERM or SIGHUP killed the watchdog; a kill -9 of the runner then left the stage's
+    children running (ppid 1). A watchdog killed outright (SIGKILL) is replaced by the runner."""
+    if shutil.which("setsid") is None:
+        pytest.skip("no setsid here")
+    base = 31000 + os.getpid() % 5000 * 3
+    s1, s2, s3 = base, base + 1, base + 2
+    mark = tmp_path / "a.started"
+    cmd = f"sleep {s1} & setsid -f sleep {s2}; env -i setsid -f sleep {s3}"
+    proc = spawn(main_cmd("stage", "a", "--out", tmp_path / "out", "--device", "cpu"),
+                 env=env_with(rt, RT_A_CMD=cmd, RT_A_MARK=mark, RT_A_SLEEP=60),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(mark, proc=proc)
+        time.sleep(1.2)  # the watchdog has seen the stage's tree
+        assert len(_sleepers(s1, s2, s3)) == 3, "the stage's children did not start"
+        dog = _watchdog_of(proc.pid)
+        if how == "KILL":
+            dog.send_signal(signal.SIGKILL)
+        else:
+            dog.send_signal(signal.SIGTERM)
+            dog.send_signal(signal.SIGHUP)
+        time.sleep(1.5)  # a killed one is replaced, and the new one has seen the tree
+        if how != "KILL":
+            assert dog.is_running() and dog.status() != psutil.STATUS_ZOMBIE, "TERM / HUP ended the watchdog"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _sleepers(s1, s2, s3) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _sleepers(s1, s2, s3)
+        assert not left, f"left running after the runner's kill -9: {[p.pid for p in left]}"
+    finally:
+        for p in _sleepers(s1, s2, s3):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
