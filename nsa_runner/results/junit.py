@@ -6,7 +6,11 @@ as properties. A stage that declared a case table (a CSV with ``case`` and ``sta
 e.g. triton_fwd.csv) gets one ``<testcase>`` per named case; any other stage gets one testcase
 named after the stage. A failed stage whose cases all hold (its failure is stage-level) also
 gets that stage testcase, so a failing stage always shows as a failing suite: the suites give
-the same passed / failed / skipped as the CLI's closing line (``results.counts``).
+the same passed / failed / skipped as the CLI's closing line (``results.counts``). A SKIPped
+stage's cases were not run: each is ``<skipped>`` whatever its table says (a skip is never a pass).
+
+The suites are filled with ``append`` and counted once (junitparser's ``add_testcase`` recounts the
+whole suite on every add: quadratic in a case table's rows).
 
 Text from logs is sanitised: ANSI escapes and characters XML 1.0 cannot carry are removed.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections import Counter
 from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
@@ -76,10 +81,10 @@ def case_rows(folder: Path, stage: dict, problems: list[str] | None = None) -> l
         if not data:
             continue
         prefix = f"{Path(name).stem}: " if len(tables) > 1 else ""
-        ids = [r["case"] for r in data]
+        ids = Counter(r["case"] for r in data)  # counted once: ids.count per row was quadratic (round 12 B3)
         for r in data:
             case = r["case"]
-            if ids.count(case) > 1:
+            if ids[case] > 1:
                 extra = [f"{k}={r[k]}" for k in _NAME_EXTRA if r.get(k)]
                 case = f"{case} [{' '.join(extra)}]" if extra else case
             st, note = r["status"], r.get("note") or r.get("reason") or ""
@@ -139,12 +144,17 @@ def junit_xml(m: dict, folder: Path) -> str:
         classname = clean(f"nsa-run.{s['name']}")
         detail = "\n".join(filter(None, [s.get("traceback"), s.get("log_tail") and
                                           f"--- last lines of {s.get('log') or 'the log'} ---\n{s['log_tail']}"]))
+        if status == "SKIP":  # a skipped stage's cases were not run here: each one is skipped (round 12 B6)
+            cases = [(case, "SKIP", f"stage skipped: {reason or 'SKIP'}; its case table says {st}"
+                      + (f": {note}" if note else "")) for case, st, note in cases]
+        # suite.append, not add_testcase: junitparser recounts every case of the suite on each
+        # add_testcase (quadratic: 60 000 rows took more than 10 min, round 12 B3); counted once below
         for case, st, note in cases:
             tc = TestCase(clean(case), classname, 0.0)
             res = _result(st, note or f"{case}: {st}", "")
             if res is not None:
                 tc.result = [res]
-            suite.add_testcase(tc)
+            suite.append(tc)
         if not cases or (status in FAILED and not any(st in FAILED for _, st, _ in cases)):
             tc = TestCase(clean(s["name"]), classname, float(s.get("duration_s") or 0))
             res = _result(status, reason or status, detail)
@@ -152,7 +162,7 @@ def junit_xml(m: dict, folder: Path) -> str:
                 tc.result = [res]
             if s.get("files"):
                 tc.system_out = clean("files: " + ", ".join(s["files"]))
-            suite.add_testcase(tc)
+            suite.append(tc)
         suite.update_statistics()
         suite.time = round(float(s.get("duration_s") or 0), 3)
         xml.add_testsuite(suite)
