@@ -107,8 +107,9 @@ def main(argv: list[str]) -> int:
             seen.add(key)
             if key in skip or (only is not None and key != only):
                 continue
-            emit({"loading": key})
-            rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?"}
+            emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
+            rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
+                   "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
             try:
                 obj = ep.load()
             except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
             try:
                 emit({"entry": rec})
             except (TypeError, ValueError) as e:
-                emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version")}
+                emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
                       | {"error": f"{ep.value}: its description is not JSON ({e})"}})
     emit({"done": req.get("nonce", True)})
     out.close()

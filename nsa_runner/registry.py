@@ -29,10 +29,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsa_runner._text import env_seconds, shown
+from nsa_runner._text import clip, env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
 GROUP = "nsa_runner.stages"
+ERROR_CHARS = 2000  # a broken entry's one-line error at most (as a reason in the run table)
 BUILTIN_DIST = "nsa-run"
 KNOWN_REQUIREMENTS = ("cuda", "triton")
 # flags of `nsa-run stage` itself: a stage option may not reuse them
@@ -45,7 +46,59 @@ INSTALL_HINTS = {
 
 
 def _norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+    """A distribution name normalised as PEP 503 does (runs of '-', '_', '.' are one '-'; lower case)."""
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
+_OWN: list[frozenset[str]] = []
+
+
+def own_dist_paths() -> frozenset[str]:
+    """The real paths of the metadata folders (dist-info / egg-info) of the distribution that holds
+    the running ``nsa_runner``: only their entry points are built-in (round 12 B2: a plugin whose
+    METADATA says ``Name: nsa_run`` or ``NSA.Run`` was taken for nsa-run itself: it switched the real
+    ``sanity`` off, and its impl adapter skipped the import check in a child process).
+
+    A folder is ours when its Name normalises to ``nsa-run`` and either ``nsa_runner/__init__.py``
+    next to it is this ``nsa_runner`` (a regular install; an egg-info in the source tree) or it is an
+    editable install (``direct_url.json``) of the folder that holds this ``nsa_runner``."""
+    if _OWN:
+        return _OWN[0]
+    import nsa_runner
+
+    pkg_init = os.path.realpath(nsa_runner.__file__)
+    root = os.path.dirname(os.path.dirname(pkg_init))
+    found = set()
+    for dist in md.distributions():
+        try:
+            if _norm(dist.metadata["Name"] or "") != BUILTIN_DIST:
+                continue
+            where = str(getattr(dist, "_path", "") or "")
+            if not where:
+                continue
+            if os.path.realpath(str(dist.locate_file("nsa_runner/__init__.py"))) == pkg_init:
+                found.add(os.path.realpath(where))
+                continue
+            url = json.loads(dist.read_text("direct_url.json") or "{}")
+            if isinstance(url, dict) and (url.get("dir_info") or {}).get("editable") is True \
+                    and isinstance(url.get("url"), str) and url["url"].startswith("file://") \
+                    and os.path.realpath(url["url"][len("file://"):]) == root:
+                found.add(os.path.realpath(where))
+        except Exception:  # noqa: BLE001 - unreadable metadata is never ours
+            continue
+    _OWN.append(frozenset(found))
+    return _OWN[0]
+
+
+def is_builtin_dist(dist: str, dist_path: str) -> bool:
+    """Whether an entry point of distribution ``dist`` whose metadata folder is ``dist_path`` is one of
+    nsa-run's own (built-in): where it really lives decides, not the Name its METADATA claims."""
+    if _norm(dist) != BUILTIN_DIST or not dist_path:
+        return False
+    try:
+        return os.path.realpath(dist_path) in own_dist_paths()
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
@@ -59,10 +112,11 @@ class StageEntry:
     stage: StageInfo | Stage | None = None  # what the discovery child saw (a Stage when built in-process)
     error: str = ""  # one line: why it is unusable
     traceback: str = ""
+    dist_path: str = ""  # the distribution's metadata folder (dist-info / egg-info): decides built-in-ness
 
     @property
     def builtin(self) -> bool:
-        return _norm(self.dist) == BUILTIN_DIST
+        return is_builtin_dist(self.dist, self.dist_path)
 
     @property
     def source(self) -> str:
@@ -337,6 +391,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
             except OSError:
                 pass
             loading, done, timed_out, talked, ended = None, False, False, False, None
+            loading_path = ""
             pos, last = 0, time.monotonic()
             try:
                 while True:
@@ -345,7 +400,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                     for line in lines:
                         last, talked = time.monotonic(), True
                         if isinstance(line.get("loading"), str):
-                            loading = line["loading"]
+                            loading, loading_path = line["loading"], str(line.get("dist_path") or "")
                         elif isinstance(line.get("entry"), dict) and isinstance(line["entry"].get("key"), str):
                             rec = line["entry"]
                             records[rec["key"]] = rec
@@ -374,12 +429,14 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 key = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))
                 records[key] = {"key": key, "name": "invalid:discovery", "value": "nsa_runner._discover",
                                 "dist": "nsa-run", "version": "?", "traceback": tail,
+                                "dist_path": next(iter(sorted(own_dist_paths())), ""),
                                 "error": "the discovery process failed: "
                                          + _describe_end(proc, timed_out, limit, ended).replace("importing it ", "")}
                 order.append(key)
                 break
             dist, ep_name, value = (loading.split("\t") + ["?", "?", "?"])[:3]
             records[loading] = {"key": loading, "name": ep_name, "value": value, "dist": dist, "version": "?",
+                                "dist_path": loading_path,
                                 "error": f"{value}: {_describe_end(proc, timed_out, limit, ended)}",
                                 "traceback": _tail(log)}
             order.append(loading)
@@ -442,10 +499,14 @@ def _entry_of(rec: dict) -> StageEntry:
     ran plugin code: its records are checked again here) is a broken entry, never a crash."""
     ep_name = str(rec.get("name") or "?")
     shown = ep_name if NAME_RE.fullmatch(ep_name) else "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", ep_name)
-    entry = StageEntry(shown, str(rec.get("value", "?")), str(rec.get("dist", "?")), str(rec.get("version", "?")))
+    entry = StageEntry(shown, str(rec.get("value", "?")), str(rec.get("dist", "?")), str(rec.get("version", "?")),
+                       dist_path=str(rec.get("dist_path") or ""))
     info = rec.get("stage")
     if rec.get("error") or not isinstance(info, dict):
-        entry.error = str(rec.get("error") or "the discovery process described it wrongly")
+        # one line, clipped (round 12 B4: a 100 000-line import error was printed whole by `list` (15 MB) and
+        # in the run table of `stage`); the traceback keeps the rest
+        entry.error = clip(" ".join(str(rec.get("error") or "the discovery process described it wrongly").split()),
+                           ERROR_CHARS)
         entry.traceback = str(rec.get("traceback") or "")
         return entry
     problems = _problems(info, ep_name)
@@ -462,8 +523,9 @@ def _entry_of(rec: dict) -> StageEntry:
 def discover() -> list[StageEntry]:
     """Every stage of the entry-point group, sorted by (order, name); broken ones first.
 
-    Imported in a child process (``discover_group``). Two plugin entries with the same name are
-    both marked broken ("duplicate"): which one would run must never depend on install order. A
+    Imported in a child process (``discover_group``). Two plugin entries with the same name become
+    ONE broken entry ("duplicate", naming both): which one would run must never depend on install
+    order, and one name is one record in the table, --json, the manifest, summary and junit. A
     plugin that takes a built-in stage's name is broken and the built-in stays (a plugin never
     switches off one of nsa-run's own stages).
     """
@@ -484,10 +546,38 @@ def discover() -> list[StageEntry]:
                         e.name = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", f"{e.dist}.{name}")
                 continue
             where = ", ".join(f"{e.value} ({e.source})" for e in group)
-            for e in group:
-                e.error = f"duplicate stage name {name!r}: declared by {where}"
-                e.stage = None
+            # ONE entry for the name (round 12 B1): two entries of one name gave the table and --json
+            # two ERROR rows ("2 failed") while the manifest, summary and junit (keyed by name) had one
+            keep = group[0]
+            keep.error = f"duplicate stage name {name!r}: declared by {where}"
+            keep.stage = None
+            keep.traceback = ""
+            dropped = {id(e) for e in group[1:]}
+            entries = [e for e in entries if id(e) not in dropped]
+    # whatever else shares a name (broken entries renamed alike): one record per name, every source named
+    entries = _one_per_name(entries)
     return sorted(entries, key=lambda e: (e.stage is not None, e.order or 0, e.name))
+
+
+def _one_per_name(entries: list[StageEntry]) -> list[StageEntry]:
+    """``entries`` with at most one entry per name: a later entry of a name already taken is folded into
+    the first (which becomes broken, naming both) — the manifest, summary and junit key stages by name."""
+    first: dict[str, StageEntry] = {}
+    out: list[StageEntry] = []
+    for e in entries:
+        kept = first.get(e.name)
+        if kept is None:
+            first[e.name] = e
+            out.append(e)
+            continue
+        if kept.stage is not None or not kept.error.startswith("duplicate stage name"):
+            why = kept.error or "a usable stage"
+            kept.error = (f"duplicate stage name {kept.name!r}: declared by {kept.value} ({kept.source}: {why}), "
+                          f"{e.value} ({e.source}: {e.error or 'a usable stage'})")
+        else:
+            kept.error += f", {e.value} ({e.source})"
+        kept.stage = None
+    return out
 
 
 def parse_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:

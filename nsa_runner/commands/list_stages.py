@@ -15,7 +15,7 @@ import json
 import typer
 from rich.table import Table
 
-from nsa_runner._ui import fail, out_console, plain_text, shown
+from nsa_runner._ui import TABLE_REASON_CHARS, clip, fail, out_console, plain_text, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.registry import Machine, StageEntry, discover, skip_reason, unmet
 
@@ -42,6 +42,12 @@ def _row(e: StageEntry, machine: Machine) -> dict:
     }
 
 
+def _why(r: dict) -> str:
+    """A row's why-not for the terminal: clipped like a reason in the run table (round 12 B4: a broken
+    plugin's 100 000-line import error made `nsa-run list` print 15 MB; --json keeps it whole)."""
+    return plain_text(clip(" ".join(str(r["why_not"]).split()), TABLE_REASON_CHARS))
+
+
 def _render_one(r: dict) -> None:
     con = out_console()
     con.print(f"[bold]{plain_text(r['name'])}[/] (order {r['order']}, {plain_text(r['source'])}, "
@@ -49,7 +55,7 @@ def _render_one(r: dict) -> None:
     if r["description"]:
         con.print(plain_text(r["description"]))
     con.print(f"requires: {plain_text(', '.join(r['requires'])) or '-'}   runs here: "
-              + ("yes" if r["runs_here"] else f"no: {plain_text(r['why_not'])}"))
+              + ("yes" if r["runs_here"] else f"no: {_why(r)}"))
     if not r["options"]:
         con.print("options: none")
         return
@@ -96,7 +102,7 @@ def list_stages(
         for col in ("order", "stage", "requires", "source", "options", "runs here"):
             t.add_column(col, overflow="fold", no_wrap=col in ("order", "stage"))
         for r in rows:
-            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {plain_text(r['why_not'])}"
+            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {_why(r)}"
             t.add_row("-" if r["order"] is None else str(r["order"]), plain_text(r["name"]),
                       plain_text(", ".join(r["requires"])) or "-", plain_text(r["source"]),
                       plain_text(" ".join(o["flag"] for o in r["options"])) or "-", runs)
@@ -123,7 +129,7 @@ def _list_impls(device: str, as_json: bool) -> None:
                 f"heads/group {cons['heads_per_group']}" if cons.get("heads_per_group", "any") != "any" else "",
                 "needs CUDA" if cons.get("needs_cuda") else "", str(cons.get("more") or "")]))
             diffs = "; ".join(f"{p}: {d}" for p, d in (r.get("differences") or {}).items())
-            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {plain_text(r['why_not'])}"
+            runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {_why(r)}"
             if r.get("note"):
                 runs += f" ({plain_text(r['note'])})"
             t.add_row(r["name"], plain_text(r["source"]), ", ".join(r["parts"]) or "-",

@@ -39,14 +39,27 @@ class ImplEntry:
     impl: Impl | None = None
     error: str = ""  # one line: why it is broken
     traceback: str = ""
+    dist_path: str = ""  # the distribution's metadata folder: decides built-in-ness (not its Name)
+
+    @property
+    def builtin(self) -> bool:
+        return _builtin(self.dist, self.dist_path)
 
     @property
     def source(self) -> str:
-        norm = self.dist.lower().replace("_", "-")
-        return "built-in" if norm == BUILTIN_DIST else f"plugin {self.dist} {self.dist_version}"
+        return "built-in" if self.builtin else f"plugin {self.dist} {self.dist_version}"
 
 
-def _entry_points() -> list[tuple[md.EntryPoint, str, str]]:
+def _builtin(dist: str, dist_path: str) -> bool:
+    """Whether distribution ``dist`` (metadata folder ``dist_path``) is nsa-run itself: where it lives
+    decides (``registry.is_builtin_dist``), never the Name its METADATA claims (round 12 B2: ``Name:
+    NSA.Run`` skipped the import check in a child, and its segfault killed the sanity stage)."""
+    from nsa_runner.registry import is_builtin_dist
+
+    return is_builtin_dist(dist, dist_path)
+
+
+def _entry_points() -> list[tuple[md.EntryPoint, str, str, str]]:
     out, seen = [], set()
     for dist in md.distributions():
         try:  # one distribution's unreadable metadata never hides the others (nor crashes the CLI)
@@ -58,13 +71,13 @@ def _entry_points() -> list[tuple[md.EntryPoint, str, str]]:
             if (dist_name.lower(), ep.name) in seen:
                 continue  # the same distribution found twice on sys.path: first one wins
             seen.add((dist_name.lower(), ep.name))
-            out.append((ep, dist_name, dist.version or "?"))
+            out.append((ep, dist_name, dist.version or "?", str(getattr(dist, "_path", "") or "")))
     return out
 
 
 def names() -> list[str]:
     """Entry-point names of the group (valid plain words), built-in first; nothing is imported."""
-    found = sorted({ep.name for ep, _, _ in _entry_points() if NAME_RE.fullmatch(ep.name)})
+    found = sorted({ep.name for ep, *_ in _entry_points() if NAME_RE.fullmatch(ep.name)})
     return sorted(found, key=lambda n: n != BUILTIN)
 
 
@@ -107,9 +120,9 @@ def _check(obj, ep: md.EntryPoint) -> tuple[Impl | None, str, str]:
     return impl, "", ""
 
 
-def _load_one(ep: md.EntryPoint, dist: str, version: str) -> ImplEntry:
-    entry = ImplEntry(ep.name, ep.value, dist, version)
-    if _norm(dist) != BUILTIN_DIST:  # a plugin: its import tried in a child first (built-ins need none)
+def _load_one(ep: md.EntryPoint, dist: str, version: str, dist_path: str = "") -> ImplEntry:
+    entry = ImplEntry(ep.name, ep.value, dist, version, dist_path=dist_path)
+    if not entry.builtin:  # a plugin: its import tried in a child first (built-ins need none)
         problem = import_problem(ep, dist)
         if problem:
             entry.error = problem
@@ -124,10 +137,6 @@ def _load_one(ep: md.EntryPoint, dist: str, version: str) -> ImplEntry:
         return entry
     entry.impl, entry.error, entry.traceback = _check(obj, ep)
     return entry
-
-
-def _norm(dist: str) -> str:
-    return str(dist).lower().replace("_", "-").replace(".", "-")
 
 
 _CHECKED: dict[str, str] = {}  # entry key -> '' (imports fine in a child) or why not; per process
@@ -158,15 +167,15 @@ def import_problem(ep: md.EntryPoint, dist: str) -> str:
 
 def load(name: str) -> ImplEntry:
     """Load the implementation registered as ``name`` (a duplicate name is broken, never a pick)."""
-    found = [(ep, d, v) for ep, d, v in _entry_points() if ep.name == name]
+    found = [f for f in _entry_points() if f[0].name == name]
     if not found:
         return ImplEntry(name, "?", "?", "?", error=f"no implementation named {name!r} is registered "
                                                       f"(known: {', '.join(names()) or 'none'})")
-    builtin = [f for f in found if _norm(f[1]) == BUILTIN_DIST]
+    builtin = [f for f in found if _builtin(f[1], f[3])]
     if len(found) > 1 and len(builtin) == 1:  # a plugin never switches off one of nsa-run's own
         return _load_one(*builtin[0])
     if len(found) > 1:
-        where = ", ".join(f"{ep.value} ({d})" for ep, d, _ in found)
+        where = ", ".join(f"{ep.value} ({d})" for ep, d, *_ in found)
         return ImplEntry(name, found[0][0].value, found[0][1], found[0][2],
                          error=f"duplicate implementation name {name!r}: declared by {where}")
     return _load_one(*found[0])
@@ -222,7 +231,7 @@ def _row(rec: dict, device: str, error: str = "") -> dict:
     else:
         runs, why = True, ""
     dist, version = str(rec.get("dist", "?")), str(rec.get("version", "?"))
-    entry = ImplEntry(name, str(rec.get("value", "?")), dist, version)
+    entry = ImplEntry(name, str(rec.get("value", "?")), dist, version, dist_path=str(rec.get("dist_path") or ""))
     return {
         "name": name, "source": entry.source, "entry_point": entry.value,
         "parts": list(info["parts"]) if info else [],
@@ -253,7 +262,7 @@ def describe_all(device: str) -> list[dict]:
         by_name.setdefault(str(rec.get("name") or "?"), []).append(rec)
     rows = []
     for name, group in by_name.items():
-        builtin = [r for r in group if _norm(r.get("dist", "?")) == BUILTIN_DIST]
+        builtin = [r for r in group if _builtin(str(r.get("dist", "?")), str(r.get("dist_path") or ""))]
         if len(group) > 1 and len(builtin) == 1:  # as load(): the built-in stays, the plugin is left out
             for r in group:
                 if r is builtin[0]:

@@ -102,3 +102,120 @@ def test_a_skipped_stage_with_a_case_table_is_skipped_in_junit(a_env, tmp_path):
     for tc in suite.iter("testcase"):
         sk = tc.find("skipped")
         assert sk is not None and "no gpu here" in (sk.get("message") or ""), ET.tostring(tc, encoding="unicode")
+
+
+# ---- B1 -------------------------------------------------------------------------------------------
+
+DUP = """
+from nsa_runner import Stage, StageResult, Status
+class Z(Stage):
+    name, order = "zz", 16
+    def run(self, ctx):
+        return StageResult(Status.PASS, "zz")
+"""
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_one_stage_name_declared_by_two_plugins_is_one_error_everywhere(a_env, plugins, tmp_path, as_json):
+    """Before: the table and --json listed zz twice ("1 passed, 2 failed"), summary and junit once."""
+    plugins.make("p1", "dupm", DUP, {"zz": "dupm:Z"})
+    plugins.make("p2", "dupm", DUP, {"zz": "dupm:Z"})
+    env = plugins.env()
+    out = tmp_path / "o"
+    r = _main(env, "oneshot", "--out", out, "--only", "a,zz", "--device", "cpu", *(["--json"] if as_json else []))
+    _clean(r)
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    run = out / "testrun"
+    m = json.loads((run / "manifest.json").read_text())
+    zz = [s for s in m["stages"] if s["name"] == "zz"]
+    assert len(zz) == 1 and zz[0]["status"] == "ERROR", m["stages"]
+    assert "p1" in zz[0]["reason"] and "p2" in zz[0]["reason"], zz[0]["reason"]
+    summary = json.loads((run / "summary.json").read_text())
+    if as_json:
+        doc = json.loads(r.stdout)
+        names = [s["name"] for s in doc["stages"]]
+        assert names.count("zz") == 1, names
+        assert doc["counts"]["failed"] == 1 and doc["counts"]["passed"] == 1, doc["counts"]
+    else:
+        assert "1 passed, 1 failed" in r.stdout, r.stdout[-2000:]
+        assert "2 failed" not in r.stdout
+    assert "1 passed, 1 failed" in (run / "summary.md").read_text()
+    root = ET.fromstring((run / "junit.xml").read_bytes())
+    assert [s.get("name") for s in root.iter("testsuite")].count("zz") == 1
+    assert [s["name"] for s in summary["stages"]].count("zz") == 1, summary["stages"]
+
+
+# ---- B2 -------------------------------------------------------------------------------------------
+
+EVIL_STAGES = """
+from nsa_runner import Stage, StageResult, Status
+class X(Stage):
+    name, order = "sanity", 20
+    def run(self, ctx):
+        return StageResult(Status.PASS, "not the real sanity")
+class Y(Stage):
+    name, order = "yy", 21
+    def run(self, ctx):
+        return StageResult(Status.PASS, "yy")
+"""
+
+
+def _dist(site, dirname, name, version, module, source, group, entries):
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{dirname}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
+
+
+@pytest.mark.parametrize("dist", ["nsa_run", "NSA.Run", "nsa--run"])
+def test_a_plugin_named_like_nsa_run_is_a_plugin_and_never_switches_the_real_sanity_off(plugins, dist):
+    """Before: its `sanity` and the real one were both ERROR "duplicate ... (built-in)", `yy` was built-in."""
+    _dist(plugins.site, dist, dist, "9.9", "evil1", EVIL_STAGES, "nsa_runner.stages",
+          {"sanity": "evil1:X", "yy": "evil1:Y"})
+    r = _main(plugins.env(), "list", "--json")
+    _clean(r)
+    rows = json.loads(r.stdout)["stages"]
+    sanity = [s for s in rows if s["name"] == "sanity"]
+    assert len(sanity) == 1 and sanity[0]["source"] == "built-in" and sanity[0]["runs_here"], sanity
+    assert "evil1" not in sanity[0]["entry_point"], sanity
+    yy = [s for s in rows if s["name"] == "yy"]
+    assert len(yy) == 1 and yy[0]["source"] == f"plugin {dist} 9.9", yy
+    taken = [s for s in rows if "evil1:X" in json.dumps(s)]
+    assert len(taken) == 1 and taken[0]["name"] != "sanity" and taken[0]["source"] != "built-in", taken
+
+
+def test_an_impl_plugin_named_like_nsa_run_is_import_checked_in_a_child(plugins, tmp_path):
+    """Before: `Name: NSA.Run` skipped the child import check; its segfault killed the sanity stage
+    (ERROR SIGSEGV, nsa_core's checks lost)."""
+    _dist(plugins.site, "NSA.Run", "NSA.Run", "0.0.1", "evil3", "import ctypes\nctypes.string_at(0)\n",
+          "nsa_runner.impls", {"evil": "evil3:IMPL"})
+    out = tmp_path / "o"
+    r = _main(plugins.env(), "oneshot", "--out", out, "--only", "sanity", "--impl", "nsa_core,evil",
+              "--device", "cpu", timeout=300)
+    _clean(r)
+    st = json.loads((out / "testrun" / "manifest.json").read_text())["stages"]
+    sanity = next(s for s in st if s["name"] == "sanity")
+    assert sanity["status"] == "FAIL", sanity
+    assert "evil" in sanity["reason"] and "SIGSEGV" in sanity["reason"], sanity["reason"]
+    checks = json.loads((out / "testrun" / "sanity.json").read_text())["checks"]
+    assert sum(1 for c in checks if c["ok"]) >= 10, len(checks)  # nsa_core's ran
+
+
+# ---- B4 -------------------------------------------------------------------------------------------
+
+HBIG = 'raise ValueError("\\x1b[2J" + "x\\n" * 100000 + "\\u202e end")\n'
+
+
+@pytest.mark.parametrize("args", [("list",), ("list", "q"), ("stage", "q", "--device", "cpu")],
+                         ids=["list", "list NAME", "stage NAME"])
+def test_a_broken_plugins_huge_import_error_is_clipped_in_the_terminal(plugins, tmp_path, args):
+    """Before: `list` printed the whole error (15 MB, 100 025 lines), `list q` 200 kB, `stage q` 86 kB."""
+    _dist(plugins.site, "hbig_d", "hbig-d", "1.0", "hbig", HBIG, "nsa_runner.stages", {"q": "hbig:Q"})
+    extra = ("--out", tmp_path / "o") if args[0] == "stage" else ()
+    r = _main(plugins.env(), *args, *extra, timeout=120)
+    _clean(r)
+    assert r.returncode != 0, r.stdout[-2000:]
+    size = len(r.stdout) + len(r.stderr)
+    assert size < 40_000, (size, r.stdout[:500], r.stderr[-1000:])
+    assert "more characters" in r.stdout + r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
