@@ -22,6 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from nsa_runner.impls import ImplError
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _seed
@@ -310,7 +311,12 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
                              "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
                 print(f"[SKIP] {entry.name} {case.id}: needs CUDA", flush=True)
                 continue
-            why = impl.excluded(impl_case(case, device), "selection_attention")
+            try:
+                why = impl.excluded(impl_case(case, device), "selection_attention")
+            except ImplError as e:  # its constraints raised: its ERROR, the others still run (round 12 B5)
+                rows.append({**unmeasured, "status": "ERROR", "note": str(e)})
+                print(f"[ERROR] {entry.name} {case.id}: {e}", flush=True)
+                continue
             if why:
                 rows.append({**unmeasured, "status": "SKIP", "note": why})
                 print(f"[SKIP] {case.id}: {why}", flush=True)

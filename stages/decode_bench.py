@@ -69,7 +69,7 @@ import copy
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
-from nsa_runner.impls import BUILTIN
+from nsa_runner.impls import BUILTIN, ImplError
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 
 from . import _parity
@@ -1077,7 +1077,13 @@ def _impl_points(entry, o, dev, log, rows, problems) -> None:
                 log(f"[ERROR] {tag}: {why}")
                 continue
             case = Case(B=B, T=S, HQ=G * h, G=G, dk=o["dk"], dv=o["dv"], dtype=o["dtype"], device=dev, cfg=cfg)
-            why = impl.excluded(case, "decode_step")
+            try:
+                why = impl.excluded(case, "decode_step")
+            except ImplError as e:  # its constraints raised: its ERROR, the others still run (round 12 B5)
+                rows.append(_unmeasured(S, B, entry.name, "ERROR", str(e)))
+                problems.append(f"{tag}: {e}")
+                log(f"[ERROR] {tag}: {e}")
+                continue
             if why is None and cfg.phi != "avg":
                 why = (f"{entry.name}: phi={cfg.phi!r} has learned weights, which decode_step does not take "
                        "(its steps compress with the mean)")

@@ -952,9 +952,13 @@ def _peer_missing(entry, o: dict, dev: str) -> str:
     if impl.unavailable:
         return f"{impl.unavailable}" + (f" (fix: {impl.hint})" if impl.hint else "")
     from nsa_core import NSAConfig
+    from nsa_runner.impls import ImplError
 
-    why = peer_excluded(impl, o["batch"], min(o["T_list"]), o["heads"], o["groups"], o["dk"], o["dv"],
-                        NSAConfig(**o["nsa"]), dev, o["dtype"])
+    try:
+        why = peer_excluded(impl, o["batch"], min(o["T_list"]), o["heads"], o["groups"], o["dk"], o["dv"],
+                            NSAConfig(**o["nsa"]), dev, o["dtype"])
+    except ImplError as e:  # its constraints raised: a broken adapter, as one that fails to load (round 12 B5)
+        return f"broken adapter: {e}"
     return (why or "").removeprefix(f"{entry.name}: ")
 
 

@@ -27,6 +27,7 @@ import textwrap
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_text
+from nsa_runner.impls import ImplError
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _parity
@@ -370,7 +371,11 @@ class SelectionMap(Stage):
             if e.impl is None:
                 others.append((e.name, f"broken adapter: {e.error}", True))
                 continue
-            why = e.impl.excluded(case, "select")
+            try:
+                why = e.impl.excluded(case, "select")
+            except ImplError as ex:  # its constraints raised: a failure naming it (round 12 B5)
+                others.append((e.name, str(ex), True))
+                continue
             if why:
                 skips.append((e.name, why))
                 continue

@@ -139,6 +139,35 @@ class Constraints:
                 "more": getattr(self.check, "__doc__", None) or ("yes" if self.check else None)}
 
 
+class ImplError(Exception):
+    """An implementation's own declaration failed while a stage used it (e.g. its ``Constraints.check``
+    raised): the message starts with the implementation's name. A stage makes it that implementation's
+    ERROR / FAIL and goes on with the others (round 12 B5: it took the whole sanity stage down)."""
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def constraint_problems(c: Constraints) -> list[str]:
+    """What is wrong with the types of ``c``'s fields (empty when :meth:`Constraints.why_not` can use
+    them): ``max_head_dim="abc"`` used to pass discovery and end the sanity stage in a TypeError."""
+    out = []
+    if not isinstance(c.dtypes, (tuple, list)) or not all(isinstance(d, str) and d in DTYPES for d in c.dtypes):
+        out.append(f"constraints.dtypes must be a tuple of {DTYPES}, got {c.dtypes!r}"[:300])
+    if c.max_head_dim is not None and not (_int(c.max_head_dim) and c.max_head_dim > 0):
+        out.append(f"constraints.max_head_dim must be a positive int or None, got {c.max_head_dim!r}"[:300])
+    if not (_int(c.min_heads_per_group) and c.min_heads_per_group >= 1):
+        out.append(f"constraints.min_heads_per_group must be an int >= 1, got {c.min_heads_per_group!r}"[:300])
+    flags = ("heads_per_group_pow2", "varlen", "needs_cuda", "fp32_dots_tf32", "deterministic_backward")
+    bad = [f for f in flags if not isinstance(getattr(c, f), bool)]
+    if bad:
+        out.append(f"constraints.{', '.join(bad)} must be True or False")
+    if c.check is not None and not callable(c.check):
+        out.append(f"constraints.check must be a function (case, part) -> str | None, got {type(c.check).__name__}")
+    return out
+
+
 @dataclass
 class Impl:
     """One implementation under test.
@@ -177,14 +206,15 @@ class Impl:
             out.append(f"part(s) {bad} are not callable")
         if not isinstance(self.constraints, Constraints):
             out.append(f"constraints must be an nsa_runner.impls.Constraints, got {type(self.constraints).__name__}")
-        elif any(d not in DTYPES for d in self.constraints.dtypes):
-            out.append(f"constraints.dtypes must be among {DTYPES}, got {self.constraints.dtypes}")
+        else:
+            out += constraint_problems(self.constraints)
         if not isinstance(self.differences, dict):
             out.append("differences must be a dict {part: text}")
         return out
 
     def excluded(self, case: Case, part: str) -> str | None:
         """Why ``case`` cannot run on ``part`` of this implementation (the SKIP reason), else None.
+        Raises :class:`ImplError` (naming it) when its constraints cannot be evaluated.
 
         The reason always starts with the implementation's name, e.g. "fla: heads per group must
         be a power of two >= 16 (case has HQ/G = 4/2 = 2)".
@@ -193,8 +223,13 @@ class Impl:
             return f"{self.name}: does not provide {part}"
         if self.unavailable:
             return f"{self.name}: {self.unavailable}" + (f" (fix: {self.hint})" if self.hint else "")
-        why = self.constraints.why_not(case, part)
+        try:  # the adapter's own code (its check) or fields: a failure is its error, never the stage's
+            why = self.constraints.why_not(case, part)
+        except Exception as e:  # noqa: BLE001
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise ImplError(f"{self.name}: its constraints raised on {part} ({type(e).__name__}: {first})") from e
         return f"{self.name}: {why}" if why else None
 
 
-__all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl"]
+__all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl", "ImplError",
+           "constraint_problems"]

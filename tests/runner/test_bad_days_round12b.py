@@ -202,6 +202,46 @@ def test_an_impl_plugin_named_like_nsa_run_is_import_checked_in_a_child(plugins,
     assert sum(1 for c in checks if c["ok"]) >= 10, len(checks)  # nsa_core's ran
 
 
+# ---- B5 -------------------------------------------------------------------------------------------
+
+ODD = """
+import os
+from nsa_runner.impls import Constraints, Impl
+from nsa_runner.impls.nsa_core import make
+
+def _raise(case, part):
+    return 1 / 0
+
+_C = {"mhd": dict(max_head_dim="abc"), "raise": dict(check=_raise)}[os.environ.get("ODD", "mhd")]
+IMPL = Impl("odd", dict(make().parts), Constraints(**_C))
+"""
+
+
+@pytest.mark.parametrize("odd", ["mhd", "raise"])
+def test_an_impl_whose_constraints_break_is_its_own_failure_and_nsa_core_still_runs(plugins, tmp_path, odd):
+    """Before: sanity was ERROR "TypeError: '>' not supported ..." / "ZeroDivisionError", naming no
+    implementation, and nsa_core's checks were lost."""
+    _dist(plugins.site, "odd_impl", "odd-impl", "1.0", "oddimp", ODD, "nsa_runner.impls", {"odd": "oddimp:IMPL"})
+    env = env_with(plugins.env(), ODD=odd)
+    if odd == "mhd":  # listed broken, naming the field
+        r = _main(env, "list", "--impls", "--json", "--device", "cpu")
+        _clean(r)
+        rows = {x["name"]: x for x in json.loads(r.stdout)["impls"]}
+        assert rows["odd"]["broken"] and "max_head_dim" in rows["odd"]["why_not"], rows["odd"]
+    out = tmp_path / "o"
+    r = _main(env, "oneshot", "--out", out, "--only", "sanity", "--impl", "nsa_core,odd", "--device", "cpu",
+              timeout=300)
+    _clean(r)
+    st = json.loads((out / "testrun" / "manifest.json").read_text())["stages"]
+    sanity = next(s for s in st if s["name"] == "sanity")
+    assert sanity["status"] == "FAIL", sanity
+    assert "odd" in sanity["reason"], sanity["reason"]
+    assert ("max_head_dim" if odd == "mhd" else "ZeroDivisionError") in sanity["reason"], sanity["reason"]
+    checks = json.loads((out / "testrun" / "sanity.json").read_text())["checks"]
+    core = [c for c in checks if not c["check"].startswith("odd")]
+    assert len(core) >= 10 and all(c["ok"] for c in core), [c for c in core if not c["ok"]][:3]
+
+
 # ---- B4 -------------------------------------------------------------------------------------------
 
 HBIG = 'raise ValueError("\\x1b[2J" + "x\\n" * 100000 + "\\u202e end")\n'
