@@ -567,15 +567,19 @@ class Settings:
 
 
 def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunManifest,
-            settings: Settings, machine: Machine, observer: Observer | None = None) -> list[StageRecord]:
+            settings: Settings, machine: Machine, observer: Observer | None = None,
+            records: list[StageRecord] | None = None) -> list[StageRecord]:
     """Run the stages in the given order, writing the manifest after each one.
 
     On Ctrl-C (KeyboardInterrupt) the running stage is stopped and recorded as ERROR
     "interrupted", the manifest is finished with ``interrupted: true`` (so it stays valid), and
-    ``RunInterrupted`` (a KeyboardInterrupt carrying the records so far) is raised.
+    ``RunInterrupted`` (a KeyboardInterrupt carrying the records so far) is raised; also for one
+    that comes after the last record (while the manifest is finished). Each record is appended to
+    ``records`` (when given) as soon as it is made: a caller still has them when an interrupt
+    lands between this function's end and its own next step.
     """
     observer = observer or Observer()
-    records: list[StageRecord] = []
+    records = [] if records is None else records
     run_id = manifest.data["run_id"]
     entries = list(entries)
     use_spare = os.environ.get(SPARE_ENV) == "1"
@@ -624,13 +628,16 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             records.append(rec)
             manifest.record(rec.to_dict())
             observer.on_finish(entry, rec)
+        # inside the try: a signal while the manifest is finished (after the last record) is an
+        # interrupt of the run like any other (it escaped as a bare KeyboardInterrupt: exit 130
+        # without a word, the closing summaries never written)
+        manifest.finish()
     except KeyboardInterrupt:
         manifest.finish(interrupted=True)
         raise RunInterrupted(records) from None
     finally:
         if ready is not None:
             ready.close()
-    manifest.finish()
     return records
 
 

@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -349,27 +350,46 @@ def _end_with(code: int) -> None:
 def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str, strict: bool,
                     as_json: bool, after, settings: Settings, err) -> None:
     interrupted = False
+    records: list = []  # filled by execute as each stage is recorded
     try:
         with ProgressObserver(err, total=len(plan)) as obs:
-            records = execute(plan, manifest, settings, machine, obs)
-    except RunInterrupted as intr:
-        interrupted, records = True, intr.records
+            execute(plan, manifest, settings, machine, obs, records=records)
+    except KeyboardInterrupt as intr:  # RunInterrupted, or one landing as execute returned
+        interrupted = True
+        if not isinstance(intr, RunInterrupted):  # the manifest's finish may not have happened
+            with signals_noted():
+                _finish_interrupted(manifest)
     except (OSError, ManifestError) as e:  # e.g. the disk filled up: the run cannot be recorded
         run_broke(manifest, e)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
-    finish_run(manifest, err)
+    # the closing records (summaries, junit.xml, the exit code) are always written: a signal from
+    # here on is noted, never raised in the middle of them (a SIGTERM after a rerun's record
+    # exited 130 without a word, leaving the earlier run's summary.md / junit.xml saying PASS for
+    # a stage now recorded FAIL, and its exit_code); the run is then recorded as interrupted
+    with signals_noted() as late:
+        finish_run(manifest, err)
+    if late and not interrupted:
+        interrupted, code = True, EXIT_INTERRUPTED
+        with signals_noted():
+            _finish_interrupted(manifest)
+            finish_run(manifest, err)
     try:  # a Ctrl-C while the closing reports are written: recorded as interrupted, never a traceback
         if after is not None and not interrupted:
             code = after(code)
     except KeyboardInterrupt:
         interrupted, code = True, EXIT_INTERRUPTED
-    try:  # make reports 2 for any failure: the CLI's own code stays here
-        manifest.set_fields(exit_code=code, **({"interrupted": True} if interrupted else {}))
-    except KeyboardInterrupt:
-        manifest.set_fields(exit_code=EXIT_INTERRUPTED, interrupted=True)
-        interrupted, code = True, EXIT_INTERRUPTED
-    except (OSError, ManifestError) as e:
-        run_broke(manifest, e)
+        with signals_noted():
+            _finish_interrupted(manifest)
+            finish_run(manifest, err)
+    with signals_noted() as late:
+        try:  # make reports 2 for any failure: the CLI's own code stays here
+            manifest.set_fields(exit_code=code, **({"interrupted": True} if interrupted else {}))
+            if late and not interrupted:  # during that write: the summaries say interrupted too
+                interrupted, code = True, EXIT_INTERRUPTED
+                manifest.set_fields(exit_code=code, interrupted=True)
+                finish_run(manifest, err)
+        except (OSError, ManifestError) as e:
+            run_broke(manifest, e)
     # the exit code is recorded: a late Ctrl-C / TERM / HUP ends the command with that same code
     _late = _exit_with(code)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -379,6 +399,39 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
     finally:
         catch(signal.SIGINT, signal.default_int_handler)
     raise typer.Exit(code)
+
+
+@contextmanager
+def signals_noted():
+    """Ctrl-C, SIGTERM and SIGHUP are noted (in the list yielded), never raised, while the block
+    runs: the run's closing records are written whole. The handlers come back after it."""
+    late: list[int] = []
+
+    def note(signum, frame):
+        late.append(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {}
+    try:
+        for sig in sigs:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, note)
+    except ValueError:  # not the main thread (embedded use): nothing to guard
+        pass
+    try:
+        yield late
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _finish_interrupted(manifest: RunManifest) -> None:
+    """The manifest says interrupted (and finished), best effort: a full disk is named by the
+    closing reports' own write."""
+    try:
+        manifest.finish(interrupted=True)
+    except (OSError, ManifestError):
+        pass
 
 
 def _exit_with(code: int):
@@ -441,7 +494,12 @@ def finish_run(manifest: RunManifest, err) -> None:
     except ValueError:  # not the main thread (embedded use): nothing to guard
         previous = None
     try:
-        write_run_reports(manifest.dir, manifest.data)
+        data = manifest.data
+        write_run_reports(manifest.dir, data)
+        try:  # what they were written from: ``nsa-run report`` writes them again when the stages differ
+            manifest.set_fields(reports_of=reports_digest(data))
+        except (OSError, ManifestError):  # a full disk: the manifest's own next write names it
+            pass
         # a declared case table junit.xml could not use (a row of the wrong length): named, never fatal
         for line in case_table_problems(manifest.data, manifest.dir):
             err.print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
@@ -451,6 +509,17 @@ def finish_run(manifest: RunManifest, err) -> None:
         if previous is not None:
             for sig, handler in zip(sigs, previous, strict=True):
                 signal.signal(sig, handler)
+
+
+def reports_digest(m: dict) -> str:
+    """A digest of what summary.md / junit.xml / summary.json show of manifest ``m`` (its stages,
+    interrupted, incomplete): recorded as ``reports_of`` when the runner writes them."""
+    import hashlib
+    import json
+
+    shown = {k: m.get(k) for k in ("stages", "interrupted", "incomplete")}
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode("utf-8", "backslashreplace")
+                          ).hexdigest()[:16]
 
 
 def current_run_id() -> str:

@@ -1,5 +1,6 @@
 """``nsa-run report RUN``: write report.html (self-contained, plots embedded) into the run folder,
-and summary.md when the run has none (an existing summary.md, written when the run ended, is kept).
+and summary.md when the run has none (an existing summary.md, written when the run ended, is kept
+while it agrees with manifest.json; summary.md / junit.xml that disagree are written again from it).
 
 RUN is a run id under ``--out`` or the path of a run folder. Exit 0 when the report was
 written (whatever the run's own result), 2 when the run or one of its files is unusable; then
@@ -9,6 +10,8 @@ nothing is written.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import typer
@@ -33,17 +36,23 @@ def report(
     except ArtifactError as e:  # no such run (yet: a run that is starting has no folder until its manifest)
         fail(str(e), "nothing was written")
     try:
+        stale = refresh_run_reports(folder)
         info = report_mod.write(folder)
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file aside, then rerun")
     except OSError as e:
         fail(f"cannot write the report: {e.strerror or e}", c._disk_hint(e))
     if as_json:
-        print(json.dumps({"schema_version": 1, **info}, indent=2))
+        print(json.dumps({"schema_version": 1, **info, "rewritten": stale}, indent=2))
     else:
         con = out_console()
         con.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
-        kept = "written (the run had none)" if info["summary_written"] else "kept (written when the run ended)"
+        if stale:
+            kept = f"rewritten ({', '.join(stale)} disagreed with manifest.json)"
+        elif info["summary_written"]:
+            kept = "written (the run had none)"
+        else:
+            kept = "kept (written when the run ended)"
         con.print(f"summary.md: {plain_text(info['summary'])} {kept}", soft_wrap=True)
         # a run that did not finish says so before its counts (0 passed of a dead runner is no verdict)
         if info.get("unfinished"):
@@ -58,6 +67,48 @@ def report(
     for line in info.get("problems", []):  # sections left out of report.html, each naming its files
         err_console().print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     raise typer.Exit(0)
+
+
+def refresh_run_reports(folder: Path) -> list[str]:
+    """summary.md / junit.xml written from another state of the run than manifest.json's (a runner
+    stopped between a record and its closing reports left the earlier run's: PASS for a stage now
+    recorded FAIL) are written again from the manifest, with summary.json; returns their names.
+    The runner records what it wrote them from (``reports_of``); a run folder without that note
+    keeps its files as they are. Nothing is done while an nsa-run is still at work in the folder
+    (its own end writes them), nor for a manifest that cannot be read (``report_mod.write`` names it)."""
+    from nsa_runner.artifacts import ManifestError, load_manifest, still_running
+    from nsa_runner.results import JUNIT_XML, SUMMARY_MD
+    from nsa_runner.results.reports import write_run_reports
+
+    folder = Path(folder)
+    try:
+        m = load_manifest(folder)
+    except (ManifestError, OSError):
+        return []
+    written_of = m.get("reports_of")
+    if not isinstance(written_of, str) or still_running(m):
+        return []
+    try:
+        if written_of == c.reports_digest(m):
+            return []
+    except (ValueError, TypeError):
+        return []
+    from nsa_runner.results import SUMMARY_JSON
+
+    names = (SUMMARY_MD, JUNIT_XML, SUMMARY_JSON)
+    if any(os.path.lexists(folder / n) and not stat.S_ISREG(os.lstat(folder / n).st_mode) for n in names):
+        return []  # a link or a special file there is not the runner's: neither read nor replaced
+    stale = [name for name in (SUMMARY_MD, JUNIT_XML) if (folder / name).is_file()]
+    if not stale:
+        return []
+    write_run_reports(folder, m)
+    try:
+        from nsa_runner.manifest import RunManifest
+
+        RunManifest(folder, m).set_fields(reports_of=c.reports_digest(m))
+    except ManifestError:
+        pass
+    return stale
 
 
 # ---- the end of ``oneshot`` (called from nsa_runner/commands/oneshot.py) ------------------------

@@ -58,6 +58,8 @@ def _finish(self, interrupted=False):
     _real_finish(self, interrupted)
     if os.environ.get("RT12_TERM_AT_FINISH") and not interrupted:
         os.kill(os.getpid(), signal.SIGTERM)
+    if os.environ.get("RT12_KILL_AT_FINISH") and not interrupted:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 _m.RunManifest.finish = _finish
 '''
@@ -231,3 +233,50 @@ def test_b2_runner_kill9_after_its_watchdog_got_term_hup_or_kill_leaves_nothing(
                 p.kill()
             except psutil.Error:
                 pass
+
+
+# ---- B3: the closing records are written whatever signal comes; report repairs stale ones ----------
+
+@pytest.mark.parametrize("status", ["FAIL", "PASS"])
+def test_b3_sigterm_while_the_closing_manifest_is_written_still_writes_the_closing_records(rt, tmp_path, status):
+    """B3: a SIGTERM while a rerun finished its manifest (after the record) exited 130 without a
+    word; summary.md / junit.xml kept the earlier run's PASS, exit_code 0, interrupted false."""
+    out = tmp_path / "out"
+    _stage(rt, out)
+    run = out / "testrun"
+    r = _stage(rt, out, rc=130, RT_A_TEXT="v2", RT_A_STATUS=status, RT12_TERM_AT_FINISH=1)
+    assert "interrupted" in r.stderr, r.stderr[-2000:]
+    m = _manifest(run)
+    (a,) = m["stages"]
+    assert (a["status"], a["reason"]) == (status, "a v2"), a
+    assert m["interrupted"] is True and m["exit_code"] == 130, (m["interrupted"], m["exit_code"])
+    summary = (run / "summary.md").read_text()
+    assert "a v2" in summary and "a v1" not in summary, summary
+    junit = (run / "junit.xml").read_text()
+    assert ("<failure" in junit) == (status == "FAIL"), junit
+    assert json.loads((run / "summary.json").read_text())
+    r = _main(rt, "report", run)
+    assert r.returncode == 0 and "rewritten" not in r.stdout, r.stdout + r.stderr
+
+
+def test_b3_report_rewrites_a_summary_and_junit_that_disagree_with_the_manifest(rt, tmp_path):
+    """B3: ``report`` kept a summary.md older than the manifest's last record ("kept (written when
+    the run ended)"): PASS on the page, FAIL in the manifest and in its own counts. Here the rerun
+    is killed (-9) after its record, before its closing reports."""
+    out = tmp_path / "out"
+    _stage(rt, out)
+    run = out / "testrun"
+    r = _main(rt, "report", run)  # a run that ended as usual: its summary agrees, kept
+    assert r.returncode == 0 and "kept" in r.stdout and "rewritten" not in r.stdout, r.stdout + r.stderr
+    _stage(rt, out, rc=-signal.SIGKILL, RT_A_TEXT="v2", RT_A_STATUS="FAIL", RT12_KILL_AT_FINISH=1)
+    assert "a v1" in (run / "summary.md").read_text()  # the earlier run's, left as it was
+    (a,) = _manifest(run)["stages"]
+    assert (a["status"], a["reason"]) == ("FAIL", "a v2"), a
+    r = _main(rt, "report", run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rewritten" in r.stdout and "kept" not in r.stdout, r.stdout
+    summary = (run / "summary.md").read_text()
+    assert "a v2" in summary and "a v1" not in summary, summary
+    assert "<failure" in (run / "junit.xml").read_text()
+    r = _main(rt, "report", run)  # now they agree
+    assert r.returncode == 0 and "kept" in r.stdout, r.stdout
