@@ -25,6 +25,7 @@ import shutil
 import socket
 import stat
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ from nsa_runner.artifacts import (
     runner_dirs_problem,
     stage_allowed,
     stage_owns,
+    to_json_text,
     write_json,
 )
 
@@ -226,6 +228,39 @@ def _move_entry(src: Path, target: Path) -> None:
         shutil.move(str(src), str(target))
     else:
         os.rename(src, target)
+
+
+class _Reserved:
+    """A temp file next to ``path``, made before it is needed: writing ``path`` through it later
+    (atomically, as ``write_json``) takes no new inode."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        self.f = os.fdopen(fd, "wb")
+
+    def write(self, data: dict) -> None:
+        f = self.f
+        f.seek(0)
+        f.truncate()
+        f.write(to_json_text(data).encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+        os.chmod(self.tmp, 0o644)
+        os.replace(self.tmp, self.path)
+        self.tmp = None
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        if self.tmp is not None:
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
+            self.tmp = None
 
 
 def _disk_full(e: OSError) -> bool:
@@ -472,7 +507,11 @@ class RunManifest:
                 write_json(self.path, data)
                 self.data = data
                 return None
+            reserved = None
             try:
+                # the last write's temp file, made first: on a disk out of inodes the note is
+                # always dropped again (or the set-aside refused before anything was noted)
+                reserved = _Reserved(self.path)
                 dest = self._history_dir(name)
                 pending["moved_to"] = str(dest.relative_to(self.dir))
                 pending["setting_aside"] = True
@@ -482,20 +521,26 @@ class RunManifest:
                 self.data = data
                 self._move_owned(name, old, self.dir, dest, self._others(data, name), done)
                 del pending["setting_aside"]
-                write_json(self.path, data)
+                reserved.write(data)
                 return dest
             except BaseException as e:  # undo the moves, then drop the note
                 left = self._move_back(done, dest) if dest is not None else []
                 if noted and not left:
                     try:
                         data["pending"] = [p for p in data.get("pending", []) if p is not pending]
-                        write_json(self.path, data)
+                        if reserved is not None and reserved.tmp is not None:
+                            reserved.write(data)
+                        else:
+                            write_json(self.path, data)
                     except (OSError, KeyboardInterrupt):  # kept: the next nsa-run finds nothing to put back
                         pass
                 if left and isinstance(e, OSError):
                     raise SetAsideIncomplete(e.errno, f"{e.strerror or e}; these could not be put back: "
                                                       f"{', '.join(left)}") from None
                 raise
+            finally:
+                if reserved is not None:
+                    reserved.close()
 
     def mark_running(self, name: str) -> None:
         """Before running stage ``name`` (a oneshot's stage, or ``stage X`` after ``set_aside``): note
