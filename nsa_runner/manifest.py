@@ -323,15 +323,19 @@ class RunManifest:
         except (OSError, ValueError, AttributeError):
             pass
 
+    def _read_fresh(self) -> dict:
+        """The manifest as on disk (the caller holds the lock); this process's copy before its first write."""
+        try:
+            return load_manifest(self.path)
+        except ManifestError:
+            if self.path.exists():
+                raise
+            return self.data  # not written yet
+
     def update(self, change: Callable[[dict], Any]) -> Any:
         """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it."""
         with self._locked():
-            try:
-                data = load_manifest(self.path)
-            except ManifestError:
-                if self.path.exists():
-                    raise
-                data = self.data  # not written yet
+            data = self._read_fresh()
             result = change(data)
             write_json(self.path, data)
             self.data = data
@@ -490,12 +494,7 @@ class RunManifest:
         dest: Path | None = None
         noted = False
         with self._locked():
-            try:
-                data = load_manifest(self.path)
-            except ManifestError:
-                if self.path.exists():
-                    raise
-                data = self.data  # not written yet
+            data = self._read_fresh()
             for p in data.get("pending", []):
                 if p.get("stage") == name and not _dead(p.get("owner") or {}):
                     raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
