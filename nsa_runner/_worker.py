@@ -15,8 +15,8 @@ tree below the worker, plus every process of this user carrying the cookie) and
 own per stage) kills the cookie's processes and removes the stage's temp folder when the runner
 dies without saying it is done (kill -9).
 
-``python -m nsa_runner._worker --spare FD`` (opt-in: ``NSA_RUN_SPARE_WORKER=1``, issue 13): a worker
-started while the previous stage runs. It imports torch, then waits on the Unix socket FD for its
+``python -m nsa_runner._worker --spare FD`` (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it off;
+issue 13): a worker started while the previous stage runs. It imports torch and triton, then waits on the Unix socket FD for its
 job: the JOB and RESULT paths, the run folder and, as an SCM_RIGHTS file descriptor, the stage's log,
 which becomes its stdout / stderr. From there it is the worker above. It dies with its runner
 (``PR_SET_PDEATHSIG``) and ends quietly when the socket closes without a job.
@@ -459,14 +459,16 @@ def _reopen_log_fds(kept: dict[int, int]) -> None:
 
 
 def _spare(fd: int) -> list[str] | None:
-    """``--spare FD``: import torch (the ~4 s every stage's process pays on a GPU machine), then wait
+    """``--spare FD``: import torch and triton (the ~5 s every stage's process pays on a GPU machine:
+    torch ~4.7 s on the H100 host), then wait
     for the job on the socket FD -> [JOB, RESULT] with the log as stdout / stderr and the run folder
     as the working directory; None when the runner closed the socket without one."""
     sock = socket.socket(fileno=fd)
-    try:
-        import torch  # noqa: F401 - the preload; a failure shows again in the stage's own import
-    except BaseException:  # noqa: BLE001 - never the spare's end: the stage reports it
-        pass
+    for name in ("torch", "triton"):  # no CUDA context: it would touch the GPU a stage is timing
+        try:
+            importlib.import_module(name)  # the preload; a failure shows again in the stage's own import
+        except BaseException:  # noqa: BLE001 - never the spare's end: the stage reports it
+            pass
     try:
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
     except OSError:

@@ -269,9 +269,16 @@ def shown_name(rel: str) -> str:
 SPARE_ENV = "NSA_RUN_SPARE_WORKER"
 
 
+def _spare_for(entry: StageEntry) -> bool:
+    """Whether ``entry``'s process is started ahead as a spare: on unless ``NSA_RUN_SPARE_WORKER=0``,
+    for a stage that loaded and does not say ``preload = False`` (a plugin's odd value: no spare)."""
+    return (os.environ.get(SPARE_ENV, "1").strip() != "0" and entry.stage is not None
+            and getattr(entry.stage, "preload", True) is True)
+
+
 class _Spare:
-    """A stage worker started ahead of its stage (``NSA_RUN_SPARE_WORKER=1``, issue 13): it imports
-    torch while the previous stage runs, then ``hand`` gives it the next stage's job and log
+    """A stage worker started ahead of its stage (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it
+    off; issue 13): it imports torch and triton while the previous stage runs, then ``hand`` gives it the next stage's job and log
     (``_worker --spare``). Its own cookie and session, like any worker; it dies with the runner
     (PR_SET_PDEATHSIG) and ends when its socket closes unused (``close``)."""
 
@@ -582,8 +589,7 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     records = [] if records is None else records
     run_id = manifest.data["run_id"]
     entries = list(entries)
-    use_spare = os.environ.get(SPARE_ENV) == "1"
-    ready: _Spare | None = None  # opt-in: the next stage's worker, its imports done while this stage runs
+    ready: _Spare | None = None  # the next stage's worker, its imports done while this stage runs
     try:
         for i, (entry, options) in enumerate(entries):
             ctx = RunContext(manifest.dir, settings.device, settings.profile, options, run_id, entry.name)
@@ -600,7 +606,8 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 observer.on_finish(entry, rec)
                 continue
             this, ready = ready, None
-            if use_spare and i + 1 < len(entries):
+            spare_next = i + 1 < len(entries) and _spare_for(entries[i + 1][0])
+            if spare_next:
                 ready = _Spare(settings.device, manifest.dir)
             try:
                 rec = run_one(entry, ctx, machine, timeout, observer, spare=this)
@@ -620,7 +627,7 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 observer.on_finish(entry, rec)
                 raise
             finally:
-                if this is not None and this.proc is not None and ready is None:
+                if this is not None and this.proc is not None and ready is None and spare_next:
                     ready, this = this, None  # not taken (a skip): the next stage's
                 if this is not None:
                     this.close()  # taken: its folder; not taken: ended

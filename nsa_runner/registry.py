@@ -160,6 +160,7 @@ class StageInfo:
     options: tuple[OptionInfo, ...] = ()
     timeout_s: float = 900.0
     key: str = field(default="", repr=False)  # the entry point (for parse_options)
+    preload: bool = True  # Stage.preload: its process may be a spare started ahead (executor._Spare)
 
 
 # a stage name is a plain word: it names a log file, a history folder and a CLI argument, and is
@@ -282,6 +283,7 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
         return {"error": f"{ep.value} is a {type(stage).__name__}, not an nsa_runner.Stage subclass"}
     try:  # every attribute read once: what is checked is what the runner gets
         info = {k: getattr(stage, k) for k in STAGE_ATTRS}
+        info["preload"] = getattr(stage, "preload", True) is True  # anything but True: no spare
         options = info["options"]
         if isinstance(options, (tuple, list)) and all(isinstance(o, Option) for o in options):
             options = tuple(options)
@@ -516,7 +518,7 @@ def _entry_of(rec: dict) -> StageEntry:
     entry.stage = StageInfo(
         name=info["name"], order=info["order"], requires=tuple(info["requires"]), description=info["description"],
         options=tuple(OptionInfo(o["flag"], o["default"], o["help"], tuple(o["choices"])) for o in info["options"]),
-        timeout_s=float(info["timeout_s"]), key=rec["key"])
+        timeout_s=float(info["timeout_s"]), key=rec["key"], preload=info.get("preload", True) is True)
     return entry
 
 

@@ -108,6 +108,10 @@ class Stage:
     description: str = ""
     options: tuple[Option, ...] = ()
     timeout_s: float = 900.0  # default per-stage timeout; --timeout overrides
+    # the spare worker (executor._Spare, issue 13): this stage's process may be started ahead, while
+    # the stage before runs, with torch already imported; False for a stage that imports no torch
+    # (summary), whose spare would still be importing it when its turn came
+    preload: bool = True
 
     def run(self, ctx: RunContextLike) -> StageResult:  # pragma: no cover - interface
         raise NotImplementedError

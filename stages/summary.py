@@ -21,6 +21,7 @@ from nsa_runner.stage import Stage, StageResult, Status
 class Summary(Stage):
     name = "summary"
     order = 70
+    preload = False  # imports no torch: a fresh process is faster than a spare still importing it
     requires = ()
     description = "summary.md / summary.json / junit.xml over all stages of the run"
     timeout_s = 120.0

@@ -1,7 +1,8 @@
-"""The spare worker (``NSA_RUN_SPARE_WORKER=1``, issue 13): the next stage's process is started,
-and imports torch, while the current stage runs; the stage then starts in it. Opt-in until its
-effect is measured on a GPU (docs/benchmarks.md). The stages run as before, in their own
-processes; an unused spare never outlives the runner (Ctrl-C, kill -9) and leaves no folder."""
+"""The spare worker (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it off; issue 13): the next
+stage's process is started, and imports torch, while the current stage runs; the stage then starts
+in it. The stages run as before, in their own processes; a stage that says ``preload = False``
+(summary: it imports no torch) gets a fresh process; an unused spare never outlives the runner
+(Ctrl-C, kill -9) and leaves no folder."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
+
+import pytest
 
 from _bad_days import STAGES_XYZ, alive, cli_cmd, env_with, gone_within, manifest, wait_for
 
@@ -59,9 +62,9 @@ def _spare_dirs(runner_pid: int) -> list[Path]:
     return list(Path(tempfile.gettempdir()).glob(f"nsa-run-spare-{runner_pid}-*"))
 
 
-def test_with_spares_each_stage_starts_in_a_worker_made_while_the_previous_one_ran(plugins, tmp_path):
-    env = _make(plugins)
-    r = _oneshot(env_with(env, NSA_RUN_SPARE_WORKER=1, SP_SLEEP_X=2, SP_SLEEP_Y=1), tmp_path / "out")
+def test_by_default_each_stage_starts_in_a_worker_made_while_the_previous_one_ran(plugins, tmp_path):
+    env = _make(plugins)  # NSA_RUN_SPARE_WORKER unset: the default
+    r = _oneshot(env_with(env, SP_SLEEP_X=2, SP_SLEEP_Y=1), tmp_path / "out")
     assert r.returncode == 0, r.stderr
     run = tmp_path / "out" / "testrun"
     assert [s["status"] for s in manifest(tmp_path / "out")["stages"]] == ["PASS"] * 3
@@ -77,9 +80,9 @@ def test_with_spares_each_stage_starts_in_a_worker_made_while_the_previous_one_r
     assert _spare_dirs(x["runner_pid"]) == []
 
 
-def test_without_the_option_each_worker_starts_after_the_previous_stage(plugins, tmp_path):
+def test_turned_off_each_worker_starts_after_the_previous_stage(plugins, tmp_path):
     env = _make(plugins)
-    r = _oneshot(env_with(env, SP_SLEEP_X=1), tmp_path / "out")
+    r = _oneshot(env_with(env, NSA_RUN_SPARE_WORKER=0, SP_SLEEP_X=1), tmp_path / "out")
     assert r.returncode == 0, r.stderr
     run = tmp_path / "out" / "testrun"
     x, y = (json.loads((run / f"{n}.json").read_text()) for n in "xy")
@@ -87,11 +90,32 @@ def test_without_the_option_each_worker_starts_after_the_previous_stage(plugins,
     assert x["worker_pid"] in x["runner_children_at_end"]  # (the list is the runner's children)
 
 
+NO_PRELOAD = SOURCE.replace('name, order, timeout_s = "y", 11, 120.0',
+                            'name, order, timeout_s = "y", 11, 120.0\n    preload = PRELOAD_Y')
+
+
+@pytest.mark.parametrize("value", ["False", "'yes'", "1"])  # only True (the default) asks for a spare
+def test_a_stage_that_says_preload_false_or_an_odd_value_gets_a_fresh_worker(plugins, tmp_path, value):
+    plugins.make("sp-plugin", "sp_mod", "PRELOAD_Y = " + value + "\n" + NO_PRELOAD,
+                 {"x": "sp_mod:X", "y": "sp_mod:Y", "z": "sp_mod:Z"})
+    env = plugins.env()
+    env.pop("NSA_RUN_SPARE_WORKER", None)
+    r = _oneshot(env_with(env, SP_SLEEP_X=1, SP_SLEEP_Y=1), tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "out" / "testrun"
+    x, y, z = (json.loads((run / f"{n}.json").read_text()) for n in "xyz")
+    assert y["worker_pid"] not in x["runner_children_at_end"]  # started after x ended
+    assert not y["torch_loaded"]  # a fresh worker: nothing preloaded
+    assert z["worker_pid"] in y["runner_children_at_end"] and z["torch_loaded"]  # z's spare, made as y ran
+    assert not any(alive(s[k]) for s in (x, y, z) for k in ("pid", "worker_pid"))
+    assert _spare_dirs(x["runner_pid"]) == []
+
+
 def _interrupt_with_a_waiting_spare(plugins, tmp_path, spawn, sig):
     env = _make(plugins)
     spare_file = tmp_path / "spare.pid"
     proc = spawn(cli_cmd("oneshot", "--out", tmp_path / "out", "--only", "x,y,z", "--device", "cpu"),
-                 env=env_with(env, NSA_RUN_SPARE_WORKER=1, SP_SPARE_PID=spare_file, SP_SLEEP_X=600),
+                 env=env_with(env, SP_SPARE_PID=spare_file, SP_SLEEP_X=600),
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     spare = int(wait_for(spare_file, proc=proc))
     assert alive(spare)
