@@ -43,6 +43,24 @@ start)
   if [ -d "$R/.devcarry/fa2" ] && [ -f bench/gpu_fa2_build.sh ]; then
     MAX_JOBS=10 FA2_CARRY="$R/.devcarry/fa2" bash bench/gpu_fa2_build.sh start 2>&1 | tail -5
   fi
+  if [ "${FINAL_PLAN:-}" = profile ]; then  # issue 13: where each stage's warm time goes (cProfile per stage)
+    cat > "$L/job.sh" <<JOB
+cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
+step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
+t0=\$SECONDS
+for s in env-pairing sanity selection-map triton-fwd triton-bwd fa2-probe prefill-bench decode-bench; do
+  timeout 500 nsa-run stage "\$s" --profile full --out "$L/art_warm_\$s" > "$L/warm_\$s.log" 2>&1 &
+done
+wait; echo "\$(date -u +%T) parallel warm-up: \$((SECONDS - t0)) s" >> "$L/steps.txt"
+step python3 -X importtime -c "import torch, triton, nsa_core, nsa_core.functional; import flash_attn.cute" > /dev/null 2> "$L/importtime.txt"
+step env NSA_RUN_CPROFILE_DIR="$L/prof" nsa-run oneshot --profile full --out "$L/art_prof" > "$L/oneshot_prof.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art_prof/*/ | head -1)" > "$L/ledger_prof.txt" 2>&1
+step python3 -m cProfile -o "$L/prof/cli_report.prof" -m nsa_runner.cli report "\$(ls -d "$L"/art_prof/*/ | head -1)" > "$L/report_prof.log" 2>&1
+touch "$L/done"
+JOB
+    setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
+    echo "started (profile plan): $(date -u +%T)"; exit 0
+  fi
   if [ "${FINAL_PLAN:-}" = probe ]; then  # the flash packages' session: no Triton-heavy stages
     cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
@@ -129,20 +147,20 @@ wait)
   while [ ! -e "$L/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
   cat "$L/steps.txt" 2>/dev/null; [ -e "$L/done" ] || echo "NOT DONE yet: $(date -u +%T)"
   [ -f bench/gpu_fa2_build.sh ] && bash bench/gpu_fa2_build.sh status 2>&1 | tail -3
-  for f in oneshot_impls oneshot_cold oneshot oneshot_spare oneshot_quick1 oneshot_quick probe1 probe2 fa2probe; do
+  for f in oneshot_prof oneshot_impls oneshot_cold oneshot oneshot_spare oneshot_quick1 oneshot_quick probe1 probe2 fa2probe; do
     [ -f "$L/$f.log" ] || continue; echo "== $f"
     grep -hE "^(env-pairing|sanity|selection-map|triton-|fa2-probe|prefill-bench|decode-bench|summary) |\[[0-9]/[0-9]\]" "$L/$f.log" | cut -c1-200
     grep -hE "passed, [0-9]+ failed" "$L/$f.log" | tail -1
   done
   [ -f "$L/d14/table.md" ] && { echo "== decode14"; cat "$L/d14/log.txt" "$L/d14/table.md"; }
   [ -f "$L/overhead.txt" ] && cat "$L/overhead.txt"
-  for f in ledger ledger_spare ledger_quick cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
+  for f in ledger ledger_prof ledger_spare ledger_quick cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
   [ -f "$L/fa4_cache.txt" ] && { echo "FA-4 JIT cache:"; cat "$L/fa4_cache.txt"; }
   for d in "$L"/art_p1 "$L"/art_p2 "$L"/art_fa2; do grep -h "wall time" "$d"/*/fa2_probe.txt 2>/dev/null; done
   [ -f "$L/fa2probe.log" ] && { echo "== fa2-probe with FA-2"; tail -4 "$L/fa2probe.log"; tail -4 "$L/fa2_test.log"; }
   mkdir -p "$OUT"; cp "$L/steps.txt" "$OUT"/ 2>/dev/null
   tar czf "$OUT/session.tgz" -C "$L" --exclude='*.pt' --exclude='*.whl' --exclude='job.sh' \
-    $(cd "$L" && ls -d *.log *.txt art* d14 2>/dev/null) 2>/dev/null
+    $(cd "$L" && ls -d *.log *.txt art* d14 prof 2>/dev/null) 2>/dev/null
   ls -la "$OUT" ;;
 *) echo "usage: gpu_final.sh start ROOT | wait SECONDS"; exit 2 ;;
 esac

@@ -458,6 +458,43 @@ def _reopen_log_fds(kept: dict[int, int]) -> None:
             setattr(sys, name, open(fd, "w", closefd=False, errors="backslashreplace", buffering=1))
 
 
+_WAS_SPARE = False  # this worker was started ahead (--spare)
+PROFILE_ENV = "NSA_RUN_CPROFILE_DIR"  # a developer's aid (issue 13): where a stage's time goes
+
+
+def _profiler():
+    """A cProfile.Profile for the stage's run when ``NSA_RUN_CPROFILE_DIR`` names a folder, else None."""
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _dump_profile(prof, stage: str, t0: float) -> None:
+    """``DIR/<stage>.prof`` (pstats) and ``DIR/<stage>.txt``: the process's age when the stage began
+    (its imports) and the 40 functions of most cumulative time. Never the stage's failure."""
+    import io
+    import pstats
+
+    try:
+        folder = os.environ[PROFILE_ENV]
+        os.makedirs(folder, exist_ok=True)
+        prof.dump_stats(os.path.join(folder, f"{stage}.prof"))
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
+        try:
+            import psutil
+
+            age = time.time() - psutil.Process().create_time() - (time.monotonic() - t0)
+        except Exception:  # noqa: BLE001
+            age = float("nan")
+        with open(os.path.join(folder, f"{stage}.txt"), "w") as f:
+            f.write(f"process age at the stage's start: {age:.2f} s (a spare: {_WAS_SPARE})\n" + buf.getvalue())
+    except Exception as e:  # noqa: BLE001
+        print(f"# profile not written: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def _spare(fd: int) -> list[str] | None:
     """``--spare FD``: import torch and triton (the ~5 s every stage's process pays on a GPU machine:
     torch ~4.7 s on the H100 host), then wait
@@ -480,6 +517,8 @@ def _spare(fd: int) -> list[str] | None:
             os.close(f)
         return None
     job = json.loads(msg.decode())
+    global _WAS_SPARE
+    _WAS_SPARE = True
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fds[0], 1)
@@ -531,9 +570,10 @@ def main(argv: list[str]) -> int:
           f"profile={ctx.profile} options={ctx.options}", flush=True)
     log_fds = _keep_log_fds()
     t0 = time.monotonic()
+    prof = _profiler()
     try:
         stage = _load(job["spec"])
-        result = stage.run(ctx)
+        result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
         if not isinstance(result, StageResult):
             out = _error(f"run() returned {type(result).__name__}, expected a StageResult", None)
         else:
@@ -552,6 +592,8 @@ def main(argv: list[str]) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         out = _error(f"{type(e).__name__}: {first}" if first else type(e).__name__, tb)
     _reopen_log_fds(log_fds)
+    if prof is not None:
+        _dump_profile(prof, ctx.stage, t0)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
