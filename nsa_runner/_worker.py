@@ -495,13 +495,30 @@ def _dump_profile(prof, stage: str, t0: float) -> None:
         print(f"# profile not written: {type(e).__name__}: {e}", file=sys.stderr)
 
 
+def _preloads() -> list[str]:
+    """What a spare imports ahead: torch, triton and, on a CUDA run where FA-4 is installed, its
+    ``flash_attn.cute`` (~6 s on the H100 host: it imports torch._dynamo; sanity, fa2-probe,
+    prefill-bench and decode-bench each paid it). Found without importing anything."""
+    names = ["torch", "triton"]
+    if os.environ.get("TRITON_INTERPRET") == "1":  # a CPU run (the executor sets it): FA-4 cannot run
+        return names
+    try:
+        from nsa_core.flash.detect import detect
+
+        if detect("fa4", do_import=False).get("present"):
+            names.append("flash_attn.cute")
+    except Exception:  # noqa: BLE001 - nothing to preload then
+        pass
+    return names
+
+
 def _spare(fd: int) -> list[str] | None:
-    """``--spare FD``: import torch and triton (the ~5 s every stage's process pays on a GPU machine:
-    torch ~4.7 s on the H100 host), then wait
+    """``--spare FD``: import torch, triton and FA-4 when present (``_preloads``: the seconds every
+    stage's process pays on a GPU machine), then wait
     for the job on the socket FD -> [JOB, RESULT] with the log as stdout / stderr and the run folder
     as the working directory; None when the runner closed the socket without one."""
     sock = socket.socket(fileno=fd)
-    for name in ("torch", "triton"):  # no CUDA context: it would touch the GPU a stage is timing
+    for name in _preloads():  # no CUDA context: it would touch the GPU a stage is timing
         try:
             importlib.import_module(name)  # the preload; a failure shows again in the stage's own import
         except BaseException:  # noqa: BLE001 - never the spare's end: the stage reports it

@@ -140,3 +140,18 @@ def test_kill_9_of_the_runner_ends_the_spare_and_the_next_start_removes_its_fold
     r = _oneshot(env, tmp_path / "out2")  # any next start removes what the killed runner left
     assert r.returncode == 0, r.stderr
     assert _spare_dirs(proc.pid) == []
+
+
+def test_the_spare_preloads_fa4_only_on_a_cuda_run_where_it_is_installed(monkeypatch):
+    from nsa_core.flash import detect as det
+    from nsa_runner import _worker
+
+    present = {"fa4": True}
+    monkeypatch.setattr(det, "detect", lambda path, do_import=True: {"present": present.get(path, False)})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert _worker._preloads() == ["torch", "triton", "flash_attn.cute"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU run
+    assert _worker._preloads() == ["torch", "triton"]
+    monkeypatch.delenv("TRITON_INTERPRET")
+    present["fa4"] = False
+    assert _worker._preloads() == ["torch", "triton"]
