@@ -38,10 +38,36 @@ start)
     || { echo "wheel install failed"; tail -3 "$L/pip.log"; }
   if [ -d /tmp/fa4_libs/nvidia_cutlass_dsl ]; then cp -a /tmp/fa4_libs/. "$SITE/"; echo "FA-4 libs copied in"
   else echo "no /tmp/fa4_libs (call 1 not run on this machine): FA-4 absent"; fi
+  # bytecode, as a plain `pip install` writes it (--no-compile above, and the libs came as a tar): this
+  # image sets PYTHONDONTWRITEBYTECODE or cannot write __pycache__, so without it every process that
+  # imports FA-4 / fla compiled ~1,500-2,700 sources (4.4-6.5 s per stage, profiled 2026-11-25 night)
+  echo "python env: PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}; torch site writable: $( [ -w "$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')" ] && echo yes || echo no)"
+  python3 -m compileall -q -j 8 "$SITE" > /dev/null 2>&1; echo "compiled $SITE: $(find "$SITE" -name '*.pyc' | wc -l) .pyc"
   python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$L/pip.log" 2>&1 \
     || { echo "pip install -e . failed"; tail -3 "$L/pip.log"; exit 2; }
   if [ -d "$R/.devcarry/fa2" ] && [ -f bench/gpu_fa2_build.sh ]; then
     MAX_JOBS=10 FA2_CARRY="$R/.devcarry/fa2" bash bench/gpu_fa2_build.sh start 2>&1 | tail -5
+  fi
+  if [ "${FINAL_PLAN:-}" = timed13 ]; then  # issue 13's closing figures: warm full and quick oneshots
+    cat > "$L/job.sh" <<JOB
+cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
+step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
+for prof in full quick; do  # warm-up only: every stage at once per profile, its timings unused
+  t0=\$SECONDS
+  for s in env-pairing sanity selection-map triton-fwd triton-bwd fa2-probe prefill-bench decode-bench; do
+    timeout 500 nsa-run stage "\$s" --profile \$prof --out "$L/art_warm_\${prof}_\$s" > "$L/warm_\${prof}_\$s.log" 2>&1 &
+  done
+  wait; echo "\$(date -u +%T) parallel warm-up \$prof: \$((SECONDS - t0)) s" >> "$L/steps.txt"
+done
+step nsa-run oneshot --profile full --out "$L/art" > "$L/oneshot.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art/*/ | head -1)" > "$L/ledger.txt" 2>&1
+step nsa-run oneshot --profile quick --out "$L/art_quick1" > "$L/oneshot_quick1.log" 2>&1
+step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick/*/ | head -1)" > "$L/ledger_quick.txt" 2>&1
+touch "$L/done"
+JOB
+    setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
+    echo "started (timed13 plan): $(date -u +%T)"; exit 0
   fi
   if [ "${FINAL_PLAN:-}" = profile ]; then  # issue 13: where each stage's warm time goes (cProfile per stage)
     cat > "$L/job.sh" <<JOB
