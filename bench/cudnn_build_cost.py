@@ -39,11 +39,11 @@ def main() -> int:
         v = torch.randn(B, HQ, Tk, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
         do = torch.randn(B, HQ, Tq, D, device=dev, dtype=torch.bfloat16)
 
-        def fwd():
+        def fwd(q=q, k=k, v=v, causal=causal):  # bound now: called within this iteration only
             with torch.no_grad():
                 sdpa(q, k, v, is_causal=causal)
 
-        def fwdbwd():
+        def fwdbwd(q=q, k=k, v=v, causal=causal, do=do):
             torch.autograd.grad(sdpa(q, k, v, is_causal=causal), (q, k, v), do)
 
         times = []

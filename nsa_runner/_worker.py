@@ -16,9 +16,10 @@ own per stage) kills the cookie's processes and removes the stage's temp folder 
 dies without saying it is done (kill -9).
 
 ``python -m nsa_runner._worker --spare FD`` (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it off;
-issue 13): a worker started while the previous stage runs. It imports torch and triton, then waits on the Unix socket FD for its
-job: the JOB and RESULT paths, the run folder and, as an SCM_RIGHTS file descriptor, the stage's log,
-which becomes its stdout / stderr. From there it is the worker above. It dies with its runner
+issue 13): a worker started while the previous stage runs. It imports torch, triton and (on a CUDA
+run) FA-4 when installed, then waits on the Unix socket FD for its job: the JOB and RESULT paths,
+the run folder and, as an SCM_RIGHTS file descriptor, the stage's log, which becomes its stdout /
+stderr. From there it is the worker above. It dies with its runner
 (``PR_SET_PDEATHSIG``) and ends quietly when the socket closes without a job.
 """
 

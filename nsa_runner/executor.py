@@ -278,9 +278,10 @@ def _spare_for(entry: StageEntry) -> bool:
 
 class _Spare:
     """A stage worker started ahead of its stage (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it
-    off; issue 13): it imports torch and triton while the previous stage runs, then ``hand`` gives it the next stage's job and log
-    (``_worker --spare``). Its own cookie and session, like any worker; it dies with the runner
-    (PR_SET_PDEATHSIG) and ends when its socket closes unused (``close``)."""
+    off; issue 13): it imports torch, triton (and FA-4: ``_worker._preloads``) while the previous stage
+    runs, then ``hand`` gives it the next stage's job and log (``_worker --spare``). Its own cookie
+    and session, like any worker; it dies with the runner (PR_SET_PDEATHSIG) and ends when its
+    socket closes unused (``close``)."""
 
     def __init__(self, device: str, run_dir: Path):
         self.cookie = uuid.uuid4().hex

@@ -340,7 +340,8 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
         kc, vc = F.compress(k, cfg), F.compress(v, cfg)
         for branch in ("cmp", "win"):
             leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
-            cands = [("sdpa", _sdpa_fn(branch, cfg, S))] + [(p, _branch_fns(branch, cfg, S, p)) for p in branch_paths.get(branch, [])]
+            cands = [("sdpa", _sdpa_fn(branch, cfg, S))] + [(p, _branch_fns(branch, cfg, S, p))
+                                                            for p in branch_paths.get(branch, [])]
             base = None
             for name, fn in cands:
                 row = {"branch": branch, "kind": "baseline" if name == "sdpa" else "flash", "path": name, "S": S,

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from _bad_days import STAGES_XYZ, alive, cli_cmd, env_with, gone_within, manifest, wait_for
 
 SOURCE = """
