@@ -497,9 +497,10 @@ def _dump_profile(prof, stage: str, t0: float) -> None:
 
 
 def _preloads() -> list[str]:
-    """What a spare imports ahead: torch, triton and, on a CUDA run where FA-4 is installed, its
-    ``flash_attn.cute`` (~6 s on the H100 host: it imports torch._dynamo; sanity, fa2-probe,
-    prefill-bench and decode-bench each paid it). Found without importing anything."""
+    """What a spare imports ahead: torch, triton and, on a CUDA run where FA-4 is installed, the
+    CUDA-free part of its import (sanity, fa2-probe, prefill-bench and decode-bench each paid ~6 s
+    for it on the H100 host). Found without importing anything. Should a preload ever initialise
+    CUDA, the spare execs a plain worker for its stage (``_spare``)."""
     names = ["torch", "triton"]
     if os.environ.get("TRITON_INTERPRET") == "1":  # a CPU run (the executor sets it): FA-4 cannot run
         return names
@@ -507,7 +508,11 @@ def _preloads() -> list[str]:
         from nsa_core.flash.detect import detect
 
         if detect("fa4", do_import=False).get("present"):
-            names.append("flash_attn.cute")
+            # the parts of FA-4's import that touch no GPU: torch._dynamo (~4.6 s on the H100 host, whose
+            # image has no bytecode for it) and the CuTe DSL; flash_attn.cute itself (quack) initialises
+            # CUDA, and a worker that did cannot fork its stage ("Cannot re-initialize CUDA in forked
+            # subprocess": every stage after the first ERRORed on the H100, 2026-11-25)
+            names += ["torch._dynamo", "cutlass"]
     except Exception:  # noqa: BLE001 - nothing to preload then
         pass
     return names
@@ -548,6 +553,13 @@ def _spare(fd: int) -> list[str] | None:
     except (OSError, KeyError):
         pass
     os.chdir(job["cwd"])
+    torch = sys.modules.get("torch")
+    try:
+        cuda_started = torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        cuda_started = True
+    if cuda_started:  # a preload initialised CUDA: this process cannot fork its stage; a plain worker can
+        os.execv(sys.executable, [sys.executable, "-m", "nsa_runner._worker", job["job"], job["result"]])
     return [job["job"], job["result"]]
 
 

@@ -148,7 +148,7 @@ def test_the_spare_preloads_fa4_only_on_a_cuda_run_where_it_is_installed(monkeyp
     present = {"fa4": True}
     monkeypatch.setattr(det, "detect", lambda path, do_import=True: {"present": present.get(path, False)})
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert _worker._preloads() == ["torch", "triton", "flash_attn.cute"]
+    assert _worker._preloads() == ["torch", "triton", "torch._dynamo", "cutlass"]
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU run
     assert _worker._preloads() == ["torch", "triton"]
     monkeypatch.delenv("TRITON_INTERPRET")
