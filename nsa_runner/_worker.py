@@ -460,6 +460,7 @@ def _reopen_log_fds(kept: dict[int, int]) -> None:
 
 
 _WAS_SPARE = False  # this worker was started ahead (--spare)
+STARTED = "started"  # beside the job file: written when the stage begins (executor.run_one reads it)
 PROFILE_ENV = "NSA_RUN_CPROFILE_DIR"  # a developer's aid (issue 13): where a stage's time goes
 
 
@@ -496,13 +497,13 @@ def _dump_profile(prof, stage: str, t0: float) -> None:
         print(f"# profile not written: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def _preloads() -> list[str]:
+def _preloads(flash: bool = True) -> list[str]:
     """What a spare imports ahead: torch, triton and, on a CUDA run where FA-4 is installed, the
     CUDA-free part of its import (sanity, fa2-probe, prefill-bench and decode-bench each paid ~6 s
     for it on the H100 host). Found without importing anything. Should a preload ever initialise
     CUDA, the spare execs a plain worker for its stage (``_spare``)."""
     names = ["torch", "triton"]
-    if os.environ.get("TRITON_INTERPRET") == "1":  # a CPU run (the executor sets it): FA-4 cannot run
+    if not flash or os.environ.get("TRITON_INTERPRET") == "1":  # not asked (Stage.preload_flash), or a CPU run
         return names
     try:
         from nsa_core.flash.detect import detect
@@ -518,13 +519,13 @@ def _preloads() -> list[str]:
     return names
 
 
-def _spare(fd: int) -> list[str] | None:
+def _spare(fd: int, flash: bool = False) -> list[str] | None:
     """``--spare FD``: import torch, triton and FA-4 when present (``_preloads``: the seconds every
     stage's process pays on a GPU machine), then wait
     for the job on the socket FD -> [JOB, RESULT] with the log as stdout / stderr and the run folder
     as the working directory; None when the runner closed the socket without one."""
     sock = socket.socket(fileno=fd)
-    for name in _preloads():  # no CUDA context: it would touch the GPU a stage is timing
+    for name in _preloads(flash):  # no CUDA context: it would touch the GPU a stage is timing
         try:
             importlib.import_module(name)  # the preload; a failure shows again in the stage's own import
         except BaseException:  # noqa: BLE001 - never the spare's end: the stage reports it
@@ -568,8 +569,8 @@ def main(argv: list[str]) -> int:
         _ignore_stops()
         return watchdog(argv[1:])
     _die_with_parent()
-    if argv and argv[0] == "--spare" and len(argv) == 2:
-        argv = _spare(int(argv[1]))
+    if argv and argv[0] == "--spare" and len(argv) in (2, 3):  # --spare FD [flash]
+        argv = _spare(int(argv[1]), flash=argv[2:] == ["flash"])
         if argv is None:
             return 0
     for stream in (sys.stdout, sys.stderr):  # a stage's text may hold lone surrogates: never a crash
@@ -599,6 +600,11 @@ def main(argv: list[str]) -> int:
     print(f"# nsa-run stage {ctx.stage} ({job['spec']}) pid {os.getpid()} device={ctx.device} "
           f"profile={ctx.profile} options={ctx.options}", flush=True)
     log_fds = _keep_log_fds()
+    try:  # the stage begins now: the runner's clock for its timeout and duration starts here (a spare's
+        # imports before this are not the stage's: round 13 A-B5, a quick stage TIMEOUTed behind them)
+        open(os.path.join(os.path.dirname(job_path), STARTED), "wb").close()
+    except OSError:
+        pass
     t0 = time.monotonic()
     prof = _profiler()
     try:

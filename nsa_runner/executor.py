@@ -269,6 +269,11 @@ def shown_name(rel: str) -> str:
 SPARE_ENV = "NSA_RUN_SPARE_WORKER"
 
 
+# a stage's clock starts when its worker begins it (the ``started`` file beside its job); until then a
+# spare may still be importing: at most this long on top of the stage's timeout
+PRELOAD_GRACE_S = 120.0
+
+
 def _spare_for(entry: StageEntry) -> bool:
     """Whether ``entry``'s process is started ahead as a spare: on unless ``NSA_RUN_SPARE_WORKER=0``,
     for a stage that loaded and does not say ``preload = False`` (a plugin's odd value: no spare)."""
@@ -283,7 +288,7 @@ class _Spare:
     and session, like any worker; it dies with the runner (PR_SET_PDEATHSIG) and ends when its
     socket closes unused (``close``)."""
 
-    def __init__(self, device: str, run_dir: Path):
+    def __init__(self, device: str, run_dir: Path, flash: bool = False):
         self.cookie = uuid.uuid4().hex
         self.tmp = tempfile.mkdtemp(prefix=f"nsa-run-spare-{os.getpid()}-")
         mark_owned(self.tmp)
@@ -293,7 +298,8 @@ class _Spare:
         try:
             with open(self.preload_log, "wb") as pre:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno())],
+                    [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno()),
+                     *(["flash"] if flash else [])],
                     stdin=subprocess.DEVNULL, stdout=pre, stderr=subprocess.STDOUT, cwd=run_dir,
                     env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
         except OSError:
@@ -362,7 +368,8 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         return rec
     rec.log = log_rel
     observer.on_start(entry)
-    t0 = time.monotonic()
+    t0 = time.monotonic()  # the worker's start; t_stage: the stage's (its timeout and duration count from there)
+    t_stage: float | None = None
     cookie = uuid.uuid4().hex
     # the runner's pid in the name: a folder whose runner is gone is removed at the next start
     with tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-{os.getpid()}-") as tmp:
@@ -389,9 +396,12 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             guard = _Watchdog(cookie, proc.pid, tmp, env)
             # the worker writes its result, then lingers while anything the stage started lives
             # (``_worker.linger``): the result is the end of the stage, the tree is killed below
+            started = Path(tmp) / "started"  # _worker.STARTED: the stage itself has begun
             while proc.poll() is None and not result_path.exists():
-                elapsed = time.monotonic() - t0
-                if elapsed > timeout_s:
+                if t_stage is None and started.exists():
+                    t_stage = time.monotonic()
+                elapsed = time.monotonic() - (t_stage if t_stage is not None else t0)
+                if elapsed > timeout_s + (0.0 if t_stage is not None else PRELOAD_GRACE_S):
                     timed_out = True
                     break
                 observer.on_tick(entry, elapsed, _last_line(log_path))
@@ -404,7 +414,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         except KeyboardInterrupt as e:
             _stop_stage(proc, cookie)
             _done(guard)
-            rec.duration_s = time.monotonic() - t0
+            rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
             rec.reason = interrupt_reason(e)
             rec.log_tail = tail(log_path)
             rec.finished = now_iso()
@@ -422,11 +432,13 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                 _done(guard)
             except KeyboardInterrupt:
                 pass
-        rec.duration_s = time.monotonic() - t0
+        rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
         rec.finished = now_iso()
         if timed_out:
             rec.status = Status.TIMEOUT
-            rec.reason = f"no result after {timeout_s:g}s: the stage's processes were killed"
+            rec.reason = (f"no result after {timeout_s:g}s: the stage's processes were killed" if t_stage is not None
+                          else f"the stage did not begin within {timeout_s + PRELOAD_GRACE_S:g}s (its worker was "
+                               "still starting): its processes were killed")
             rec.log_tail = tail(log_path)
         elif result_path.exists():
             _apply_result(rec, result_path, run_dir, machine, log_path)
@@ -609,7 +621,8 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             this, ready = ready, None
             spare_next = i + 1 < len(entries) and _spare_for(entries[i + 1][0])
             if spare_next:
-                ready = _Spare(settings.device, manifest.dir)
+                nxt = entries[i + 1][0].stage
+                ready = _Spare(settings.device, manifest.dir, flash=getattr(nxt, "preload_flash", False) is True)
             try:
                 rec = run_one(entry, ctx, machine, timeout, observer, spare=this)
             except _FinishedThenInterrupted as done:

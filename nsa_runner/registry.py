@@ -161,6 +161,7 @@ class StageInfo:
     timeout_s: float = 900.0
     key: str = field(default="", repr=False)  # the entry point (for parse_options)
     preload: bool = True  # Stage.preload: its process may be a spare started ahead (executor._Spare)
+    preload_flash: bool = False  # Stage.preload_flash: that spare also imports FA-4's CUDA-free part
 
 
 # a stage name is a plain word: it names a log file, a history folder and a CLI argument, and is
@@ -284,6 +285,7 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
     try:  # every attribute read once: what is checked is what the runner gets
         info = {k: getattr(stage, k) for k in STAGE_ATTRS}
         info["preload"] = getattr(stage, "preload", True) is True  # anything but True: no spare
+        info["preload_flash"] = getattr(stage, "preload_flash", False) is True
         options = info["options"]
         if isinstance(options, (tuple, list)) and all(isinstance(o, Option) for o in options):
             options = tuple(options)
@@ -518,7 +520,8 @@ def _entry_of(rec: dict) -> StageEntry:
     entry.stage = StageInfo(
         name=info["name"], order=info["order"], requires=tuple(info["requires"]), description=info["description"],
         options=tuple(OptionInfo(o["flag"], o["default"], o["help"], tuple(o["choices"])) for o in info["options"]),
-        timeout_s=float(info["timeout_s"]), key=rec["key"], preload=info.get("preload", True) is True)
+        timeout_s=float(info["timeout_s"]), key=rec["key"], preload=info.get("preload", True) is True,
+        preload_flash=info.get("preload_flash", False) is True)
     return entry
 
 

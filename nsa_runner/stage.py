@@ -112,6 +112,9 @@ class Stage:
     # the stage before runs, with torch already imported; False for a stage that imports no torch
     # (summary), whose spare would still be importing it when its turn came
     preload: bool = True
+    # and, with it, the CUDA-free part of FA-4's import (torch._dynamo, the CuTe DSL: ~5 s on the H100
+    # host) when FA-4 is installed: for a stage that calls the flash paths (sanity, fa2-probe, benches)
+    preload_flash: bool = False
 
     def run(self, ctx: RunContextLike) -> StageResult:  # pragma: no cover - interface
         raise NotImplementedError

@@ -799,6 +799,7 @@ def _plot(rows: list[dict], path, title: str) -> None:
 
 class DecodeBench(Stage):
     name = "decode-bench"
+    preload_flash = True  # calls the flash paths: its spare imports FA-4's CUDA-free part
     order = 60
     requires = ()
     description = "decode step latency per branch and total vs full-attention decode; read counters vs formula"

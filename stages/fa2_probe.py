@@ -95,6 +95,7 @@ def _longer_run(old: dict | None, entry: dict) -> str:
 
 class Fa2Probe(Stage):
     name = "fa2-probe"
+    preload_flash = True  # calls the flash paths: its spare imports FA-4's CUDA-free part
     order = 50
     requires = ()  # decides itself: a CPU run must show SKIP with the reason, never PASS
     # keep the "not GPU-verified:" list equal to nsa_core.flash.adapters.GPU_VERIFIED (a test checks)

@@ -399,6 +399,7 @@ def _render(doc: dict) -> str:
 
 class Sanity(Stage):
     name = "sanity"
+    preload_flash = True  # calls the flash paths: its spare imports FA-4's CUDA-free part
     order = 20
     requires = ()
     description = "every branch and NSAAttention: forward + backward, finite, shapes, causal, GQA-consistent"

@@ -154,3 +154,17 @@ def test_the_spare_preloads_fa4_only_on_a_cuda_run_where_it_is_installed(monkeyp
     monkeypatch.delenv("TRITON_INTERPRET")
     present["fa4"] = False
     assert _worker._preloads() == ["torch", "triton"]
+
+
+def test_a_spare_still_importing_is_not_charged_to_the_stage_s_timeout_or_duration(plugins, tmp_path):
+    """Round 13 A-B5: the next stage was handed to its spare while the spare still imported torch
+    (~1.5-4 s on CPU), its clock already running: a quick stage ended TIMEOUT with an empty log. The
+    clock now starts when the worker begins the stage (the ``started`` file beside its job)."""
+    env = _make(plugins)
+    r = subprocess.run(cli_cmd("oneshot", "--out", tmp_path / "out", "--only", "x,y,z", "--device", "cpu",
+                               "--timeout", "0.8"), env=env, capture_output=True, text=True, timeout=300)
+    stages = manifest(tmp_path / "out")["stages"]
+    assert [s["status"] for s in stages] == ["PASS"] * 3, (r.stderr, [s["reason"] for s in stages])
+    run = tmp_path / "out" / "testrun"
+    y, z = (json.loads((run / f"{n}.json").read_text()) for n in "yz")
+    assert y["torch_loaded"] and z["torch_loaded"]  # they did run in spares
