@@ -52,7 +52,7 @@ start)
     cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
 step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
-for prof in full quick; do  # warm-up only: every stage at once per profile, its timings unused
+for prof in full \${T13_QUICK:+quick}; do  # warm-up only: every stage at once per profile, its timings unused
   t0=\$SECONDS
   for s in env-pairing sanity selection-map triton-fwd triton-bwd fa2-probe prefill-bench decode-bench; do
     timeout 500 nsa-run stage "\$s" --profile \$prof --out "$L/art_warm_\${prof}_\$s" > "$L/warm_\${prof}_\$s.log" 2>&1 &
@@ -61,13 +61,15 @@ for prof in full quick; do  # warm-up only: every stage at once per profile, its
 done
 step nsa-run oneshot --profile full --out "$L/art" > "$L/oneshot.log" 2>&1
 python3 bench/time_ledger.py "\$(ls -d "$L"/art/*/ | head -1)" > "$L/ledger.txt" 2>&1
-step nsa-run oneshot --profile quick --out "$L/art_quick1" > "$L/oneshot_quick1.log" 2>&1
-step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
-python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick/*/ | head -1)" > "$L/ledger_quick.txt" 2>&1
+if [ -n "\${T13_QUICK:-}" ]; then
+  step nsa-run oneshot --profile quick --out "$L/art_quick1" > "$L/oneshot_quick1.log" 2>&1
+  step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+  python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick/*/ | head -1)" > "$L/ledger_quick.txt" 2>&1
+fi
 touch "$L/done"
 JOB
     setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
-    echo "started (timed13 plan): $(date -u +%T)"; exit 0
+    echo "started (timed13 plan, quick: ${T13_QUICK:-no}): $(date -u +%T)"; exit 0
   fi
   if [ "${FINAL_PLAN:-}" = profile ]; then  # issue 13: where each stage's warm time goes (cProfile per stage)
     cat > "$L/job.sh" <<JOB
