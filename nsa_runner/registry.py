@@ -51,38 +51,40 @@ def _norm(name: str) -> str:
 
 
 _OWN: list[frozenset[str]] = []
+OWN_PACKAGES = {"nsa_runner": ("nsa_runner",), "nsa_core": ("nsa_core",),
+                "nsa_run_stages": ("nsa_run_stages", "stages")}  # top-level package -> its folder names
+
+
+def _running_package() -> tuple[str, str]:
+    """(real path of the running ``nsa_runner/__init__.py``, the real folder that holds ``nsa_runner``)."""
+    import nsa_runner
+
+    pkg_init = os.path.realpath(nsa_runner.__file__)
+    return pkg_init, os.path.dirname(os.path.dirname(pkg_init))
 
 
 def own_dist_paths() -> frozenset[str]:
     """The real paths of the metadata folders (dist-info / egg-info) of the distribution that holds
-    the running ``nsa_runner``: only their entry points are built-in (round 12 B2: a plugin whose
-    METADATA says ``Name: nsa_run`` or ``NSA.Run`` was taken for nsa-run itself: it switched the real
-    ``sanity`` off, and its impl adapter skipped the import check in a child process).
+    the running ``nsa_runner``: only their entry points can be built-in (round 12 B2).
 
-    A folder is ours when its Name normalises to ``nsa-run`` and either ``nsa_runner/__init__.py``
-    next to it is this ``nsa_runner`` (a regular install; an egg-info in the source tree) or it is an
-    editable install (``direct_url.json``) of the folder that holds this ``nsa_runner``."""
+    A folder is ours when its Name normalises to ``nsa-run`` AND its own list of installed files
+    (RECORD / SOURCES.txt, ``dist.files``) names what this process runs: ``nsa_runner/__init__.py``
+    resolving to the running one (a regular install; the checkout's egg-info), or the editable
+    finder module that this process loaded and that maps ``nsa_runner`` to the running folder, or a
+    ``.pth`` naming the folder that holds it. Round 13 B4: a folder merely *beside* nsa_runner
+    (``locate_file`` of any egg-info in the same site folder) or a ``direct_url.json`` saying
+    "editable of the checkout" counted, and both are files a plugin writes. (Built-in-ness also
+    needs the entry point's module to be one of nsa-run's own files: ``own_module_file``.)"""
     if _OWN:
         return _OWN[0]
-    import nsa_runner
-
-    pkg_init = os.path.realpath(nsa_runner.__file__)
-    root = os.path.dirname(os.path.dirname(pkg_init))
+    pkg_init, root = _running_package()
     found = set()
     for dist in md.distributions():
         try:
             if _norm(dist.metadata["Name"] or "") != BUILTIN_DIST:
                 continue
             where = str(getattr(dist, "_path", "") or "")
-            if not where:
-                continue
-            if os.path.realpath(str(dist.locate_file("nsa_runner/__init__.py"))) == pkg_init:
-                found.add(os.path.realpath(where))
-                continue
-            url = json.loads(dist.read_text("direct_url.json") or "{}")
-            if isinstance(url, dict) and (url.get("dir_info") or {}).get("editable") is True \
-                    and isinstance(url.get("url"), str) and url["url"].startswith("file://") \
-                    and os.path.realpath(url["url"][len("file://"):]) == root:
+            if where and _lists_running_package(dist, pkg_init, root):
                 found.add(os.path.realpath(where))
         except Exception:  # noqa: BLE001 - unreadable metadata is never ours
             continue
@@ -90,13 +92,93 @@ def own_dist_paths() -> frozenset[str]:
     return _OWN[0]
 
 
-def is_builtin_dist(dist: str, dist_path: str) -> bool:
-    """Whether an entry point of distribution ``dist`` whose metadata folder is ``dist_path`` is one of
-    nsa-run's own (built-in): where it really lives decides, not the Name its METADATA claims."""
+def _lists_running_package(dist: md.Distribution, pkg_init: str, root: str) -> bool:
+    """Whether ``dist``'s installed-files list names the running nsa_runner (see ``own_dist_paths``)."""
+    pkg_dir = os.path.dirname(pkg_init)
+    for f in (dist.files or [])[:100_000]:
+        rel = str(f).replace("\\", "/")
+        base = rel.rsplit("/", 1)[-1]
+        if rel.endswith("nsa_runner/__init__.py"):
+            if os.path.realpath(str(dist.locate_file(f))) == pkg_init:
+                return True
+        elif base.startswith("__editable__") and base.endswith(".py"):
+            mod = sys.modules.get(base[:-3])  # loaded by its .pth at start-up: it is what imports us
+            mapping = getattr(mod, "MAPPING", None)
+            if mod is not None and isinstance(mapping, dict) and isinstance(mapping.get("nsa_runner"), str) \
+                    and os.path.realpath(mapping["nsa_runner"]) == pkg_dir \
+                    and os.path.realpath(str(getattr(mod, "__file__", ""))) == \
+                    os.path.realpath(str(dist.locate_file(f))):
+                return True
+        elif base.endswith(".pth"):
+            try:
+                with open(str(dist.locate_file(f)), encoding="utf-8", errors="replace") as fh:
+                    lines = fh.read(1 << 20).splitlines()
+            except OSError:
+                continue
+            if any(ln.strip() and not ln.startswith(("#", "import")) and os.path.realpath(ln.strip()) == root
+                   for ln in lines):
+                return True
+    return False
+
+
+_OWN_DIRS: list[dict[str, str]] = []
+
+
+def _own_package_dirs() -> dict[str, str]:
+    """nsa-run's own top-level packages -> their real folders, as this process imports them, each
+    only where it sits beside the running ``nsa_runner`` (a wheel: ``nsa_core``, ``nsa_run_stages``
+    next to it; the checkout: ``nsa_core``, ``stages``). Found with ``find_spec`` of the top-level
+    name: nothing is imported."""
+    if _OWN_DIRS:
+        return _OWN_DIRS[0]
+    pkg_init, root = _running_package()
+    out = {"nsa_runner": os.path.dirname(pkg_init)}
+    for top, folders in OWN_PACKAGES.items():
+        if top in out:
+            continue
+        try:
+            spec = importlib.util.find_spec(top)
+            locs = list(spec.submodule_search_locations or []) if spec is not None else []
+        except (ImportError, ValueError, AttributeError):
+            continue
+        if len(locs) == 1 and os.path.realpath(locs[0]) in {os.path.realpath(os.path.join(root, f)) for f in folders}:
+            out[top] = os.path.realpath(locs[0])
+    _OWN_DIRS.append(out)
+    return out
+
+
+def own_module_file(value: str) -> str:
+    """The real path of the module file that entry point ``value`` ("pkg.mod:attr") names when it is
+    one of nsa-run's own (inside the running nsa_runner / nsa_core / nsa_run_stages folders), else ''.
+    Nothing is imported. A plugin can declare our modules (then it runs our code), never have its own
+    module count as ours (round 13 B4)."""
+    module = str(value).partition(":")[0].strip()
+    parts = module.split(".")
+    if not module or not all(p.isidentifier() for p in parts):
+        return ""
+    base = _own_package_dirs().get(parts[0])
+    if not base:
+        return ""
+    stem = os.path.join(base, *parts[1:])
+    for cand in (stem + ".py", os.path.join(stem, "__init__.py")):
+        real = os.path.realpath(cand)
+        if real.startswith(base + os.sep) and os.path.isfile(real):
+            return real
+    return ""
+
+
+def is_builtin_dist(dist: str, dist_path: str, value: str | None = None) -> bool:
+    """Whether an entry point ``value`` of distribution ``dist`` whose metadata folder is ``dist_path``
+    is one of nsa-run's own (built-in): its metadata folder is the running nsa-run's
+    (``own_dist_paths``: where it lives and what it lists, not the Name its METADATA claims) and the
+    module it names is one of nsa-run's own files (``own_module_file``: a plugin's code never is).
+    ``value=None`` asks about the distribution only."""
     if _norm(dist) != BUILTIN_DIST or not dist_path:
         return False
     try:
-        return os.path.realpath(dist_path) in own_dist_paths()
+        if os.path.realpath(dist_path) not in own_dist_paths():
+            return False
+        return value is None or bool(own_module_file(value))
     except (OSError, ValueError):
         return False
 
@@ -116,7 +198,7 @@ class StageEntry:
 
     @property
     def builtin(self) -> bool:
-        return is_builtin_dist(self.dist, self.dist_path)
+        return is_builtin_dist(self.dist, self.dist_path, self.value)
 
     @property
     def source(self) -> str:

@@ -43,20 +43,22 @@ class ImplEntry:
 
     @property
     def builtin(self) -> bool:
-        return _builtin(self.dist, self.dist_path)
+        return _builtin(self.dist, self.dist_path, self.value)
 
     @property
     def source(self) -> str:
         return "built-in" if self.builtin else f"plugin {self.dist} {self.dist_version}"
 
 
-def _builtin(dist: str, dist_path: str) -> bool:
-    """Whether distribution ``dist`` (metadata folder ``dist_path``) is nsa-run itself: where it lives
-    decides (``registry.is_builtin_dist``), never the Name its METADATA claims (round 12 B2: ``Name:
-    NSA.Run`` skipped the import check in a child, and its segfault killed the sanity stage)."""
+def _builtin(dist: str, dist_path: str, value: str) -> bool:
+    """Whether entry point ``value`` of distribution ``dist`` (metadata folder ``dist_path``) is
+    nsa-run's own: the running nsa-run's metadata folder and a module file of nsa-run's own packages
+    (``registry.is_builtin_dist``), never the Name its METADATA claims nor a file a plugin writes
+    (round 12 B2 / round 13 B4: such a plugin skipped the import check in a child, and its segfault
+    killed the sanity stage)."""
     from nsa_runner.registry import is_builtin_dist
 
-    return is_builtin_dist(dist, dist_path)
+    return is_builtin_dist(dist, dist_path, value)
 
 
 def _entry_points() -> list[tuple[md.EntryPoint, str, str, str]]:
@@ -171,7 +173,7 @@ def load(name: str) -> ImplEntry:
     if not found:
         return ImplEntry(name, "?", "?", "?", error=f"no implementation named {name!r} is registered "
                                                       f"(known: {', '.join(names()) or 'none'})")
-    builtin = [f for f in found if _builtin(f[1], f[3])]
+    builtin = [f for f in found if _builtin(f[1], f[3], f[0].value)]
     if len(found) > 1 and len(builtin) == 1:  # a plugin never switches off one of nsa-run's own
         return _load_one(*builtin[0])
     if len(found) > 1:
@@ -262,7 +264,8 @@ def describe_all(device: str) -> list[dict]:
         by_name.setdefault(str(rec.get("name") or "?"), []).append(rec)
     rows = []
     for name, group in by_name.items():
-        builtin = [r for r in group if _builtin(str(r.get("dist", "?")), str(r.get("dist_path") or ""))]
+        builtin = [r for r in group if _builtin(str(r.get("dist", "?")), str(r.get("dist_path") or ""),
+                                                str(r.get("value", "")))]
         if len(group) > 1 and len(builtin) == 1:  # as load(): the built-in stays, the plugin is left out
             for r in group:
                 if r is builtin[0]:
