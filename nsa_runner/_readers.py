@@ -512,14 +512,24 @@ class Run:
         status PASS only for ``"ok": true`` (a hand-edited ``"ok": "false"``, truthy, counted as a
         pass). Wrong types (``ok`` not true/false, ``rel_err`` / ``tol`` not a number or null) are
         refused by ``JSON_SHAPES`` as a broken file, naming the field. A check that is no object is
-        passed over; a check name or detail of another type is shown as text."""
+        passed over; a check name or detail of another type is shown as text. Two checks of one name
+        are refused too, naming it (as duplicate case ids of a parity table are): ``compare`` pairs
+        checks by name, and kept one copy (a failing one before a passing one: "no regression")
+        while ``report`` counted both (round 13 B-B11)."""
         doc = self.json("sanity.json")
         if doc is None:
             return None
-        return [{"check": str(c.get("check")), "status": "PASS" if c.get("ok") is True else "FAIL",
-                 "rel_err": c.get("rel_err"), "tol": c.get("tol"), "detail": c.get("detail"),
-                 "has_err": "rel_err" in c}
-                for c in doc.get("checks") or [] if isinstance(c, dict)]
+        out = [{"check": str(c.get("check")), "status": "PASS" if c.get("ok") is True else "FAIL",
+                "rel_err": c.get("rel_err"), "tol": c.get("tol"), "detail": c.get("detail"),
+                "has_err": "rel_err" in c}
+               for c in doc.get("checks") or [] if isinstance(c, dict)]
+        seen: set[str] = set()
+        for c in out:
+            if c["check"] in seen:
+                raise ArtifactError(f"{self.dir / 'sanity.json'}: check {shown(c['check'], 120)} appears more "
+                                    "than once")
+            seen.add(c["check"])
+        return out
 
     def jsonl(self, name: str) -> list[dict] | None:
         def load():
