@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass
 
 from nsa_runner.artifacts import now_iso, write_json, write_text
-from nsa_runner.impls import ImplError
+from nsa_runner.impls import ImplError, adapter_code, describe_failure, stops, text_of
 from nsa_runner.stage import Stage, StageResult, Status
 
 from . import _parity, _seed
@@ -57,20 +57,35 @@ SHAPES = {
 class _Checks:
     def __init__(self):
         self.rows: list[dict] = []
+        self._names: set[str] = set()
 
     def add(self, name: str, ok: bool, detail: str, **extra) -> bool:
-        self.rows.append({"check": name, "ok": bool(ok), "detail": detail, **extra})
+        ok = bool(ok)
+        base, n = name, 1
+        while name in self._names:  # names are unique in sanity.json: its readers refuse two of one name
+            n += 1
+            name = f"{base} #{n}"
+        self._names.add(name)
+        self.rows.append({"check": name, "ok": ok, "detail": detail, **extra})
         print(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
         return ok
 
     def guard(self, name: str, fn) -> None:
-        """Run fn(); an exception from the code under test is a failed check with its message."""
+        """Run fn(); a failure of the code under test is a failed check with its message: any
+        BaseException an adapter raises (SystemExit, GeneratorExit, its own KeyboardInterrupt: round
+        13 B5), its text never trusted (a ``__str__`` that raises). A real SIGINT still stops the stage."""
         try:
-            fn()
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            self.add(name, False, f"raised {type(e).__name__}: {first}")
+            with adapter_code():
+                fn()
+        except BaseException as e:  # noqa: BLE001
+            if stops(e):
+                raise
+            try:
+                traceback.print_exc()
+            except BaseException as e2:  # noqa: BLE001 - formatting its traceback ran its code again
+                if stops(e2):
+                    raise
+            self.add(name, False, f"raised {describe_failure(e)}")
 
 
 def _rand(gen, *shape, device, dtype, requires_grad=False):
@@ -444,7 +459,7 @@ class Sanity(Stage):
                 c.add(f"{e.name} adapter", False, f"broken adapter: {e.error}")
                 continue
             if e.impl.note:
-                print(f"# {e.name}: {e.impl.note}", flush=True)
+                print(f"# {e.name}: {text_of(e.impl.note, 2000)}", flush=True)
             if e.name != "nsa_core":
                 _check_impl_branches(c, skips, e.impl, testing, shape, cfg, gen, device, sel_q, sel_k)
             _check_impl_shared(c, skips, e.impl, testing, ctx.profile, gen, device)

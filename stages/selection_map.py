@@ -27,7 +27,7 @@ import textwrap
 import traceback
 
 from nsa_runner.artifacts import now_iso, write_text
-from nsa_runner.impls import ImplError
+from nsa_runner.impls import ImplError, adapter_code, describe_failure, stops, type_name
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _parity
@@ -361,6 +361,8 @@ class SelectionMap(Stage):
         """Run each implementation's ``select`` on the sample: (runs [(name, idx, cnt)], failures
         [(name, why, broken)], skips [(name, why)]). A part that raises or returns the wrong shapes is a
         failure naming it; a sample outside its constraints is a skip naming the constraint."""
+        import torch
+
         from nsa_runner.impls import Case
 
         B, T, HQ, dk = q.shape
@@ -379,12 +381,23 @@ class SelectionMap(Stage):
             if why:
                 skips.append((e.name, why))
                 continue
-            try:
-                idx, cnt = e.impl.parts["select"](q, k, cfg)
-            except Exception as ex:  # noqa: BLE001 - the code under test broke: a failed check
-                traceback.print_exc()
-                first = (str(ex).strip().splitlines() or [""])[0][:300]
-                others.append((e.name, f"select raised {type(ex).__name__}: {first}", True))
+            try:  # any BaseException of its code is its failure (round 13 B5); a real SIGINT stops the stage
+                with adapter_code():
+                    got = e.impl.parts["select"](q, k, cfg)
+                    idx, cnt = got if type(got) in (tuple, list) else (got, None)
+                    if not (isinstance(idx, torch.Tensor) and isinstance(cnt, torch.Tensor)):
+                        others.append((e.name, f"select returned {type_name(got)}, want (block_idx, block_count) "
+                                               "tensors", True))
+                        continue
+            except BaseException as ex:  # noqa: BLE001 - the code under test broke: a failed check
+                if stops(ex):
+                    raise
+                try:
+                    traceback.print_exc()
+                except BaseException as ex2:  # noqa: BLE001 - its traceback's text is its code too
+                    if stops(ex2):
+                        raise
+                others.append((e.name, f"select raised {describe_failure(ex)}", True))
                 continue
             if tuple(idx.shape) != (B, T, G, cfg.n_sel) or tuple(cnt.shape) != (B, T, G):
                 others.append((e.name, f"select returned shapes {tuple(idx.shape)} / {tuple(cnt.shape)}, want "

@@ -20,7 +20,10 @@ as broken; a part that raises or returns the wrong shape is that case's ERROR / 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +148,84 @@ class ImplError(Exception):
     ERROR / FAIL and goes on with the others (round 12 B5: it took the whole sanity stage down)."""
 
 
+# ---- an adapter's own code (its check, its parts) failing: its ERROR / FAIL, never the stage's ---------
+# Round 13 B5: a check or part raising SystemExit, KeyboardInterrupt or GeneratorExit (BaseException,
+# not Exception), or a value whose __str__ raises, still ended the whole stage anonymously. A guard
+# catches BaseException, except what really stops this process: a SIGINT that reached it while the
+# adapter's code ran (noted by the handler ``adapter_code`` installs: a KeyboardInterrupt the plugin
+# raises itself is its failure) and the runner's own interrupts (KeyboardInterrupt subclasses of
+# nsa_runner, e.g. executor.Terminated, when stage code runs in the runner's process).
+_SIGNALLED: list[int] = []  # signals that reached this process while adapter code ran
+
+
+def _note_sigint(signum, frame):
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def adapter_code() -> Iterator[None]:
+    """Around a call of an adapter's code: a real SIGINT arriving meanwhile is noted (``stops``
+    then says the KeyboardInterrupt is the process's stop, not the adapter's failure). Only where
+    SIGINT has Python's default handler, in the main thread; the handler comes back after."""
+    previous = None
+    try:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            previous = signal.signal(signal.SIGINT, _note_sigint)
+    except (ValueError, TypeError, OSError):
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            try:
+                signal.signal(signal.SIGINT, previous)
+            except (ValueError, TypeError, OSError):
+                pass
+
+
+def stops(e: BaseException) -> bool:
+    """Does ``e`` stop this process (to re-raise), rather than record an adapter's failure? A
+    KeyboardInterrupt after a real SIGINT, or one of the runner's own interrupt classes."""
+    if not isinstance(e, KeyboardInterrupt):
+        return False
+    return bool(_SIGNALLED) or (type(e) is not KeyboardInterrupt
+                                and (getattr(type(e), "__module__", "") or "").startswith("nsa_runner"))
+
+
+def text_of(value: Any, limit: int = 300) -> str:
+    """The first line of ``str(value)``, clipped: never raises (a ``__str__`` that raises or returns
+    no str gives "<unprintable TYPE>"), except to let a real stop through (``stops``)."""
+    try:
+        text = value if type(value) is str else str(value)
+        if type(text) is not str:  # a str subclass from __str__: its own methods may be hostile
+            text = str.__getitem__(text, slice(0, None))
+        line = (str.splitlines(str.strip(text)) or [""])[0]
+        return line[:limit]
+    except BaseException as e:  # noqa: BLE001 - an adapter's hostile value
+        if stops(e):
+            raise
+        return f"<unprintable {type_name(value)}>"
+
+
+def type_name(value: Any) -> str:
+    try:
+        name = type(value).__name__
+        return name if type(name) is str else "object"
+    except BaseException as e:  # noqa: BLE001
+        if stops(e):
+            raise
+        return "object"
+
+
+def describe_failure(e: BaseException, limit: int = 300) -> str:
+    """``TYPE: first line of its message`` (``TYPE`` alone when it has none), never raising."""
+    first = text_of(e, limit)
+    name = type_name(e)
+    return f"{name}: {first}" if first else name
+
+
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -224,12 +305,21 @@ class Impl:
         if self.unavailable:
             return f"{self.name}: {self.unavailable}" + (f" (fix: {self.hint})" if self.hint else "")
         try:  # the adapter's own code (its check) or fields: a failure is its error, never the stage's
-            why = self.constraints.why_not(case, part)
-        except Exception as e:  # noqa: BLE001
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            raise ImplError(f"{self.name}: its constraints raised on {part} ({type(e).__name__}: {first})") from e
-        return f"{self.name}: {why}" if why else None
+            with adapter_code():
+                why = self.constraints.why_not(case, part)
+                if why is None or not why:  # no reason (a falsy False / 0 / "" too, as before)
+                    return None
+                if issubclass(type(why), str):  # its own class: a hostile __str__ / __format__ never runs
+                    why = str.__getitem__(why, slice(0, None))
+        except BaseException as e:  # noqa: BLE001 - SystemExit, GeneratorExit, its own KeyboardInterrupt too
+            if stops(e):
+                raise
+            raise ImplError(f"{self.name}: its constraints raised on {part} ({describe_failure(e)})") from None
+        if type(why) is not str:  # a reason is text: an object whose __str__ raises ended the whole stage
+            raise ImplError(f"{self.name}: its constraints.check returned a {type_name(why)} on {part}, "
+                            "expected a reason (str) or None")
+        return self.name + ": " + why
 
 
 __all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl", "ImplError",
-           "constraint_problems"]
+           "adapter_code", "constraint_problems", "describe_failure", "stops", "text_of", "type_name"]
