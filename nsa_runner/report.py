@@ -23,6 +23,7 @@ import base64
 import html
 import io
 import math
+import os
 import re
 import urllib.parse
 import warnings
@@ -588,6 +589,36 @@ def summary_markdown(run: Run) -> str:
     return results_summary.markdown(run.manifest)
 
 
+def prepare(folder: Path) -> dict:
+    """Render report.html (and summary.md when the folder has none) in memory; nothing is written.
+    A broken artifact raises ArtifactError. ``commit`` writes what this returns."""
+    run = Run.open(folder)
+    text = render(run)
+    summary_path = run.dir / SUMMARY_NAME
+    # a link / folder there is not written through (``nsa-run report`` names it)
+    summary_text = None if os.path.lexists(summary_path) else summary_markdown(run)
+    return {"run": run, "html": text, "summary_text": summary_text}
+
+
+def commit(prepared: dict, written: list[str] | None = None) -> dict:
+    """Write what ``prepare`` rendered: report.html, then summary.md when it had none. Each name
+    is appended to ``written`` once written (an OSError part-way leaves the list true)."""
+    written = [] if written is None else written
+    run = prepared["run"]
+    summary_path = run.dir / SUMMARY_NAME
+    summary_text = prepared["summary_text"]
+    report_path = write_text(run.dir / REPORT_NAME, prepared["html"])
+    written.append(REPORT_NAME)
+    if summary_text is not None:
+        write_text(summary_path, summary_text)
+        written.append(SUMMARY_NAME)
+    return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
+            "run_id": run.run_id, "counts": counts(run.stages),
+            "unfinished": unfinished(run.manifest), "running": run.running(),
+            "interrupted": bool(run.manifest.get("interrupted")),
+            "problems": list(run._cache.get("_problems", []))}
+
+
 def write(folder: Path) -> dict:
     """Write report.html (and summary.md when absent) into the run folder.
 
@@ -595,15 +626,4 @@ def write(folder: Path) -> dict:
     Everything is rendered before the first write: a broken artifact raises ArtifactError and
     leaves the folder as it was.
     """
-    run = Run.open(folder)
-    text = render(run)
-    summary_path = run.dir / SUMMARY_NAME
-    summary_text = None if summary_path.exists() else summary_markdown(run)
-    report_path = write_text(run.dir / REPORT_NAME, text)
-    if summary_text is not None:
-        write_text(summary_path, summary_text)
-    return {"report": str(report_path), "summary": str(summary_path), "summary_written": summary_text is not None,
-            "run_id": run.run_id, "counts": counts(run.stages),
-            "unfinished": unfinished(run.manifest), "running": run.running(),
-            "interrupted": bool(run.manifest.get("interrupted")),
-            "problems": list(run._cache.get("_problems", []))}
+    return commit(prepare(folder))

@@ -518,11 +518,16 @@ def finish_run(manifest: RunManifest, err) -> None:
 
 def reports_digest(m: dict) -> str:
     """A digest of what summary.md / junit.xml / summary.json show of manifest ``m`` (its stages,
-    interrupted, incomplete): recorded as ``reports_of`` when the runner writes them."""
+    interrupted, and the unfinished line: incomplete, or a runner that died, which ``pending`` /
+    ``runner`` / ``finished`` and the processes on this host tell): recorded as ``reports_of``
+    when the runner writes them."""
     import hashlib
     import json
 
-    shown = {k: m.get(k) for k in ("stages", "interrupted", "incomplete")}
+    from nsa_runner.artifacts import unfinished
+
+    shown = {k: m.get(k) for k in ("stages", "interrupted")}
+    shown["unfinished"] = unfinished(m)
     return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode("utf-8", "backslashreplace")
                           ).hexdigest()[:16]
 

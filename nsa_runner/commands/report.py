@@ -1,10 +1,12 @@
 """``nsa-run report RUN``: write report.html (self-contained, plots embedded) into the run folder,
 and summary.md when the run has none (an existing summary.md, written when the run ended, is kept
-while it agrees with manifest.json; summary.md / junit.xml that disagree are written again from it).
+while it agrees with manifest.json; summary.md / junit.xml / summary.json that disagree are written
+again from it; a link / folder / special file among them is left as it is and named).
 
 RUN is a run id under ``--out`` or the path of a run folder. Exit 0 when the report was
 written (whatever the run's own result), 2 when the run or one of its files is unusable; then
-nothing is written.
+nothing is written (everything is rendered before the first write). A write that fails part-way
+(a full disk, report.html a folder) names its path and what was already written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from nsa_runner import report as report_mod
 from nsa_runner._readers import ArtifactError, Run, resolve_run
 from nsa_runner._ui import err_console, fail, out_console, plain_text
 from nsa_runner.commands import _common as c
+from nsa_runner.results import SUMMARY_MD
 
 RUN = typer.Argument(..., metavar="RUN", help="A run id under --out, or the path of a run folder.")
 
@@ -35,20 +38,42 @@ def report(
         folder = resolve_run(run, out)
     except ArtifactError as e:  # no such run (yet: a run that is starting has no folder until its manifest)
         fail(str(e), "nothing was written")
-    try:
-        stale = refresh_run_reports(folder)
-        info = report_mod.write(folder)
+    try:  # everything rendered before the first write: a broken file leaves the folder as it was
+        plan = plan_run_reports(folder)
+        prepared = report_mod.prepare(folder)
     except ArtifactError as e:
         fail(str(e), "nothing was written; repair or move the broken file aside, then rerun")
+    except ValueError as e:  # a manifest the summaries cannot show
+        fail(f"cannot write the summaries of {folder}: {e}", "nothing was written")
     except OSError as e:
-        fail(f"cannot write the report: {e.strerror or e}", c._disk_hint(e))
+        fail(f"cannot read {e.filename or folder}: {e.strerror or e}", "nothing was written")
+    if plan is not None and SUMMARY_MD in plan.added:  # written from the manifest with the other two
+        prepared["summary_text"] = None
+    written: list[str] = []
+    try:
+        info = report_mod.commit(prepared, written)
+        if plan is not None:
+            plan.write(written)
+    except OSError as e:
+        where = _target_of(e, folder if written else folder / report_mod.REPORT_NAME)
+        done = (f"{', '.join(written)} written before it; the others are as they were" if written
+                else "nothing was written")
+        fail(f"cannot write {where}: {e.strerror or e}", f"{done}; {c._disk_hint(e)}")
+    stale = plan.rewritten if plan is not None else []
+    added = plan.added if plan is not None else []
+    odd = odd_reports(folder)
     if as_json:
-        print(json.dumps({"schema_version": 1, **info, "rewritten": stale}, indent=2))
+        print(json.dumps({"schema_version": 1, **info, "rewritten": stale + added,
+                          "left_alone": plan.odd if plan is not None else []}, indent=2))
     else:
         con = out_console()
         con.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
-        if stale:
-            kept = f"rewritten ({', '.join(stale)} disagreed with manifest.json)"
+        if SUMMARY_MD in odd:
+            kept = "left as it is (not a regular file: a link, folder or special file is not the runner's)"
+        elif stale or added:
+            kept = "rewritten (" + "; ".join(
+                ([f"{', '.join(stale)} disagreed with manifest.json"] if stale else [])
+                + ([f"{', '.join(added)} missing, written from it"] if added else [])) + ")"
         elif info["summary_written"]:
             kept = "written (the run had none)"
         else:
@@ -64,51 +89,120 @@ def report(
             con.print("[bold red]INTERRUPTED[/]: the run was stopped (Ctrl-C / cancel); later stages are missing")
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
+    if plan is not None and plan.odd:  # stale reports the runner cannot rewrite: named, never followed
+        for name in plan.odd:
+            err_console().print(f"[yellow]note:[/] {plain_text(str(folder / name))} is not a regular file "
+                                "(a link, folder or special file): left as it is, so it may disagree with "
+                                "manifest.json; move it aside and rerun nsa-run report to have it written",
+                                soft_wrap=True)
     for line in info.get("problems", []):  # sections left out of report.html, each naming its files
         err_console().print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     raise typer.Exit(0)
 
 
-def refresh_run_reports(folder: Path) -> list[str]:
-    """summary.md / junit.xml written from another state of the run than manifest.json's (a runner
-    stopped between a record and its closing reports left the earlier run's: PASS for a stage now
-    recorded FAIL) are written again from the manifest, with summary.json; returns their names.
-    The runner records what it wrote them from (``reports_of``); a run folder without that note
-    keeps its files as they are. Nothing is done while an nsa-run is still at work in the folder
-    (its own end writes them), nor for a manifest that cannot be read (``report_mod.write`` names it)."""
+def _target_of(e: OSError, fallback: Path) -> str:
+    """The path an atomic write failed on (its temporary file renamed onto it: ``filename2``)."""
+    for name in (getattr(e, "filename2", None), getattr(e, "filename", None)):
+        if name:
+            p = Path(os.fsdecode(name))
+            if p.name.startswith(".") and p.name.endswith(".tmp"):  # .report.html.XXXX.tmp
+                continue
+            return plain_text(str(p))
+    return plain_text(str(fallback))
+
+
+def _names() -> tuple[str, str, str]:
+    from nsa_runner.results import JUNIT_XML, SUMMARY_JSON, SUMMARY_MD
+
+    return (SUMMARY_MD, JUNIT_XML, SUMMARY_JSON)
+
+
+def odd_reports(folder: Path) -> list[str]:
+    """Which of summary.md / junit.xml / summary.json are there but not regular files (a link, a
+    folder, a FIFO): not the runner's, so neither read nor replaced."""
+    odd = []
+    for n in _names():
+        try:
+            if not stat.S_ISREG(os.lstat(folder / n).st_mode):
+                odd.append(n)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            odd.append(n)
+    return odd
+
+
+class ReportsPlan:
+    """summary.md / junit.xml / summary.json to write again from the manifest, rendered in memory."""
+
+    def __init__(self, folder: Path, m: dict, text: dict[str, str], rewritten: list[str], added: list[str],
+                 odd: list[str]):
+        self.folder, self.m, self.text = folder, m, text
+        self.rewritten, self.added, self.odd = rewritten, added, odd
+
+    def write(self, written: list[str]) -> None:
+        from nsa_runner.artifacts import ManifestError, write_text
+        from nsa_runner.manifest import RunManifest
+
+        for name in self.rewritten + self.added:
+            write_text(self.folder / name, self.text[name])
+            written.append(name)
+        if self.odd:  # not recorded as agreeing: the next report names them again
+            return
+        try:
+            RunManifest(self.folder, self.m).set_fields(reports_of=c.reports_digest(self.m))
+            written.append("manifest.json")
+        except ManifestError:
+            pass
+
+
+def plan_run_reports(folder: Path) -> ReportsPlan | None:
+    """summary.md / junit.xml / summary.json written from another state of the run than
+    manifest.json's (a runner stopped between a record and its closing reports left the earlier
+    run's: PASS for a stage now recorded FAIL; a rerun killed -9 left no runner-died line) are
+    rendered again from the manifest, to be written by ``ReportsPlan.write`` (nothing is written
+    here). Whichever of the three is there as a regular file, or missing, is written; a link /
+    folder / special file is left as it is and named (``odd``). The runner records what it wrote
+    them from (``reports_of``); a run folder without that note keeps its files as they are.
+    None while an nsa-run is still at work in the folder (its own end writes them), for a
+    manifest that cannot be read (``report_mod.prepare`` names it), or when they agree."""
     from nsa_runner.artifacts import ManifestError, load_manifest, still_running
-    from nsa_runner.results import JUNIT_XML, SUMMARY_MD
-    from nsa_runner.results.reports import write_run_reports
+    from nsa_runner.results import SUMMARY_MD
+    from nsa_runner.results.reports import render_run_reports
 
     folder = Path(folder)
     try:
         m = load_manifest(folder)
     except (ManifestError, OSError):
-        return []
+        return None
     written_of = m.get("reports_of")
     if not isinstance(written_of, str) or still_running(m):
-        return []
+        return None
     try:
         if written_of == c.reports_digest(m):
-            return []
+            return None
     except (ValueError, TypeError):
-        return []
-    from nsa_runner.results import SUMMARY_JSON
+        return None
+    odd = odd_reports(folder)
+    names = [n for n in _names() if n not in odd]
+    rewritten = [n for n in names if os.path.lexists(folder / n)]
+    added = [n for n in names if n not in rewritten]
+    if not rewritten and not odd:  # none of them there (a run killed before its reports): report writes summary.md
+        return None
+    if SUMMARY_MD in odd:
+        added = [n for n in added if n != SUMMARY_MD]
+    return ReportsPlan(folder, m, render_run_reports(folder, m), rewritten, added, odd)
 
-    names = (SUMMARY_MD, JUNIT_XML, SUMMARY_JSON)
-    if any(os.path.lexists(folder / n) and not stat.S_ISREG(os.lstat(folder / n).st_mode) for n in names):
-        return []  # a link or a special file there is not the runner's: neither read nor replaced
-    stale = [name for name in (SUMMARY_MD, JUNIT_XML) if (folder / name).is_file()]
-    if not stale:
-        return []
-    write_run_reports(folder, m)
-    try:
-        from nsa_runner.manifest import RunManifest
 
-        RunManifest(folder, m).set_fields(reports_of=c.reports_digest(m))
-    except ManifestError:
-        pass
-    return stale
+def refresh_run_reports(folder: Path) -> list[str]:
+    """Write stale summary.md / junit.xml / summary.json again (``plan_run_reports``); returns the
+    names written."""
+    plan = plan_run_reports(folder)
+    if plan is None:
+        return []
+    written: list[str] = []
+    plan.write(written)
+    return [n for n in written if n != "manifest.json"]
 
 
 # ---- the end of ``oneshot`` (called from nsa_runner/commands/oneshot.py) ------------------------
