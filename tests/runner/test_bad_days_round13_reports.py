@@ -201,3 +201,29 @@ def test_b12_report_html_a_folder_is_named(rt, tmp_path):
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr[-2000:])
     assert "report.html" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "see its path" not in r.stderr or str(run / "report.html") in r.stderr, r.stderr
+
+
+# ---- B2 (part-way): a write that fails after others says which were written --------------------
+
+ENOSPC_AT = '''
+import errno, os
+from pathlib import Path
+from nsa_runner import artifacts as _a
+_real = _a.write_text
+def _write_text(path, text):
+    if Path(path).name == os.environ.get("RT13_ENOSPC_AT"):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    return _real(path, text)
+_a.write_text = _write_text
+'''
+
+
+def test_b2_a_write_failing_part_way_names_its_path_and_what_was_written(rt, tmp_path):
+    run = _run(rt, tmp_path / "out")
+    _fail_a(run)
+    r = subprocess.run([sys.executable, "-c", ENOSPC_AT + MAIN, "report", str(run)], text=True, timeout=180,
+                       capture_output=True, env=env_with(rt, RT13_ENOSPC_AT="junit.xml"))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert f"cannot write {run / 'junit.xml'}" in r.stderr.replace("\n", ""), r.stderr
+    assert "nothing was written" not in r.stderr and "report.html" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
