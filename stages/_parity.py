@@ -22,7 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from nsa_runner.impls import ImplError
+from nsa_runner.impls import ImplError, adapter_code, describe_failure, stops
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _seed
@@ -323,13 +323,21 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
                 continue
             t0 = time.perf_counter()
             try:
-                m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))
+                with adapter_code():
+                    m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))
                 status = "PASS" if m.pop("ok") else "FAIL"
                 row = {**base, **m, "status": status}
-            except Exception as e:  # noqa: BLE001 - the kernel under test failed on this case
-                traceback.print_exc()
-                first = (str(e).strip().splitlines() or [""])[0][:200]
-                row = {**unmeasured, "status": "ERROR", "note": f"{type(e).__name__}: {first}"}
+            except BaseException as e:  # noqa: BLE001 - the kernel under test failed on this case
+                # SystemExit / GeneratorExit / its own KeyboardInterrupt of an adapter's part too, its text
+                # never trusted (round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
+                if stops(e):
+                    raise
+                try:
+                    traceback.print_exc()
+                except BaseException as e2:  # noqa: BLE001 - its traceback's text is its code too
+                    if stops(e2):
+                        raise
+                row = {**unmeasured, "status": "ERROR", "note": describe_failure(e, 200)}
             row["seconds"] = round(time.perf_counter() - t0, 2)
             if impl.note:
                 row["note"] = "; ".join(filter(None, [row.get("note"), impl.note]))
