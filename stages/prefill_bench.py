@@ -83,7 +83,9 @@ PAPER_NSA = "l=32,d=16,l_sel=64,n_sel=16,w=512"
 GPU_SHAPE = dict(batch=1, heads=64, groups=4, dk=128, dv=128, dtype="bf16", nsa=PAPER_NSA)
 DEFAULTS = {
     ("cuda", "full"): dict(T_list=[8192, 16384, 32768, 65536], parity_T=[2085], rep_ms=150.0, **GPU_SHAPE),
-    ("cuda", "quick"): dict(T_list=[2048, 4096], parity_T=[1100], rep_ms=50.0, **GPU_SHAPE),
+    # quick from 4K: at 2K (a ~5 ms fwd+bwd) the instrumented pass's own stamps made the parts add up to
+    # 1.03-1.10 x the whole on the H100 (2026-11-26: 1.101, a FAIL of the 1 +- 0.1 check); from 4K 0.99-1.03
+    ("cuda", "quick"): dict(T_list=[4096, 8192], parity_T=[1100], rep_ms=50.0, **GPU_SHAPE),
     ("cpu", "full"): dict(T_list=[256, 512], parity_T=[200], rep_ms=200.0, batch=1, heads=4, groups=2, dk=32,
                           dv=32, dtype="fp32", nsa="l=16,d=8,l_sel=32,n_sel=4,w=64"),
 }
