@@ -780,7 +780,7 @@ class PrefillBench(Stage):
                    "after a float64 parity gate")
     timeout_s = 1500.0
     options = (
-        Option("--T-list", int_list, None, "sequence lengths (default CUDA full 8k,16k,32k,64k; quick 2k,4k; "
+        Option("--T-list", int_list, None, "sequence lengths (default CUDA full 8k,16k,32k,64k; quick 4k,8k; "
                "CPU 128,256)"),
         Option("--dtype", str, None, "dtype (default CUDA bf16, CPU fp32)", choices=tuple(DTYPES)),
         Option("--batch", _pos, None, "batch B (default 1)"),
