@@ -171,15 +171,8 @@ class Fa2Probe(Stage):
         t0 = time.perf_counter()
         # cuDNN's rows (a graph built per new configuration in each process) in child processes
         # beside this one's: the same rows, inputs and order (flash_bench.parity_apart)
-        will_bench = opts.get("bench", "yes") == "yes"
-        S_list = opts.get("S_list") or (FULL_S if ctx.profile == "full" else QUICK_S)
-
-        def prime():  # the bench's first calls (cuDNN graph builds, FA-4 loads) while the children run
-            return _flash_bench.prime(device, paths, min(S_list), cfg)
-
         rows, pinfo = _flash_bench.parity_apart(device, paths, [torch.float16, torch.bfloat16], cases, cfg,
-                                                seed=seed, log=lambda m: print(m, flush=True),
-                                                meanwhile=prime if will_bench else None)
+                                                seed=seed, log=lambda m: print(m, flush=True))
         doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 2)
         doc["parity_children"] = pinfo
         if pinfo["children"]:
@@ -205,7 +198,8 @@ class Fa2Probe(Stage):
             reason = f"{n_fail} parity rows FAILED: " + ", ".join(
                 f"{r.case}/{r.branch}/{r.path}" for r in bad.head(5).itertuples()) + (" ..." if n_fail > 5 else "")
         metrics = {"parity_pass": n_pass, "parity_fail": n_fail}
-        if will_bench and any(good.values()):
+        if opts.get("bench", "yes") == "yes" and any(good.values()):
+            S_list = opts.get("S_list") or (FULL_S if ctx.profile == "full" else QUICK_S)
             reason += "; " + self._bench(ctx, d, device, good, S_list, doc, txt, files, metrics, opts, cfg)
         probe = {r["name"]: r for r in doc["probe"]}
         pk = [n for n in ("flash_attn (FA-2)", "flash_attn_interface (FA-3)", "flash_attn.cute (FA-4)")

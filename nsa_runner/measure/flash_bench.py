@@ -162,15 +162,11 @@ def _child_cmd() -> list[str]:
 
 def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
                  seed: int = 0, apart=BUILDS_PER_PROCESS, jobs: int | None = None,
-                 child_cmd: list[str] | None = None, log=None, meanwhile=None) -> tuple[list[dict], dict]:
+                 child_cmd: list[str] | None = None, log=None) -> tuple[list[dict], dict]:
     """``parity`` with the rows of the ``apart`` paths computed in up to ``jobs`` child processes
     (cases dealt round-robin), started first and run beside this process's own rows. The same rows,
     inputs and order as ``parity``. A child that fails or times out is not a lost row: its cases
     are computed here afterwards, and the returned info says which and why.
-
-    ``meanwhile()``: called once this process's own rows are done, while the children still run
-    (fa2-probe primes its bench there: ``prime``); what it raises is noted in info["meanwhile"], never
-    the parity's failure. Not called when no child runs.
 
     Returns (rows, info): info = {"children": n, "apart": [...], "fallback": [reason, ...]}."""
     log = log or (lambda msg: None)
@@ -207,14 +203,6 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
         log(f"parity: {info['apart']} rows in {info['children']} child processes "
             f"({len(cases)} cases), the other paths here")
         rows = parity(device, mine, dtypes, cases, cfg, seed=seed)
-        if meanwhile is not None and info["children"]:
-            t0 = time.perf_counter()
-            try:
-                meanwhile()
-                info["meanwhile"] = f"done in {time.perf_counter() - t0:.1f} s"
-            except Exception as e:  # noqa: BLE001 - a head start, never the parity's failure
-                info["meanwhile"] = f"{type(e).__name__}: {str(e)[:200]}"
-            log(f"parity: meanwhile {info['meanwhile']}")
         redo = []
         t_end = time.monotonic() + CHILD_TIMEOUT_S
         for k, idx, p, out_path in procs:
@@ -283,42 +271,6 @@ def _timer(device: str):
     return timer, "nsa_runner.measure.timing.bench"
 
 
-def prime(device: str, branch_paths: dict[str, list[str]], S: int, cfg: NSAConfig, *, B: int = 1, HQ: int = 32,
-          G: int = 2, D: int = 128, dtype=torch.bfloat16, seed: int = 0) -> int:
-    """Each of ``bench``'s callables (sdpa and every path, forward and forward + backward) once at
-    length S, untimed: what a first call costs in a process (cuDNN builds a graph per configuration,
-    ~1-5 s; FA-4 loads its compiled kernels) is paid here, while fa2-probe's parity children run, and
-    not in the bench's own first calls. The bench still makes its untimed first call per shape.
-    Returns the number of callables primed."""
-    g = torch.Generator(device=device).manual_seed(seed + S)
-    q, do = (torch.randn(B, S, HQ, D, generator=g, device=device, dtype=dtype) for _ in range(2))
-    k, v = (torch.randn(B, S, G, D, generator=g, device=device, dtype=dtype) for _ in range(2))
-    kc, vc = F.compress(k, cfg), F.compress(v, cfg)
-    n = 0
-    for branch in ("cmp", "win"):
-        leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
-        fns = [_sdpa_fn(branch, cfg, S)] + [_branch_fns(branch, cfg, S, p) for p in branch_paths.get(branch, [])]
-        for fn in fns:
-            lv = [x.detach().requires_grad_(True) for x in leaves]
-            try:
-                torch.autograd.grad(fn(*lv), lv, do)
-                n += 1
-            except Exception:  # noqa: BLE001 - the bench itself says what does not run
-                pass
-    del q, do, k, v, kc, vc
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return n
-
-
-def _sdpa_fn(branch: str, cfg: NSAConfig, S: int):
-    """The bench's baseline for a branch: torch's SDPA through the reference modules."""
-    if branch == "cmp":
-        return lambda q_, k_, v_: cmp_ref.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")
-    return lambda q_, k_, v_: win_ref.sliding_attention(q_, k_, v_, cfg.w, engine="sdpa")
-
-
 def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cfg: NSAConfig, *,
           B: int = 1, HQ: int = 32, G: int = 2, D: int = 128, dtype=torch.bfloat16, seed: int = 0,
           score_rows: bool = False) -> tuple[list, str]:
@@ -340,8 +292,14 @@ def bench(device: str, branch_paths: dict[str, list[str]], S_list: list[int], cf
         kc, vc = F.compress(k, cfg), F.compress(v, cfg)
         for branch in ("cmp", "win"):
             leaves = [q, kc, vc] if branch == "cmp" else [q, k, v]
-            cands = [("sdpa", _sdpa_fn(branch, cfg, S))] + [(p, _branch_fns(branch, cfg, S, p))
-                                                            for p in branch_paths.get(branch, [])]
+            if branch == "cmp":
+                def sdpa(q_, k_, v_, S=S):
+                    return cmp_ref.compressed_attention(q_, k_, v_, S, cfg, engine="sdpa")
+            else:
+                def sdpa(q_, k_, v_):
+                    return win_ref.sliding_attention(q_, k_, v_, cfg.w, engine="sdpa")
+            cands = [("sdpa", sdpa)] + [(p, _branch_fns(branch, cfg, S, p))
+                                        for p in branch_paths.get(branch, [])]
             base = None
             for name, fn in cands:
                 row = {"branch": branch, "kind": "baseline" if name == "sdpa" else "flash", "path": name, "S": S,

@@ -141,34 +141,3 @@ def test_parity_apart_computes_a_failed_childs_rows_itself_and_says_so():
                                            jobs=2, child_cmd=["/nonexistent/python"])
     assert _strip_wall(rows) == _strip_wall(serial)
     assert info["children"] == 0 and all("did not start" in w for w in info["fallback"])
-
-
-def test_parity_apart_runs_meanwhile_while_its_children_run_and_a_raising_one_changes_no_row():
-    """fa2-probe primes its bench in ``meanwhile`` (flash_bench.prime): called after this process's
-    rows, while the children are alive; what it raises is noted, the rows are the serial ones."""
-    import psutil
-
-    cases = [_flash_bench.Case(1, 40, 4, 2, 8), _flash_bench.Case(2, 50, 4, 1, 8, Tq=3)]
-    paths = {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}
-    cfg = NSAConfig(w=16)
-    serial = _flash_bench.parity("cpu", paths, [torch.float32], cases, cfg)
-    slow = [sys.executable, "-c", "import sys, time, runpy; time.sleep(3); sys.argv = ['x', sys.argv[1]]; "
-            "runpy.run_module('nsa_runner.measure.flash_bench', run_name='__main__')"]
-    seen = []
-
-    def meanwhile():
-        seen.append(len(psutil.Process().children()))
-        raise RuntimeError("cuDNN build failed")
-
-    rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, apart=("sdpa-math",),
-                                           jobs=2, child_cmd=slow, meanwhile=meanwhile)
-    assert seen == [2]  # once, with both children alive
-    assert info["meanwhile"].startswith("RuntimeError: cuDNN build failed") and info["fallback"] == []
-    assert _strip_wall(rows) == _strip_wall(serial)
-
-
-def test_prime_calls_each_bench_callable_once_forward_and_backward():
-    cfg = NSAConfig(w=16)
-    n = _flash_bench.prime("cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math", "no-such-path"]}, 64, cfg,
-                           HQ=4, G=2, D=16, dtype=torch.float32)
-    assert n == 4  # sdpa and sdpa-math on each branch; the unknown path is the bench's to report
