@@ -42,30 +42,48 @@ def _row(e: StageEntry, machine: Machine) -> dict:
     }
 
 
+def _t(text: object, one_line: bool = True) -> str:
+    """A plugin-provided text as the terminal shows it: clipped like a reason in the run table
+    ("… (N more characters)"), markup and control characters made plain; ``one_line`` folds its
+    whitespace. Every plugin text `list`, `list NAME`, `list --impls` and `stage NAME --help` print
+    goes through here (round 12 B4 clipped errors / why-not only; round 13 B6: a check docstring,
+    differences, note, description, option help or a METADATA Version of megabytes was printed
+    whole). --json keeps them whole."""
+    text = str(text)
+    return plain_text(clip(" ".join(text.split()) if one_line else text, TABLE_REASON_CHARS))
+
+
 def _why(r: dict) -> str:
     """A row's why-not for the terminal: clipped like a reason in the run table (round 12 B4: a broken
     plugin's 100 000-line import error made `nsa-run list` print 15 MB; --json keeps it whole)."""
-    return plain_text(clip(" ".join(str(r["why_not"]).split()), TABLE_REASON_CHARS))
+    return _t(r["why_not"])
+
+
+def _json(doc: dict) -> str:
+    """``doc`` as strict JSON (round 13 B10: NaN / Infinity from a plugin made --json not JSON)."""
+    from nsa_runner.impls.discovery import plain_json
+
+    return json.dumps(plain_json(doc), indent=2, allow_nan=False)
 
 
 def _render_one(r: dict) -> None:
     con = out_console()
-    con.print(f"[bold]{plain_text(r['name'])}[/] (order {r['order']}, {plain_text(r['source'])}, "
-              f"{plain_text(r['entry_point'])})")
+    con.print(f"[bold]{_t(r['name'])}[/] (order {r['order']}, {_t(r['source'])}, "
+              f"{_t(r['entry_point'])})")
     if r["description"]:
-        con.print(plain_text(r["description"]))
-    con.print(f"requires: {plain_text(', '.join(r['requires'])) or '-'}   runs here: "
+        con.print(_t(r["description"], one_line=False))
+    con.print(f"requires: {_t(', '.join(r['requires'])) or '-'}   runs here: "
               + ("yes" if r["runs_here"] else f"no: {_why(r)}"))
     if not r["options"]:
         con.print("options: none")
         return
-    t = Table(title=f"options of `nsa-run stage {plain_text(r['name'])}`")
+    t = Table(title=f"options of `nsa-run stage {_t(r['name'])}`")
     for col in ("flag", "default", "choices", "help"):
         t.add_column(col, overflow="fold", no_wrap=col == "flag")
     for o in r["options"]:
         default = "(chosen by the stage)" if o["default"] is None else str(o["default"])
-        t.add_row(plain_text(o["flag"]), plain_text(default), plain_text(", ".join(map(str, o["choices"]))) or "-",
-                  plain_text(o["help"] or ""))
+        t.add_row(_t(o["flag"]), _t(default), _t(", ".join(map(str, o["choices"]))) or "-",
+                  _t(o["help"] or ""))
     con.print(t)
 
 
@@ -89,23 +107,21 @@ def list_stages(
         if not match:
             fail(f"unknown stage {shown(name)}", f"known stages: {', '.join(r['name'] for r in rows) or 'none'}")
         if as_json:
-            print(json.dumps({"schema_version": 1, "device": machine.device, "stage": match[0]}, indent=2,
-                             default=str))
+            print(_json({"schema_version": 1, "device": machine.device, "stage": match[0]}))
         else:
             _render_one(match[0])
         raise typer.Exit(1 if name in broken else 0)
     if as_json:
-        print(json.dumps({"schema_version": 1, "device": machine.device, "stages": rows}, indent=2,
-                         default=str))
+        print(_json({"schema_version": 1, "device": machine.device, "stages": rows}))
     else:
         t = Table(title=f"nsa-run stages (device={machine.device})")
         for col in ("order", "stage", "requires", "source", "options", "runs here"):
             t.add_column(col, overflow="fold", no_wrap=col in ("order", "stage"))
         for r in rows:
             runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {_why(r)}"
-            t.add_row("-" if r["order"] is None else str(r["order"]), plain_text(r["name"]),
-                      plain_text(", ".join(r["requires"])) or "-", plain_text(r["source"]),
-                      plain_text(" ".join(o["flag"] for o in r["options"])) or "-", runs)
+            t.add_row("-" if r["order"] is None else str(r["order"]), _t(r["name"]),
+                      _t(", ".join(r["requires"])) or "-", _t(r["source"]),
+                      _t(" ".join(o["flag"] for o in r["options"])) or "-", runs)
         out_console().print(t)
     raise typer.Exit(1 if broken else 0)
 
@@ -116,7 +132,7 @@ def _list_impls(device: str, as_json: bool) -> None:
     rows = describe_all(device)
     broken = [r["name"] for r in rows if r["broken"]]
     if as_json:
-        print(json.dumps({"schema_version": 1, "device": device, "impls": rows}, indent=2, default=str))
+        print(_json({"schema_version": 1, "device": device, "impls": rows}))
     else:
         t = Table(title=f"nsa-run implementations under test (device={device}; use with --impl)")
         for col in ("impl", "source", "parts", "constraints", "runs here"):
@@ -131,9 +147,9 @@ def _list_impls(device: str, as_json: bool) -> None:
             diffs = "; ".join(f"{p}: {d}" for p, d in (r.get("differences") or {}).items())
             runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {_why(r)}"
             if r.get("note"):
-                runs += f" ({plain_text(r['note'])})"
-            t.add_row(r["name"], plain_text(r["source"]), ", ".join(r["parts"]) or "-",
-                      plain_text(text + (f" | differs: {diffs}" if diffs else "")) or "-", runs)
+                runs += f" ({_t(r['note'])})"
+            t.add_row(_t(r["name"]), _t(r["source"]), _t(", ".join(r["parts"])) or "-",
+                      (_t(text) + (f" | differs: {_t(diffs)}" if diffs else "")) or "-", runs)
         out_console().print(t)
     raise typer.Exit(1 if broken else 0)
 

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
+import math
 import os
 import re
 import traceback
@@ -194,7 +194,34 @@ def describe_impl(obj, ep: md.EntryPoint, args=None) -> dict:
             "needs_cuda": bool(c.needs_cuda), "differences": {str(k): str(v) for k, v in impl.differences.items()},
             "description": str(impl.description or ""), "note": str(impl.note or ""),
             "unavailable": str(impl.unavailable or ""), "hint": str(impl.hint or "")}
-    return {"impl": json.loads(json.dumps(info, default=str))}
+    return {"impl": plain_json(info)}
+
+
+def plain_json(value, depth: int = 0):
+    """``value`` as strict JSON values: what JSON cannot hold (NaN, infinities, objects, keys that are
+    not strings) becomes text. Round 13 B10: a ``check.__doc__`` of inf or a ``describe()`` giving NaN
+    made ``list --impls --json`` print ``Infinity`` / ``NaN`` (not JSON). Never raises."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else str(value)
+    if depth < 32 and isinstance(value, dict):
+        return {_text(k): plain_json(v, depth + 1) for k, v in value.items()}
+    if depth < 32 and isinstance(value, (list, tuple)):
+        return [plain_json(v, depth + 1) for v in value]
+    return _text(value)
+
+
+def _text(value) -> str:
+    """``str(value)`` of a plugin's object, or its type's name when even that raises."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        return f"<{type(value).__name__}>"
 
 
 def _info_problem(info) -> str:
