@@ -22,10 +22,13 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import stat
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -182,10 +185,64 @@ def _refuse_unsafe(path: Path, problem: str) -> ManifestError:
                          f"it (nsa-run makes a new one) and rerun")
 
 
-def _acquire(lock: FileLock, timeout: float, path: Path) -> None:
-    """``lock.acquire``; a lock file someone replaced (a folder, a FIFO, a link to a device, a hard
-    link to another file) is named: ManifestError "its lock file PATH is a folder ...: remove it".
-    Any other OSError (a full disk) keeps its errno and carries the lock file's path."""
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LOCK_POLL_S = 0.05
+
+
+class _Deferred:
+    """Ctrl-C, SIGTERM and SIGHUP held from ``start`` to ``end``, then handed to the handlers that
+    were there (in the order they came): an interrupt lands after, never inside. Nothing changes
+    for a signal that is ignored, or outside the main thread (no handler runs there)."""
+
+    def __init__(self):
+        self.held: list[int] = []
+        self.previous: dict = {}
+
+    def _hold(self, signum, frame) -> None:
+        self.held.append(signum)
+
+    def start(self) -> _Deferred:
+        if threading.current_thread() is threading.main_thread():
+            try:
+                for sig in INTERRUPTS:
+                    if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+                        self.previous[sig] = signal.signal(sig, self._hold)
+            except ValueError:  # an embedding without signal support
+                pass
+        return self
+
+    def end(self) -> None:
+        previous, self.previous = self.previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        held, self.held = list(dict.fromkeys(self.held)), []
+        for sig in held:
+            signal.raise_signal(sig)  # the handler that was there: raises, notes or ends, as it would have
+
+
+@contextmanager
+def signals_deferred():
+    """Ctrl-C, SIGTERM and SIGHUP are held while the block runs and delivered once it ends
+    (``_Deferred``): for short steps that must not be cut in two."""
+    d = _Deferred().start()
+    try:
+        yield
+    finally:
+        d.end()
+
+
+def _acquire(lock: FileLock, timeout: float, path: Path, keep: bool = False) -> _Deferred | None:
+    """``lock.acquire`` within ``timeout`` seconds (Timeout after), signal-safe: each try of the lock
+    runs with signals deferred, the waits between tries stay interruptible. An interrupt that landed
+    inside filelock's acquire, between the ``flock`` and the moment it keeps the descriptor, left the
+    lock held by this process and known to nothing: every later change of the manifest waited for
+    its own process, then "held by another process ... end that process" (round 13 A-B6). The
+    caller releases the lock (``_release``) on every way out once this was called. ``keep``: the
+    signals stay deferred once the lock is taken (returned: ``end()`` it after the release).
+
+    A lock file someone replaced (a folder, a FIFO, a link to a device, a hard link to another
+    file) is named: ManifestError "its lock file PATH is a folder ...: remove it". Any other OSError
+    (a full disk) keeps its errno and carries the lock file's path."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -194,20 +251,45 @@ def _acquire(lock: FileLock, timeout: float, path: Path) -> None:
         problem = _lock_file_problem(st)
         if problem is not None:
             raise _refuse_unsafe(path, problem)
-    try:
-        lock.acquire(timeout=timeout)
-    except Timeout:
-        raise
-    except UnsafeLockFile as e:
-        raise _refuse_unsafe(path, e.strerror) from None
-    except OSError as e:
-        what = e.strerror or str(e)
-        if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
-            kind = ("a link" if path.is_symlink() else "a folder" if path.is_dir()
-                    else "not a regular file")
-            raise ManifestError(f"its lock file {path} is {kind} ({what}); remove it "
-                                f"(nsa-run makes a new one) and rerun") from None
-        raise OSError(e.errno, f"{what} ({path})", str(path)) from None
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        deferred = _Deferred().start()
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
+            deferred.end()
+        except UnsafeLockFile as e:
+            deferred.end()
+            raise _refuse_unsafe(path, e.strerror) from None
+        except OSError as e:
+            deferred.end()
+            what = e.strerror or str(e)
+            if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+                kind = ("a link" if path.is_symlink() else "a folder" if path.is_dir()
+                        else "not a regular file")
+                raise ManifestError(f"its lock file {path} is {kind} ({what}); remove it "
+                                    f"(nsa-run makes a new one) and rerun") from None
+            raise OSError(e.errno, f"{what} ({path})", str(path)) from None
+        except BaseException:
+            deferred.end()
+            raise
+        else:
+            if keep:
+                return deferred
+            deferred.end()
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(str(path))
+        time.sleep(min(LOCK_POLL_S, left))
+
+
+def _release(lock: FileLock) -> None:
+    """Give the lock back whole (signals deferred: one landing inside filelock's release could leave
+    the descriptor locked), however often it was taken; nothing when it is not held."""
+    with signals_deferred():
+        if lock.is_locked:
+            lock.release(force=True)
 
 
 class SetAsideIncomplete(OSError):
@@ -287,32 +369,42 @@ class RunManifest:
         return self.dir / MANIFEST_NAME
 
     @contextmanager
-    def _locked(self):
+    def _locked(self, whole: bool = False):
         """The run folder's lock. Held for milliseconds by a manifest change: when another process
         holds it longer, one line says which lock and who holds it, and after ``lock_timeout()``
-        ManifestBusy names them (the CLI exits 2, nothing changed)."""
+        ManifestBusy names them (the CLI exits 2, nothing changed).
+
+        Taking and giving back the lock is signal-safe (``_acquire``, ``_release``); ``whole``: a
+        Ctrl-C / TERM / HUP from the moment the lock is taken until it is given back lands after
+        (a change of the manifest is made whole or not at all: a stage's record was lost when the
+        signal came as its lock was taken). The wait for another process's lock stays interruptible."""
         path = self.dir / LOCK_NAME
         try:
             total = lock_timeout()
         except ValueError as e:
             raise ManifestBusy(str(e)) from None
         lock = _RunLock(str(path))
-        try:
-            _acquire(lock, min(LOCK_NOTICE_S, total), path)
-        except Timeout:
-            holder = lock_holders(path)
-            self._say(f"waiting for the run folder's lock {path} (held by {holder or 'another process'}); "
-                      f"giving up after {total:g}s ({LOCK_TIMEOUT_ENV})")
+        deferred = None
+        try:  # released on every way out, an interrupt right after the lock was taken included
             try:
-                _acquire(lock, max(total - LOCK_NOTICE_S, 0), path)
+                deferred = _acquire(lock, min(LOCK_NOTICE_S, total), path, keep=whole)
             except Timeout:
-                holder = lock_holders(path) or holder or "another process"
-                raise ManifestBusy(f"{path}: held by {holder} for more than {total:g}s; end that process "
-                                   f"(or set {LOCK_TIMEOUT_ENV} higher) and rerun") from None
-        try:
+                holder = lock_holders(path)
+                self._say(f"waiting for the run folder's lock {path} (held by {holder or 'another process'}); "
+                          f"giving up after {total:g}s ({LOCK_TIMEOUT_ENV})")
+                try:
+                    deferred = _acquire(lock, max(total - LOCK_NOTICE_S, 0), path, keep=whole)
+                except Timeout:
+                    holder = lock_holders(path) or holder or "another process"
+                    raise ManifestBusy(f"{path}: held by {holder} for more than {total:g}s; end that process "
+                                       f"(or set {LOCK_TIMEOUT_ENV} higher) and rerun") from None
             yield
         finally:
-            lock.release()
+            try:
+                _release(lock)
+            finally:
+                if deferred is not None:
+                    deferred.end()
 
     @staticmethod
     def _say(text: str) -> None:
@@ -334,7 +426,7 @@ class RunManifest:
 
     def update(self, change: Callable[[dict], Any]) -> Any:
         """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it."""
-        with self._locked():
+        with self._locked(whole=True):
             data = self._read_fresh()
             result = change(data)
             write_json(self.path, data)
@@ -844,5 +936,5 @@ class RunManifest:
 
     def write(self) -> None:
         """Write this process's view as is (under the lock; prefer ``update``)."""
-        with self._locked():
+        with self._locked(whole=True):
             write_json(self.path, self.data)
