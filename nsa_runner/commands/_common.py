@@ -352,18 +352,50 @@ def _end_with(code: int) -> None:
     atexit.register(ignore)
 
 
+class _Closing:
+    """A run's closing records (summaries, junit.xml, exit code): from ``start`` on, a Ctrl-C, SIGTERM
+    or SIGHUP is noted (``late``), never raised in the middle of them; the run is then recorded as
+    interrupted. While ``armed`` (``after``: report.html, the baseline check) the first one is
+    raised as the interrupt it is, and is noted too. One set of handlers from the stages' end until
+    the exit code is recorded: a signal between two guarded steps was raised bare (exit 130
+    without the records), and one while the summaries were written was dropped (round 13 B-B7:
+    ``finish_run`` set SIG_IGN over the handler that notes it: exit 0, ``interrupted: false``)."""
+
+    def __init__(self):
+        self.late: list[int] = []
+        self.armed = False
+        self.started = False
+
+    def _note(self, signum, frame) -> None:
+        self.late.append(signum)
+        if self.armed:
+            self.armed = False
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(signum)
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            catch(sig, self._note)
+
+
 def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str, strict: bool,
                     as_json: bool, after, settings: Settings, err) -> None:
     interrupted = False
     records: list = []  # filled by execute as each stage is recorded
+    closing = _Closing()
     try:
         with ProgressObserver(err, total=len(plan)) as obs:
             execute(plan, manifest, settings, machine, obs, records=records)
+        closing.start()  # inside the try: a signal before this line is the run's interrupt (below)
     except KeyboardInterrupt as intr:  # RunInterrupted, or one landing as execute returned
+        closing.start()
         interrupted = True
         if not isinstance(intr, RunInterrupted):  # the manifest's finish may not have happened
-            with signals_noted():
-                _finish_interrupted(manifest)
+            _finish_interrupted(manifest)
     except (OSError, ManifestError) as e:  # e.g. the disk filled up: the run cannot be recorded
         run_broke(manifest, e)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
@@ -371,30 +403,31 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
     # here on is noted, never raised in the middle of them (a SIGTERM after a rerun's record
     # exited 130 without a word, leaving the earlier run's summary.md / junit.xml saying PASS for
     # a stage now recorded FAIL, and its exit_code); the run is then recorded as interrupted
-    with signals_noted() as late:
+    finish_run(manifest, err)
+    if closing.late and not interrupted:
+        interrupted, code = True, EXIT_INTERRUPTED
+        _finish_interrupted(manifest)
         finish_run(manifest, err)
-    if late and not interrupted:
-        interrupted, code = True, EXIT_INTERRUPTED
-        with signals_noted():
-            _finish_interrupted(manifest)
-            finish_run(manifest, err)
-    try:  # a Ctrl-C while the closing reports are written: recorded as interrupted, never a traceback
-        if after is not None and not interrupted:
+    if after is not None and not interrupted:
+        closing.armed = True  # report.html / the baseline check: a Ctrl-C stops them
+        try:
             code = after(code)
-    except KeyboardInterrupt:
-        interrupted, code = True, EXIT_INTERRUPTED
-        with signals_noted():
+        except KeyboardInterrupt:
+            pass
+        finally:
+            closing.armed = False
+        if closing.late:  # raised there (or taken by it): recorded as interrupted, never a traceback
+            interrupted, code = True, EXIT_INTERRUPTED
             _finish_interrupted(manifest)
             finish_run(manifest, err)
-    with signals_noted() as late:
-        try:  # make reports 2 for any failure: the CLI's own code stays here
-            manifest.set_fields(exit_code=code, **({"interrupted": True} if interrupted else {}))
-            if late and not interrupted:  # during that write: the summaries say interrupted too
-                interrupted, code = True, EXIT_INTERRUPTED
-                manifest.set_fields(exit_code=code, interrupted=True)
-                finish_run(manifest, err)
-        except (OSError, ManifestError) as e:
-            run_broke(manifest, e)
+    try:  # make reports 2 for any failure: the CLI's own code stays here
+        manifest.set_fields(exit_code=code, **({"interrupted": True} if interrupted else {}))
+        if closing.late and not interrupted:  # during that write: the summaries say interrupted too
+            interrupted, code = True, EXIT_INTERRUPTED
+            manifest.set_fields(exit_code=code, interrupted=True)
+            finish_run(manifest, err)
+    except (OSError, ManifestError) as e:
+        run_broke(manifest, e)
     # the exit code is recorded: a late Ctrl-C / TERM / HUP ends the command with that same code
     _late = _exit_with(code)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -490,14 +523,10 @@ def run_broke(manifest: RunManifest, e: Exception) -> None:
 def finish_run(manifest: RunManifest, err) -> None:
     """summary.md, summary.json and junit.xml over the whole run, on every exit path.
 
-    A second Ctrl-C while they are written is ignored: the reports of a cancelled CI job are
-    what the CI system shows. A failure to write them is reported, never hidden, and does not
-    change the run's exit code (the manifest holds every result)."""
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    try:
-        previous = [signal.signal(sig, signal.SIG_IGN) for sig in sigs]
-    except ValueError:  # not the main thread (embedded use): nothing to guard
-        previous = None
+    Called while the run's closing notes Ctrl-C / TERM / HUP (``_Closing``): one that comes while
+    they are written ends the run as interrupted once they are (its handler is left as it is here:
+    the SIG_IGN this set dropped it, round 13 B-B7). A failure to write them is reported, never
+    hidden, and does not change the run's exit code (the manifest holds every result)."""
     try:
         data = manifest.data
         write_run_reports(manifest.dir, data)
