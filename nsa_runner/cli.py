@@ -25,13 +25,12 @@ app = typer.Typer(
 )
 
 def _version(value: bool) -> None:
+    """The version of the nsa_runner that runs (``nsa_runner.__version__``), never a lookup by the
+    distribution name: a plugin's ``nsa_run-99.0.dist-info`` earlier on sys.path answered it (round
+    13 B-B8), the Name trust round 12 removed from built-in-ness."""
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from nsa_runner import __version__ as v
 
-        try:
-            v = version("nsa-run")
-        except PackageNotFoundError:  # a plain checkout that was never installed
-            from nsa_runner import __version__ as v
         print(f"nsa-run {v}")
         raise typer.Exit(0)
 
