@@ -109,10 +109,11 @@ def main() -> None:
             app()
         finally:  # buffered output fails here, not in the interpreter's exit (a traceback, exit 120)
             sys.stdout.flush()
-    except SystemExit as e:  # typer turns an interrupt into exit 130 without a word
+    except SystemExit:  # typer turns an interrupt into exit 130 without a word
         _quiet_signals()  # the process ends now, with this code: a signal in its last steps changes nothing
-        if e.code == _common.EXIT_INTERRUPTED and _common.STOPPED_BY and not _common.RUN_STARTED:
-            _say_stopped(_common.STOPPED_BY)
+        if _common.STOPPED_BY and not _common.RUN_STARTED:  # an interrupt some code swallowed: still one
+            _say_stopped(_common.STOPPED_BY)                 # (round 13 A-B7: exit 0 after a Ctrl-C)
+            sys.exit(_common.EXIT_INTERRUPTED)
         raise
     except KeyboardInterrupt:  # one outside typer's own handling (while it parses the command line)
         _say_stopped(_common.STOPPED_BY or "Ctrl-C")
@@ -125,6 +126,9 @@ def main() -> None:
             pass
         sys.exit(2)
     except Exception as e:  # noqa: BLE001 - a traceback is for --debug only
+        if _common.STOPPED_BY and not _common.RUN_STARTED:  # an interrupt that code turned into an error
+            _say_stopped(_common.STOPPED_BY)                 # (RuntimeError "Error calling __set_name__")
+            sys.exit(_common.EXIT_INTERRUPTED)
         if debug:
             raise
         first = (str(e).strip().splitlines() or [""])[0][:300]

@@ -35,6 +35,7 @@ from nsa_runner.manifest import (
     RunManifest,
     SetAsideIncomplete,
     lock_timeout,
+    signals_deferred,
 )
 from nsa_runner.registry import (
     DISCOVERY_TIMEOUT_ENV,
@@ -99,12 +100,17 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
     if problem:  # importing torch or any plugin would read it: `nsa-run list` hung forever on a FIFO
         fail(f"an installed package's metadata cannot be read: {problem}",
              "remove or reinstall that package (its folder is named in the path)")
-    cuda = cuda_available()
+    # torch's import (C++ / pybind11) runs with Ctrl-C / TERM / HUP deferred, raised once it is done:
+    # a KeyboardInterrupt raised inside it was swallowed (cuda_available's `except Exception` took
+    # the RuntimeError it became: the run went on, exit 0), or aborted the process (exit 134)
+    with signals_deferred():
+        cuda = cuda_available()
+        triton = triton_installed()
     if device == "cuda" and not cuda:
         fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)",
              "run without --device, or use --device cpu")
     device = device or ("cuda" if cuda else "cpu")
-    machine = Machine(cuda=cuda, triton=triton_installed(), device=device)
+    machine = Machine(cuda=cuda, triton=triton, device=device)
     return machine, profile or ("full" if device == "cuda" else "quick")
 
 
@@ -284,6 +290,8 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     catch(signal.SIGTERM, _term)
     catch(signal.SIGHUP, _term)
     global RUN_STARTED
+    if STOPPED_BY is not None:  # an interrupt that came before the run and was swallowed on the way
+        raise KeyboardInterrupt  # (plugin or C extension code taking it): no stage runs after a Ctrl-C
     RUN_STARTED = True  # from here on the run reports an interrupt itself (manifest, closing lines)
     if after is not None:  # oneshot: report.html's imports and font while the stages run (this process waits)
         from nsa_runner import report as report_mod
