@@ -226,3 +226,46 @@ def test_a_b7_interrupt_while_torch_is_imported_stops_the_command(rt, tmp_path, 
     assert lines and lines[-1].startswith("interrupted ("), r.stderr[-2000:]
     assert "unexpected" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (out / "testrun" / "a.txt").exists(), "the stage ran after the Ctrl-C"
+
+
+# in the interpreter that runs the nsa-run script: a signal to itself while nsa_runner.cli imports
+# typer (before main() runs), through a sitecustomize on PYTHONPATH
+EARLY = '''
+import os, signal, sys, time
+
+class _Early:
+    done = False
+    def find_spec(self, name, path=None, target=None):
+        if name == "typer" and not _Early.done and os.environ.get("RT13_SIG_EARLY"):
+            _Early.done = True
+            os.kill(os.getpid(), getattr(signal, os.environ["RT13_SIG_EARLY"]))
+            time.sleep(0.5)
+        return None
+
+sys.meta_path.insert(0, _Early())
+'''
+
+SCRIPT = """import re
+import sys
+from nsa_runner.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_b7_interrupt_while_the_cli_itself_imports_is_one_line_and_130(plugins, tmp_path, sig):
+    """Before ``main`` installed its handlers (typer, rich and the commands import for a second or
+    more): a Ctrl-C printed a KeyboardInterrupt traceback, a SIGTERM ended the process 143, silent."""
+    (plugins.site / "sitecustomize.py").write_text(EARLY)
+    script = tmp_path / "bin" / "nsa-run"  # the console script pip writes, as the nsa-run command
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    env = env_with(plugins.env(), RT13_SIG_EARLY=sig)
+    r = subprocess.run([sys.executable, str(script), "list"], env=env, text=True, capture_output=True,
+                       timeout=120)
+    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip() == f"interrupted ({'Ctrl-C' if sig == 'SIGINT' else sig}): nsa-run stopped; " \
+                               "nothing is left running", r.stderr[-2000:]
+    assert r.stdout == "", r.stdout[-2000:]
