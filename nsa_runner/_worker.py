@@ -267,11 +267,25 @@ def _above_std(fd: int) -> int:
         os.close(fd)
 
 
+# the watchdog's own process group in the runner's session (``Watchdog``); Python 3.10 has no
+# ``process_group``: a session of its own there (not continued by the kernel when the runner dies)
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+
+
 class Watchdog:
     """``python -m nsa_runner._worker --watchdog`` (runner side; the executor and plugin discovery use
     it): kills the stage and removes its temp folder if
-    this runner dies (kill -9) before ``done()``. Its own session: a terminal's Ctrl-C and a
-    kill of the runner's process group do not reach it."""
+    this runner dies (kill -9) before ``done()``. Its own process group: a terminal's Ctrl-C or Ctrl-Z
+    and a kill of the runner's process group do not reach it.
+
+    A stopped watchdog (SIGSTOP: a stage may stop its own) counts as a dead one (round 13 A-B1: it
+    stayed stopped for good, and a kill -9 of the runner left the stage's processes running): while
+    the runner lives, ``alive()`` continues it; when the runner dies, the kernel continues it. The
+    watchdog stays in the runner's session, in a process group of its own whose only tie outside is
+    the runner, so the runner's death orphans that group, and an orphaned group with a stopped member
+    gets SIGHUP (ignored) then SIGCONT: the watchdog wakes up to the runner's death and does its job,
+    even when a stage stopped it and killed the runner in one go. (Not when the runner's parent, the
+    watchdog's new one, is a subreaper of the same session: then ``alive()`` alone covers it.)"""
 
     def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
         self._args = (cookie, worker_pid, tmpdir, env)
@@ -281,10 +295,15 @@ class Watchdog:
     def alive(self) -> None:
         """(The runner, while the stage runs.) A watchdog that died (a kill -9 of it; it ignores
         SIGTERM / SIGHUP / SIGINT) is reaped and a new one started: a runner killed afterwards left
-        the stage's processes running, with nothing watching."""
+        the stage's processes running, with nothing watching. A stopped one (SIGSTOP) is continued,
+        one a tracer holds is killed and replaced (round 13 A-B1)."""
         proc = self.proc
-        if proc is None or proc.poll() is None:
+        if proc is None:
             return
+        if proc.poll() is None:
+            if self._stopped(proc) != "traced":
+                return
+            self._kill(proc)  # held by a tracer (a debugger): SIGCONT does not wake it; a new one then
         if self.w is not None:
             try:
                 os.close(self.w)
@@ -294,6 +313,27 @@ class Watchdog:
         self.proc = None
         self._start(*self._args)
 
+    def _stopped(self, proc: subprocess.Popen) -> str:
+        """"stopped" (and continued now: SIGCONT), "traced" (stopped by a tracer), or "" (running)."""
+        try:
+            with open(f"/proc/{proc.pid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):  # not Linux: psutil (slower, but it reads the same)
+            try:
+                import psutil
+
+                state = {psutil.STATUS_STOPPED: b"T", psutil.STATUS_TRACING_STOP: b"t"}.get(
+                    psutil.Process(proc.pid).status(), b"R")
+            except Exception:  # noqa: BLE001 - gone (reaped at the next poll) or unknown: nothing to do
+                return ""
+        if state == b"T":
+            try:
+                proc.send_signal(signal.SIGCONT)
+            except OSError:
+                pass
+            return "stopped"
+        return "traced" if state == b"t" else ""
+
     def _start(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]) -> None:
         r, self.w = (_above_std(fd) for fd in os.pipe())
         try:
@@ -301,7 +341,7 @@ class Watchdog:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nsa_runner._worker", "--watchdog", str(r), cookie, str(worker_pid), tmpdir],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(r,),
-                env=env, start_new_session=True)
+                env=env, **_OWN_GROUP)
         except OSError:  # no watchdog: the parent-death signal still stops the worker itself
             os.close(self.w)
             self.w = None

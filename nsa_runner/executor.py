@@ -452,7 +452,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                     timed_out = True
                     break
                 observer.on_tick(entry, elapsed, _last_line(log_path))
-                guard.alive()  # a watchdog someone killed is replaced: a runner death stays watched
+                guard.alive()  # a killed watchdog is replaced, a stopped one continued: a runner death stays watched
                 time.sleep(POLL_S)
             # finished or timed out: nothing the stage started outlives it (setsid grandchildren too)
             late = _stop_stage(proc, cookie)

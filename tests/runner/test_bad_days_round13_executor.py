@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +32,7 @@ import pytest
 try:
     from _bad_days import PINNED, env_with, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, env_with
+    from tests.runner._bad_days import PINNED, env_with, wait_for
 
 MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
                       "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
@@ -164,6 +166,67 @@ def _kill(procs) -> None:
             p.kill()
         except psutil.Error:
             pass
+
+
+# ---- A-B1: a stopped watchdog counts as dead: continued while the runner lives, and the kernel ------
+# continues it when the runner dies (its process group is orphaned then)
+
+def test_a_b1_runner_kill9_after_its_watchdog_was_stopped_leaves_nothing(rt, tmp_path, spawn):
+    """A-B1 by hand: SIGSTOP of the watchdog, a while later kill -9 of the runner: the stage's plain
+    child and its setsid daemons ran on (ppid 1), and the watchdog stayed stopped for good."""
+    if shutil.which("setsid") is None:
+        pytest.skip("no setsid here")
+    base = 41000 + os.getpid() % 5000 * 3
+    s1, s2, s3 = base, base + 1, base + 2
+    mark = tmp_path / "a.started"
+    cmd = f"sleep {s1} & setsid -f sleep {s2}; env -i setsid -f sleep {s3}"
+    proc = spawn(main_cmd("stage", "a", "--out", tmp_path / "out", "--device", "cpu"),
+                 env=env_with(rt, RT_A_CMD=cmd, RT_A_MARK=mark, RT_A_SLEEP=60),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dogs = []
+    try:
+        wait_for(mark, proc=proc)
+        time.sleep(1.2)  # the watchdog has seen the stage's tree
+        assert len(_sleepers(s1, s2, s3)) == 3, "the stage's children did not start"
+        dogs = _watchdogs_of(proc.pid)
+        for d in dogs:
+            d.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        left = _gone(_sleepers(s1, s2, s3), 15)
+        assert not left, f"left running after the runner's kill -9: {[(p.pid, p.cmdline()) for p in left]}"
+        left = _gone(dogs, 15)
+        assert not left, f"the stopped watchdog stayed: {[(p.pid, p.status()) for p in left]}"
+    finally:
+        _kill(_sleepers(s1, s2, s3) + dogs)
+
+
+def test_a_b1_stage_that_stops_its_watchdog_and_kills_the_runner_leaves_nothing(rt, tmp_path, spawn):
+    """A-B1, hostile: the stage starts a daemon (no cookie, its own session), stops its watchdog and
+    SIGKILLs the runner in one go: the daemon and the stopped watchdog stayed."""
+    secs = 44000 + os.getpid() % 5000
+    mark = tmp_path / "a.mark"
+    proc = spawn(main_cmd("stage", "a", "--out", tmp_path / "out", "--device", "cpu"),
+                 env=env_with(rt, RT_A_HOSTILE=secs, RT_A_MARK=mark),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dogs = []
+    try:
+        assert proc.wait(timeout=90) == -signal.SIGKILL
+        dog_pids = wait_for(tmp_path / "a.mark.dog", timeout=10).split()
+        assert dog_pids, "the stage found no watchdog to stop"
+        for pid in dog_pids:
+            try:
+                dogs.append(psutil.Process(int(pid)))
+            except psutil.Error:
+                pass
+        daemon = wait_for(tmp_path / "a.mark.daemon", timeout=10)
+        left = _gone(_sleepers(secs), 15)
+        assert not left, f"the stage's daemon (pid {daemon}) ran on after the runner's kill -9"
+        left = _gone(dogs, 15)
+        assert not left, f"the stopped watchdog stayed: {[(p.pid, p.status()) for p in left]}"
+    finally:
+        _kill(_sleepers(secs) + dogs)
 
 
 # ---- B-B13: what a plugin says is clipped before it is recorded ------------------------------------
