@@ -211,24 +211,27 @@ class _Deferred:
                 pass
         return self
 
-    def end(self) -> None:
+    def end(self, deliver: bool = True) -> None:
         previous, self.previous = self.previous, {}
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        held, self.held = list(dict.fromkeys(self.held)), []
-        for sig in held:
-            signal.raise_signal(sig)  # the handler that was there: raises, notes or ends, as it would have
+        if deliver:
+            held, self.held = list(dict.fromkeys(self.held)), []
+            for sig in held:
+                signal.raise_signal(sig)  # the handler that was there: raises, notes or ends, as it would have
 
 
 @contextmanager
-def signals_deferred():
+def signals_deferred(deliver: bool = True):
     """Ctrl-C, SIGTERM and SIGHUP are held while the block runs and delivered once it ends
-    (``_Deferred``): for short steps that must not be cut in two."""
+    (``_Deferred``): for short steps that must not be cut in two. ``deliver=False``: they are only
+    noted (the list yielded), for a run already stopping on an interrupt (a second Ctrl-C must not
+    cut its records)."""
     d = _Deferred().start()
     try:
-        yield
+        yield d.held
     finally:
-        d.end()
+        d.end(deliver)
 
 
 def _acquire(lock: FileLock, timeout: float, path: Path, keep: bool = False) -> _Deferred | None:
