@@ -85,7 +85,7 @@ def _raiser(exc):
 
 
 def _impl(name, check=None, select=_select):
-    if name.startswith("odds"):  # selection_attention (the parity stages' part)
+    if name.startswith("oddq"):  # selection_attention (the parity stages' part)
         return Impl(name, {"selection_attention": select}, Constraints(check=check))
     return Impl(name, {"select": select}, Constraints(check=check))
 
@@ -93,7 +93,7 @@ def _impl(name, check=None, select=_select):
 CHECKS = {"oddexit": _raiser(SystemExit(3)), "oddkbi": _raiser(KeyboardInterrupt()),
           "oddgen": _raiser(GeneratorExit()), "oddstr": lambda case, part: Unprintable()}
 PARTS = {"oddpexit": _raiser(SystemExit(4)), "oddpexc": _raiser(BadExc()), "oddpnon": _raiser(NonStrExc()),
-         "oddpkbi": _raiser(KeyboardInterrupt()), "oddsexit": _raiser(SystemExit(5)), "oddsexc": _raiser(BadExc())}
+         "oddpkbi": _raiser(KeyboardInterrupt()), "oddqexit": _raiser(SystemExit(5)), "oddqexc": _raiser(BadExc())}
 
 
 def _wait(q, k, cfg):
@@ -115,7 +115,7 @@ NAMES = ["oddexit", "oddkbi", "oddgen", "oddstr", "oddpexit", "oddpexc", "oddpno
 
 @pytest.fixture
 def odd_env(plugins):
-    names = [*NAMES, "oddwait", "oddsexit", "oddsexc"]
+    names = [*NAMES, "oddwait", "oddqexit", "oddqexc"]
     entries = {n: f"oddmod:{n.upper()}" for n in names}
     src = ODD + "".join(f"{n.upper()} = lambda: get({n!r})\n" for n in names)
     _dist(plugins.site, "odd13_impl", "odd13-impl", "1.0", "oddmod", src, "nsa_runner.impls", entries)
@@ -153,19 +153,19 @@ def test_an_adapters_selection_attention_raising_system_exit_is_its_parity_error
     """Before: triton-fwd ERROR "stage called sys.exit(5)", no triton_fwd.csv, the other adapter's rows lost."""
     out = tmp_path / "o"
     r = _main(odd_env, "oneshot", "--out", out, "--only", "triton-fwd", "--device", "cpu",
-              "--impl", "oddsexit,oddsexc", timeout=600)
+              "--impl", "oddqexit,oddqexc", timeout=600)
     _clean(r)
     st = {s["name"]: s for s in json.loads((out / "testrun" / "manifest.json").read_text())["stages"]}
     assert st["triton-fwd"]["status"] == "FAIL", st["triton-fwd"]
     import csv
 
     rows = list(csv.DictReader((out / "testrun" / "triton_fwd.csv").open()))
-    by = {n: [x for x in rows if x["impl"] == n] for n in ("oddsexit", "oddsexc")}
-    assert by["oddsexit"] and by["oddsexc"], rows[:3]
+    by = {n: [x for x in rows if x["impl"] == n] for n in ("oddqexit", "oddqexc")}
+    assert by["oddqexit"] and by["oddqexc"], rows[:3]
     ran = [x for n in by for x in by[n] if x["status"] != "SKIP"]
     assert ran and all(x["status"] == "ERROR" for x in ran), ran[:3]
-    assert all("SystemExit" in x["note"] for x in by["oddsexit"] if x["status"] == "ERROR")
-    assert all("BadExc" in x["note"] for x in by["oddsexc"] if x["status"] == "ERROR")
+    assert all("SystemExit" in x["note"] for x in by["oddqexit"] if x["status"] == "ERROR")
+    assert all("BadExc" in x["note"] for x in by["oddqexc"] if x["status"] == "ERROR")
 
 
 def test_a_real_sigint_to_the_stage_process_still_stops_it(odd_env, tmp_path):
