@@ -135,8 +135,11 @@ def test_a_huge_reason_is_clipped_in_the_terminal_and_kept_whole_in_the_files(sa
     assert len(r.stdout) + len(r.stderr) < 60_000, len(r.stdout) + len(r.stderr)
     assert "more characters" in r.stdout + r.stderr
     m = json.loads((out / "testrun" / "manifest.json").read_text())
-    assert m["stages"][0]["reason"] == reason  # the files keep it whole
-    assert reason in (out / "testrun" / "summary.json").read_text()
+    # the files keep its start and end, clipped to what nsa-run records (round 13 B-B13: a 280 MB
+    # reason kept whole made a manifest.json its own reader refuses)
+    kept = m["stages"][0]["reason"]
+    assert kept.startswith(reason[:4000]) and kept.endswith(reason[-4000:]) and "clipped" in kept, len(kept)
+    assert kept[:4000] in (out / "testrun" / "summary.json").read_text()
     r = _main(says, "report", out / "testrun", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(r.stdout) + len(r.stderr) < 60_000, len(r.stdout) + len(r.stderr)
