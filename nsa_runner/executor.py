@@ -99,7 +99,7 @@ def bounded_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
     JSON (or nested too deep), ({}, why they were not recorded)."""
     try:
         out = _clipped_metrics(metrics)
-        size = len(json.dumps(out, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        size = len(json.dumps(out, indent=2))  # as artifacts.write_json writes it (ASCII: characters are bytes)
     except (ValueError, TypeError, RecursionError) as e:
         return {}, f"the stage's metrics were not recorded: {clipped(e, 200)}"
     if size > METRICS_BYTES:
