@@ -27,6 +27,10 @@ import os
 import sys
 import traceback
 
+# this process's exit status when it cannot write its result file (a full temp folder): the parent
+# (``registry.discover_group``) then checks the folder itself, so a plugin's os._exit(228) stays its own
+EXIT_TEMP_FULL = 228
+
 
 def entry_key(dist_name: str, ep: md.EntryPoint) -> str:
     return "\t".join((dist_name.lower().replace("_", "-").replace(".", "-"), ep.name, ep.value))
@@ -62,6 +66,15 @@ def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dic
                      f"the other distributions' are not"}
 
 
+def _cannot_write(e: OSError) -> None:
+    """The result file cannot grow (a full temp folder: ENOSPC / EDQUOT): end with the status that
+    tells the parent so (``registry.EXIT_TEMP_FULL``; it checks the folder), never the plugin's."""
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        os._exit(EXIT_TEMP_FULL)
+
+
 def main(argv: list[str]) -> int:
     from nsa_runner._worker import _die_with_parent, _end_as, become_subreaper, keep_orphans, linger
 
@@ -81,11 +94,20 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]
     faulthandler.enable()
-    out = open(result_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass
+    try:  # the parent made the file: appending needs no inode
+        out = open(result_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass
+    except OSError as e:
+        _cannot_write(e)
+        raise
 
     def emit(obj: dict) -> None:
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
+        text = json.dumps(obj) + "\n"  # (a TypeError / ValueError: the caller's)
+        try:
+            out.write(text)
+            out.flush()
+        except OSError as e:
+            _cannot_write(e)
+            raise
 
     describe = _resolve(req["describe"])
     skip, only, parse = set(req.get("skip") or ()), req.get("only"), req.get("parse")
@@ -132,7 +154,11 @@ def main(argv: list[str]) -> int:
                 emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
                       | {"error": f"{ep.value}: its description is not JSON ({e})"}})
     emit({"done": req.get("nonce", True)})
-    out.close()
+    try:
+        out.close()
+    except OSError as e:
+        _cannot_write(e)
+        raise
     sys.stdout.flush()
     linger()  # what a plugin's import left running stays in this tree until the parent kills it
     os._exit(0)  # a plugin's atexit handlers or threads never hold the CLI up

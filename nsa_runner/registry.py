@@ -14,6 +14,7 @@ descriptions (``StageInfo``, ``OptionInfo``); a stage's option values are parsed
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata as md
 import importlib.util
 import json
@@ -27,8 +28,9 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
+from nsa_runner._discover import EXIT_TEMP_FULL
 from nsa_runner._text import clip, env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
@@ -425,6 +427,72 @@ STARTUP_S = 120.0  # the child's own start-up, before it imports any plugin
 MAX_CHILDREN = 32  # a new child per plugin that kills the child; more than this: the rest are broken too
 
 
+TEMP_FULL_HINT = ("free some space (and files: inodes) in that folder, or set TMPDIR to another folder with room, "
+                  "then rerun")
+
+
+def _temp_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class TempFolderFull(OSError):
+    """The system temp folder (``TMPDIR``) has no space, inodes or quota left for what nsa-run needs
+    there (round 13 A-B3: it was reported as an unexpected OSError or as a broken plugin). ``str()``
+    is one line naming the folder; ``TEMP_FULL_HINT`` says what to do."""
+
+    def __init__(self, folder: str, e: OSError | None, what: str):
+        code = e.errno if isinstance(e, OSError) and e.errno else errno.ENOSPC
+        self.folder, self.what, self.why = folder, what, _full_why(folder, code)
+        # the whole line as strerror too: code that shows ``e.strerror`` (a run's "incomplete: ...") names the folder
+        super().__init__(code, f"the temp folder {folder} is full ({self.why}): {what}")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _full_why(folder: str, code: int) -> str:
+    if code == errno.EDQUOT:
+        return "disk quota exceeded"
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return "no space left"
+    if st.f_files and st.f_ffree == 0:
+        return "no inodes left: too many files"
+    return "no space left" if st.f_bfree == 0 or st.f_bavail == 0 else "no space or inodes left"
+
+
+def _folder_full(folder: str) -> bool:
+    """Whether ``folder`` cannot take one more file and a page of data (checked by writing one)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".nsa-run-probe-", dir=folder)
+    except OSError as e:
+        return _temp_full(e)
+    try:
+        os.write(fd, b"\0" * 8192)
+        return False
+    except OSError as e:
+        return _temp_full(e)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+
+
+def temp_full_exit(e: TempFolderFull) -> NoReturn:
+    """(The CLI, before a run starts) ``error: the temp folder ... is full (...)``, the hint, exit 2."""
+    from nsa_runner._ui import fail
+
+    fail(str(e), TEMP_FULL_HINT)
+
+
+def temp_folder() -> str:
+    """The system temp folder, as nsa-run uses it (``TMPDIR``, else /tmp ...)."""
+    return tempfile.gettempdir()
+
+
 def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: int | None = None) -> str:
     if timed_out:
         return f"its import did not finish within {limit:g}s (hangs?); stopped"
@@ -449,12 +517,26 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
     skip: set[str] = set()
     limit = _timeout()
     for _ in range(MAX_CHILDREN):
-        with tempfile.TemporaryDirectory(prefix=f"nsa-run-discover-{os.getpid()}-") as tmp:
+        base = temp_folder()
+        try:
+            holder = tempfile.TemporaryDirectory(prefix=f"nsa-run-discover-{os.getpid()}-")
+        except OSError as e:
+            if _temp_full(e):
+                raise TempFolderFull(base, e, "nsa-run cannot make its plugin discovery folder there") from None
+            raise
+        with holder as tmp:
             from nsa_runner.artifacts import mark_owned
 
-            mark_owned(tmp)
             result = os.path.join(tmp, "result.jsonl")
             log = os.path.join(tmp, "child.log")
+            try:  # every file of the pass made here: the child only appends (it needs no inode of its own)
+                mark_owned(tmp)
+                open(result, "wb").close()
+                open(log, "wb").close()
+            except OSError as e:
+                if _temp_full(e):
+                    raise TempFolderFull(base, e, "nsa-run cannot make its plugin discovery files there") from None
+                raise
             nonce = uuid.uuid4().hex  # the child's "done" carries it: a plugin's stray lines cannot end the pass
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
                    "only": only, "parse": parse, "nonce": nonce}
@@ -466,7 +548,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
             # the child dies with this process (PR_SET_PDEATHSIG) and a watchdog cleans up after kill -9
             cookie = uuid.uuid4().hex
             env[COOKIE_ENV], env[PARENT_ENV] = cookie, str(os.getpid())
-            with open(log, "wb") as logf:
+            with open(log, "ab") as logf:
                 proc = subprocess.Popen([sys.executable, "-m", "nsa_runner._discover", result],
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
@@ -510,6 +592,9 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 guard.done()
             if done:
                 break
+            rc = ended if ended is not None else proc.returncode
+            if rc == EXIT_TEMP_FULL and not timed_out and _folder_full(tmp):  # the child could not write its
+                raise TempFolderFull(base, None, "the plugin discovery process cannot write its result there")
             if loading is None:  # died outside any plugin's import: nothing to blame, nothing to retry
                 tail = _tail(log)
                 key = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))
@@ -616,7 +701,10 @@ def discover() -> list[StageEntry]:
     plugin that takes a built-in stage's name is broken and the built-in stays (a plugin never
     switches off one of nsa-run's own stages).
     """
-    entries = [_entry_of(r) for r in discover_group(GROUP, DESCRIBE_STAGE)]
+    try:
+        entries = [_entry_of(r) for r in discover_group(GROUP, DESCRIBE_STAGE)]
+    except TempFolderFull as e:  # nothing to blame on a plugin: one line, exit 2 (round 13 A-B3)
+        temp_full_exit(e)
     by_name: dict[str, list[StageEntry]] = {}
     for e in entries:
         by_name.setdefault(e.name, []).append(e)
@@ -676,7 +764,10 @@ def parse_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
     key = getattr(info, "key", "")
     if not key:  # a Stage built in-process (embedded use)
         return parse_args(entry.name, tuple(entry.options), list(args))
-    recs = discover_group(GROUP, DESCRIBE_STAGE, only=key, parse={"key": key, "args": list(args)})
+    try:
+        recs = discover_group(GROUP, DESCRIBE_STAGE, only=key, parse={"key": key, "args": list(args)})
+    except TempFolderFull as e:  # said as it is (exit 2 through OptionError), not as the stage's options
+        raise OptionError(str(e), TEMP_FULL_HINT) from None
     rec = recs[0] if recs else {"error": "the stage was not found again"}
     if isinstance(rec.get("parsed"), dict) and set(rec["parsed"]) == {o.dest for o in entry.options}:
         return rec["parsed"]

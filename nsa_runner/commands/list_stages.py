@@ -128,8 +128,12 @@ def list_stages(
 
 def _list_impls(device: str, as_json: bool) -> None:
     from nsa_runner.impls.discovery import describe_all
+    from nsa_runner.registry import TempFolderFull, temp_full_exit
 
-    rows = describe_all(device)
+    try:
+        rows = describe_all(device)
+    except TempFolderFull as e:  # the impl plugins' discovery: a full TMPDIR is said as it is (round 13 A-B3)
+        temp_full_exit(e)
     broken = [r["name"] for r in rows if r["broken"]]
     if as_json:
         print(_json({"schema_version": 1, "device": device, "impls": rows}))
