@@ -52,7 +52,16 @@ from nsa_runner.artifacts import (
 )
 from nsa_runner.context import RunContext
 from nsa_runner.manifest import ManifestBusy, RunManifest
-from nsa_runner.registry import Machine, StageEntry, skip_reason, strict_counts_skip, unmet
+from nsa_runner.registry import (
+    Machine,
+    StageEntry,
+    TempFolderFull,
+    _folder_full,
+    _temp_full,
+    skip_reason,
+    strict_counts_skip,
+    unmet,
+)
 from nsa_runner.stage import StageResult, Status
 
 LOG_TAIL_LINES = 40
@@ -337,12 +346,13 @@ class _Spare:
 
     def __init__(self, device: str, run_dir: Path, flash: bool = False):
         self.cookie = uuid.uuid4().hex
-        self.tmp = tempfile.mkdtemp(prefix=f"nsa-run-spare-{os.getpid()}-")
-        mark_owned(self.tmp)
+        self.tmp: str | None = None
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.preload_log = Path(self.tmp) / "preload.log"
         self.proc: subprocess.Popen | None = None
-        try:
+        try:  # a temp folder out of space or inodes: no spare (it only saves time; round 13 A-B3)
+            self.tmp = tempfile.mkdtemp(prefix=f"nsa-run-spare-{os.getpid()}-")
+            mark_owned(self.tmp)
+            self.preload_log = Path(self.tmp) / "preload.log"
             with open(self.preload_log, "wb") as pre:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno()),
@@ -379,7 +389,8 @@ class _Spare:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
@@ -419,12 +430,21 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     t_stage: float | None = None
     cookie = uuid.uuid4().hex
     # the runner's pid in the name: a folder whose runner is gone is removed at the next start
-    with tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-{os.getpid()}-") as tmp:
-        mark_owned(tmp)
+    try:
+        tmp_dir = tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-{os.getpid()}-")
+    except OSError as e:
+        os.close(log_fd)
+        raise _temp_error(e, entry.name) from None
+    with tmp_dir as tmp:
         job = Path(tmp) / "job.pkl"
         result_path = Path(tmp) / "result.json"
-        with open(job, "wb") as f:
-            pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
+        try:
+            mark_owned(tmp)
+            with open(job, "wb") as f:
+                pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
+        except OSError as e:
+            os.close(log_fd)
+            raise _temp_error(e, entry.name) from None
         proc = spare.hand(job, result_path, log_fd, run_dir) if spare is not None else None
         if proc is not None:  # a spare worker (imports done) takes the stage
             cookie = spare.cookie
@@ -491,10 +511,22 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             _apply_result(rec, result_path, run_dir, machine, log_path)
         else:
             rec.reason = _describe_exit(proc.returncode)
+            if _folder_full(tmp):  # the worker could not write its result there (round 13 A-B3)
+                rec.reason = TempFolderFull(tempfile.gettempdir(), None, f"stage {entry.name}'s result could not be "
+                                            "written there").strerror
             rec.log_tail = tail(log_path)
     if late is not None:
         raise _FinishedThenInterrupted(rec, late)
     return rec
+
+
+def _temp_error(e: OSError, stage: str) -> OSError:
+    """A stage's temp files that cannot be made: a full temp folder (space, inodes, quota) is named as
+    such (``TempFolderFull``: the runner's one line names the folder, never "the disk is full" of the
+    run folder), anything else is raised as it is."""
+    if _temp_full(e):
+        return TempFolderFull(tempfile.gettempdir(), e, f"the files of stage {stage} cannot be made there")
+    return e
 
 
 def _done(guard: _Watchdog | None) -> None:

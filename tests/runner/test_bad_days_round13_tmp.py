@@ -126,3 +126,22 @@ def test_b3_a_plain_small_temp_folder_still_works(tmpfs, a_env, tmp_path):
     r = _run(a_env, tmpdir, "stage", "a", "--out", tmp_path / "o", "--device", "cpu")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     assert "PASS" in r.stdout
+
+
+@pytest.mark.parametrize("inodes", range(5, 12))
+def test_b3_after_discovery_a_full_temp_folder_is_named_never_the_disk(tmpfs, a_env, tmp_path, inodes):
+    """Past discovery, a stage's temp files (its folder, marker, job, the worker's result) and the
+    spare's folder need inodes too: before the executor's part of the fix, 6-9 inodes ended
+    'run X is incomplete: No space left on device' (the run folder's disk blamed) or the stage
+    ERROR 'exited with code 1 without a result'. Now the temp folder is named, whichever step hit it."""
+    tmpdir = tmpfs(f"size=4m,nr_inodes={inodes}")
+    for spare in ("0", "1"):
+        r = _run(dict(a_env, NSA_RUN_SPARE_WORKER=spare), tmpdir, "oneshot", "--only", "a", "--out",
+                 tmp_path / f"o{spare}", "--device", "cpu")
+        out = r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and "unexpected" not in r.stderr, out[-3000:]
+        if r.returncode == 0:  # enough room for this run: the control
+            assert "1 passed" in out, out[-3000:]
+            continue
+        assert str(tmpdir) in out and "is full" in out, out[-3000:]
+        assert "without a result" not in out, out[-3000:]
