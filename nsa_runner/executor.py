@@ -51,7 +51,7 @@ from nsa_runner.artifacts import (
     stage_allowed,
 )
 from nsa_runner.context import RunContext
-from nsa_runner.manifest import ManifestBusy, RunManifest
+from nsa_runner.manifest import ManifestBusy, RunManifest, signals_deferred
 from nsa_runner.registry import (
     Machine,
     StageEntry,
@@ -479,13 +479,24 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             if late is not None:
                 raise late
         except KeyboardInterrupt as e:
-            _stop_stage(proc, cookie)
-            _done(guard)
-            rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
-            rec.reason = interrupt_reason(e)
-            rec.log_tail = tail(log_path)
-            rec.finished = now_iso()
-            raise _Interrupted(rec) from None
+            # the run is stopping: a second Ctrl-C / TERM only hurries the kill (SIGKILL at once),
+            # never cuts this stage's stop and record short (it escaped as a bare KeyboardInterrupt:
+            # the temp folder went while the worker still wrote, the stage unrecorded, round 13 A-B4)
+            hurry = False
+            while True:
+                try:
+                    _stop_stage(proc, cookie, 0.0 if hurry else KILL_GRACE_S)
+                    _done(guard)
+                    break
+                except KeyboardInterrupt:
+                    hurry = True
+            with signals_deferred(deliver=False):
+                rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
+                rec.reason = interrupt_reason(e)
+                rec.log_tail = tail(log_path)
+                rec.finished = now_iso()
+                stopped = _Interrupted(rec)
+            raise stopped from None
         except BaseException:  # anything else escaping the wait (e.g. a test timeout): no orphaned stage
             _stop_stage(proc, cookie)
             _done(guard)
@@ -732,34 +743,38 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 rec = run_one(entry, ctx, machine, timeout, observer, spare=this)
             except _FinishedThenInterrupted as done:
                 rec = done.record
-                _not_anothers(rec, manifest)
-                records.append(rec)
-                manifest.record(rec.to_dict())
-                observer.on_finish(entry, rec)
+                with signals_deferred(deliver=False):  # stopping already: a second signal cuts nothing
+                    _not_anothers(rec, manifest)
+                    records.append(rec)
+                    manifest.record(rec.to_dict())
+                    observer.on_finish(entry, rec)
                 raise done.interrupt from None
             except _Interrupted as intr:
                 rec = intr.record
-                records.append(rec)
-                # a rerun that did not finish puts the earlier result back (its attempt goes to history)
-                if not manifest.restore(rec.name, rec.to_dict()):
-                    manifest.record(rec.to_dict())
-                observer.on_finish(entry, rec)
+                with signals_deferred(deliver=False):
+                    records.append(rec)
+                    # a rerun that did not finish puts the earlier result back (its attempt goes to history)
+                    if not manifest.restore(rec.name, rec.to_dict()):
+                        manifest.record(rec.to_dict())
+                    observer.on_finish(entry, rec)
                 raise
             finally:
                 if this is not None and this.proc is not None and ready is None and spare_next:
                     ready, this = this, None  # not taken (a skip): the next stage's
                 if this is not None:
                     this.close()  # taken: its folder; not taken: ended
-            _not_anothers(rec, manifest)
-            records.append(rec)
-            manifest.record(rec.to_dict())
-            observer.on_finish(entry, rec)
+            with signals_deferred():  # the stage's record is made whole; an interrupt lands after it
+                _not_anothers(rec, manifest)
+                records.append(rec)
+                manifest.record(rec.to_dict())
+                observer.on_finish(entry, rec)
         # inside the try: a signal while the manifest is finished (after the last record) is an
         # interrupt of the run like any other (it escaped as a bare KeyboardInterrupt: exit 130
         # without a word, the closing summaries never written)
         manifest.finish()
     except KeyboardInterrupt:
-        manifest.finish(interrupted=True)
+        with signals_deferred(deliver=False):  # one more Ctrl-C while the run is finished: noted only
+            manifest.finish(interrupted=True)
         raise RunInterrupted(records) from None
     finally:
         if ready is not None:
