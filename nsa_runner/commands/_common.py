@@ -547,10 +547,6 @@ def finish_run(manifest: RunManifest, err) -> None:
             err.print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     except (OSError, ValueError) as e:
         err.print(f"[bold red]summary.md / junit.xml not written:[/] {escape(str(e))}")
-    finally:
-        if previous is not None:
-            for sig, handler in zip(sigs, previous, strict=True):
-                signal.signal(sig, handler)
 
 
 def reports_digest(m: dict) -> str:
