@@ -44,7 +44,6 @@ from nsa_runner.artifacts import (
     ManifestError,
     _runner_name,
     create_run_folder,
-    entries_overlap,
     entry_forms,
     file_kind,
     load_manifest,
@@ -359,6 +358,74 @@ def _resolves_under(path: Path, root: Path) -> bool:
     except (OSError, RuntimeError):  # a link loop
         return False
 
+
+class HistoryNotOwn(ManifestError):
+    """The run folder's ``history`` (or a folder in it a rerun moves from or to) is not a real folder
+    of the run folder: a link (e.g. one a rerun's attempt made to a folder outside), or no folder.
+    Nothing is moved from or to it."""
+
+
+def _real_folders(root: Path, rel: str | os.PathLike) -> tuple[str | None, bool]:
+    """Walk ``root``/``rel`` one name at a time with ``os.lstat`` (no link followed): (why a name on
+    the way is not a real folder, or None; whether the whole path exists)."""
+    here = root
+    for part in Path(rel).parts:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return None, False
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(here)
+            except OSError:
+                target = "?"
+            return f"{here} is a symlink (to {target}), not a folder of the run folder's own history", True
+        if not stat.S_ISDIR(st.st_mode):
+            what = "a file" if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
+            return f"{here} is {what}, not a folder", True
+    return None, True
+
+
+def _ancestors(name: str):
+    """The folders ``name`` (a normalised relative name) lies in, innermost first."""
+    i = name.rfind(os.sep)
+    while i > 0:
+        name = name[:i]
+        yield name
+        i = name.rfind(os.sep)
+
+
+class _Taken:
+    """The names the other stages' entries list, each in its ``entry_forms``, indexed so that whether a
+    name overlaps one of them (the same entry, or one inside the other: ``entries_overlap``) is a few
+    look-ups (comparing every pair of two stages' names was quadratic: 3000 + 3000 files took minutes)."""
+
+    def __init__(self, run_dir: Path, others):
+        self.exact: dict[str, str] = {}
+        self.holds: dict[str, str] = {}  # a folder some other name lies inside -> that name
+        for o in others:
+            for f in entry_forms(run_dir, o):
+                f = os.path.normpath(f)
+                self.exact.setdefault(f, o)
+                for a in _ancestors(f):
+                    self.holds.setdefault(a, o)
+
+    def __bool__(self) -> bool:
+        return bool(self.exact)
+
+    def hit(self, forms) -> str | None:
+        """The other stage's name that ``forms`` (one name's ``entry_forms``) overlaps, or None."""
+        for x in forms:
+            x = os.path.normpath(x)
+            o = self.exact.get(x) or self.holds.get(x)
+            if o is None:
+                o = next((self.exact[a] for a in _ancestors(x) if a in self.exact), None)
+            if o is not None:
+                return o
+        return None
+
+
 class RunManifest:
     """The manifest of one run folder. Every change goes through ``update`` (lock, re-read, write)."""
 
@@ -518,13 +585,14 @@ class RunManifest:
         each move made is appended to ``done`` as (from, to), so that a failure can be undone."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
         # another stage's names as written and as the entries they lead to (links among folders followed)
-        taken = [entry_forms(self.dir, o) for o in others]
+        taken = _Taken(self.dir, others)
+        dst_rel = dst_root.relative_to(self.dir)  # a folder of history/: never reached through a link
         for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
             # never anything outside the run folder, nor a shared name (logs, history, manifest),
             # nor a file another stage's entry lists (also through a link: `self/a.txt`, self -> .)
             if not rel or not stage_owns(self.dir, name, rel, log=is_log):
                 continue
-            if taken and any(entries_overlap(entry_forms(self.dir, rel), t) for t in taken):
+            if taken and taken.hit(entry_forms(self.dir, rel)) is not None:
                 continue
             src = src_root / rel
             if not _resolves_under(src.parent, src_root):  # a linked folder on the way (history/x/logs -> /elsewhere)
@@ -534,6 +602,9 @@ class RunManifest:
             if os.path.lexists(src):
                 target = dst_root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
+                problem, _ = _real_folders(self.dir, dst_rel / Path(rel).parent)
+                if problem:  # history/ or a folder in it is a link: never moved through it
+                    raise HistoryNotOwn(problem)
                 if os.path.lexists(target):  # a half-written file of an abandoned attempt
                     continue
                 # noted BEFORE the move: a signal's handler runs the moment os.rename returns (inside
@@ -596,6 +667,9 @@ class RunManifest:
                                        f"{(p.get('owner') or {}).get('pid')}); wait for it to finish")
             old = next((s for s in data["stages"] if s.get("name") == name), None)
             pending = {"stage": name, "token": self.token, "owner": _me(), "since": now_iso()}
+            problem = self._history_problem() if old is not None else None
+            if problem:  # the earlier files would be moved through it (out of the run folder)
+                raise HistoryNotOwn(problem)
             if old is None:
                 data.setdefault("pending", []).append(pending)
                 write_json(self.path, data)
@@ -672,11 +746,18 @@ class RunManifest:
         (ENOSPC, EDQUOT) raises instead (the manifest is then not written: ``pending`` stays)."""
         name = pending["stage"]
         old = next((s for s in data["stages"] if s.get("name") == name), None)
-        moved = self.dir / pending["moved_to"] if old is not None and pending.get("moved_to") else None
-        if moved is not None and not self._inside_history(moved):
-            # a hand-made link (history/x -> elsewhere) named as the set-aside folder: nothing of
-            # nsa-run's is there; moving "back" from it took another folder's files and removed its
-            # empty sub-folders
+        where = pending.get("moved_to") if old is not None else None
+        # history/ (the attempt goes there) and the set-aside folder (the earlier files come from
+        # there), links never followed: the stage (plugin code) ran since the set-aside, and one
+        # that swapped either for a link to a folder outside had the put-back move an outside file
+        # in and write the attempt outside, or drop the note silently over the attempt's files
+        problem = self._history_problem(where or None)
+        if problem:
+            raise HistoryNotOwn(f"{problem}: the earlier {name} result set aside in {where or 'history/'} "
+                                "cannot be put back through it (manifest.json's pending keeps the move); "
+                                "put the run folder's own folder back in its place")
+        moved = self.dir / where if where else None
+        if moved is not None and not os.path.lexists(moved):  # nothing was moved there
             moved = None
         # a runner that died while setting aside (the write-ahead note still says so): no attempt
         # ran, whatever holds a name in the run folder is the earlier result itself (not yet moved,
@@ -692,8 +773,11 @@ class RunManifest:
             # manifest write failed, e.g. on a full disk), the file in place IS the recorded result.
             owned = set(old.get("files") or []) | ({old["log"]} if old.get("log") else set())
 
-            def waiting(rel: str) -> bool:
-                return moved is not None and os.path.lexists(moved / rel)
+            def waiting(rel: str) -> bool:  # (a link on the way in history/: not proven back, so waiting)
+                if moved is None or not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+                    return False
+                problem, there = _real_folders(moved, Path(rel).parent)
+                return problem is not None or (there and os.path.lexists(moved / rel))
 
             leftovers["files"] = sorted({f for f in leftovers.get("files") or [] if f not in owned or waiting(f)}
                                         | {f for f in old.get("files") or [] if waiting(f)})
@@ -727,23 +811,28 @@ class RunManifest:
         ``keep_present``: a name that exists in the run folder keeps what it holds (the copy in
         ``moved`` stays there)."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
-        taken = {o: entry_forms(self.dir, o) for o in others}
+        taken = _Taken(self.dir, others)
         where = moved.relative_to(self.dir).as_posix()
         left = []
         for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
-            if not rel or not isinstance(rel, str):
-                continue
+            if not rel or not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+                continue  # never set aside (outside the run folder)
             src = moved / rel
-            if not os.path.lexists(src) or not _resolves_under(src.parent, moved):
+            # the folders on its way in history/, links never followed (one swapped for a link out
+            # of the run folder brought an outside file in)
+            link, there = _real_folders(moved, Path(rel).parent)
+            if link is None and (not there or not os.path.lexists(src)):
                 continue  # not set aside (another stage's, outside), or back already
+            shown = rel.encode("utf-8", "backslashreplace").decode("utf-8")
+            if link is not None:
+                left.append(f"{shown} (waits in {where}/{shown}: {link})")
+                continue
             if keep_present and os.path.lexists(self.dir / rel):
                 continue
-            shown = rel.encode("utf-8", "backslashreplace").decode("utf-8")
             try:
                 problem = self._textual_problem(name, rel, is_log)
                 if problem is None:
-                    hit = next((o for o, forms in taken.items() if entries_overlap(entry_forms(self.dir, rel), forms)),
-                               None)
+                    hit = taken.hit(entry_forms(self.dir, rel)) if taken else None
                     if hit is not None:
                         problem = f"stage entry {hit} of another stage is in the way"
                 if problem is None:
@@ -805,28 +894,43 @@ class RunManifest:
             if not last:
                 os.mkdir(here)
 
-    def _inside_history(self, folder: Path) -> bool:
-        """``folder`` is a real folder of this run's history/ (no link on the way leads elsewhere)."""
-        return not folder.is_symlink() and folder.is_dir() and _resolves_under(folder, self.dir / "history")
+    def _history_problem(self, folder: str | None = None) -> str | None:
+        """Why ``history`` (and ``folder``, a folder ``history/<x>`` a rerun moved the earlier files
+        to) is not a real folder of this run folder, each name checked with ``os.lstat`` (never
+        followed); None when it is, or is not there (nothing was moved there yet)."""
+        rel = folder or "history"
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts or parts[0] != "history":
+            return f"{rel!r} is not a folder under the run folder's history/"
+        problem, _ = _real_folders(self.dir, rel)
+        return problem
 
     def restore(self, name: str, attempt: dict) -> bool:
         """An interrupted rerun of ``name``: its record ``attempt`` goes to history and the earlier
         result is put back. False (and nothing set aside any more) when there was no earlier
         result: the caller then records ``attempt`` as usual."""
         left: list[str] = []
+        refused: list[str] = []
 
         def change(data: dict) -> bool:
             left.clear()
+            refused.clear()
             pending = self._take_pending(data, name, self.token)
             if pending is None or not pending.get("moved_to"):
                 return False
-            left.extend(self._put_back(data, pending, attempt, "-interrupted"))
-            if left:  # never cleared while something is not back
+            try:
+                left.extend(self._put_back(data, pending, attempt, "-interrupted"))
+            except HistoryNotOwn as e:  # nothing moved through it; the attempt's files stay where they are
+                refused.append(str(e))
+            if left or refused:  # never cleared while something is not back
                 data.setdefault("pending", []).append(pending)
             return True
 
         put = self.update(change)
         self._say_not_back(name, left)
+        if refused:
+            self._say(f"warning: the earlier {name} result of {self.dir} could not be put back: {refused[0]}; "
+                      "nothing was moved through it (the interrupted attempt's files stay where it left them)")
         return put
 
     def _say_not_back(self, name: str, left: list[str]) -> None:

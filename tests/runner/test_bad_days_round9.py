@@ -92,11 +92,15 @@ def test_a_pending_note_naming_a_linked_history_folder_touches_nothing_outside(b
     path.write_text(json.dumps(m))
     tree = sorted(str(p.relative_to(victim)) for p in victim.rglob("*"))
     r = _main(bd, "stage", "y", "--out", tmp_path / "o", "--device", "cpu")
-    assert r.returncode == 0, r.stderr
+    # round 13 A-B2: a set-aside folder that is a link is refused, named, its note kept (exit 2): a
+    # rerun's attempt can make that link itself, and dropping the note silently left the attempt's
+    # files under the earlier record (was: rc 0, the note dropped)
+    assert r.returncode == 2, r.stderr
+    assert "history/evil is a symlink" in r.stderr and "Traceback" not in r.stderr
     assert sorted(str(p.relative_to(victim)) for p in victim.rglob("*")) == tree
     assert (victim / "x.txt").read_text() == "VICTIM" and (victim / "logs" / "x.log").read_text() == "VLOG"
     assert (folder / "x.txt").read_text() == "v1"  # the recorded result stays
-    assert not json.loads(path.read_text()).get("pending")
+    assert [p["moved_to"] for p in json.loads(path.read_text()).get("pending")] == ["history/evil"]
 
 
 def test_an_escape_in_the_run_folder_path_never_reaches_the_terminal(bd, tmp_path):
