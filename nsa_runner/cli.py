@@ -42,6 +42,8 @@ import importlib  # noqa: E402 - after the early handlers
 
 import typer  # noqa: E402
 
+from nsa_runner import registry  # noqa: E402
+
 COMMANDS = (
     "nsa_runner.commands.oneshot",
     "nsa_runner.commands.stage",
@@ -152,6 +154,12 @@ def main() -> None:
     except KeyboardInterrupt:  # one outside typer's own handling (while it parses the command line)
         _say_stopped(_common.STOPPED_BY or "Ctrl-C")
         sys.exit(_common.EXIT_INTERRUPTED)
+    except registry.TempFolderFull as e:  # before a run: the temp folder (TMPDIR) is full (round 13 A-B3)
+        try:
+            print(f"error: {e.strerror}\nhint: {registry.TEMP_FULL_HINT}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        sys.exit(2)
     except OutputError as e:  # > /dev/full, a full disk under a redirect: the output is lost
         to_devnull(sys.stdout)
         try:

@@ -482,10 +482,9 @@ def _folder_full(folder: str) -> bool:
 
 
 def temp_full_exit(e: TempFolderFull) -> NoReturn:
-    """(The CLI, before a run starts) ``error: the temp folder ... is full (...)``, the hint, exit 2."""
-    from nsa_runner._ui import fail
-
-    fail(str(e), TEMP_FULL_HINT)
+    """(The CLI, before a run starts) raised to ``cli.main``, which says ``error: the temp folder ...
+    is full (...)`` and the hint, exit 2 (no import of the terminal code here: registry sits below it)."""
+    raise e
 
 
 def temp_folder() -> str:

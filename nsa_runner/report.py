@@ -76,22 +76,6 @@ tr.row-FAIL td,tr.row-ERROR td,tr.row-TIMEOUT td{background:#fff5f5} tr.row-SKIP
 # plots (matplotlib, no pyplot: no global state, no display)
 
 
-def warm() -> None:
-    """Import what ``write`` draws with and draw one text (matplotlib loads its font there): called
-    in a background thread while a oneshot's stages run, so report.html does not pay it after them
-    (~1-3 s of the oneshot's tail). Nothing is written; any failure is ``write``'s to report."""
-    try:
-        import pandas  # noqa: F401
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(1, 1))
-        fig.text(0.5, 0.5, "nsa-run 0.1", fontsize=7)
-        FigureCanvasAgg(fig).draw()
-    except Exception:  # noqa: BLE001
-        pass
-
-
 def _png(fig) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -293,10 +292,6 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     if STOPPED_BY is not None:  # an interrupt that came before the run and was swallowed on the way
         raise KeyboardInterrupt  # (plugin or C extension code taking it): no stage runs after a Ctrl-C
     RUN_STARTED = True  # from here on the run reports an interrupt itself (manifest, closing lines)
-    if after is not None:  # oneshot: report.html's imports and font while the stages run (this process waits)
-        from nsa_runner import report as report_mod
-
-        threading.Thread(target=report_mod.warm, name="report-warm", daemon=True).start()
     try:
         _run_and_report(plan, manifest, machine, profile, strict, as_json, after, settings, err)
     except typer.Exit as done:

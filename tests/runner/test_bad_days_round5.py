@@ -190,7 +190,7 @@ def test_report_on_a_full_disk_says_the_disk_is_full(cli, out, monkeypatch):
     def full(folder):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(report_mod, "write", full)
+    monkeypatch.setattr(report_mod, "commit", lambda prepared, written=None: full(None))  # the writing step
     r = cli("report", "aaaaaaa", "--out", out)
     assert r.exit_code == 2
     assert "No space left on device" in r.stderr and "the disk is full" in r.stderr
