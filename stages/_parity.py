@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from dataclasses import dataclass
 
-from nsa_runner.impls import ImplError, adapter_code, describe_failure, stops
+from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _seed
@@ -330,13 +329,7 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
             except BaseException as e:  # noqa: BLE001 - the kernel under test failed on this case
                 # SystemExit / GeneratorExit / its own KeyboardInterrupt of an adapter's part too, its text
                 # never trusted (round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
-                if stops(e):
-                    raise
-                try:
-                    traceback.print_exc()
-                except BaseException as e2:  # noqa: BLE001 - its traceback's text is its code too
-                    if stops(e2):
-                        raise
+                adapter_failed(e)
                 row = {**unmeasured, "status": "ERROR", "note": describe_failure(e, 200)}
             row["seconds"] = round(time.perf_counter() - t0, 2)
             if impl.note:

@@ -19,11 +19,10 @@ Shapes: tiny on the quick profile (CPU / CI), moderate on full (GPU).
 from __future__ import annotations
 
 import math
-import traceback
 from dataclasses import dataclass
 
 from nsa_runner.artifacts import now_iso, write_json, write_text
-from nsa_runner.impls import ImplError, adapter_code, describe_failure, stops, text_of
+from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure, text_of
 from nsa_runner.stage import Stage, StageResult, Status
 
 from . import _parity, _seed
@@ -78,13 +77,7 @@ class _Checks:
             with adapter_code():
                 fn()
         except BaseException as e:  # noqa: BLE001
-            if stops(e):
-                raise
-            try:
-                traceback.print_exc()
-            except BaseException as e2:  # noqa: BLE001 - formatting its traceback ran its code again
-                if stops(e2):
-                    raise
+            adapter_failed(e)
             self.add(name, False, f"raised {describe_failure(e)}")
 
 

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import json
 import textwrap
-import traceback
 
 from nsa_runner.artifacts import now_iso, write_text
-from nsa_runner.impls import ImplError, adapter_code, describe_failure, stops, type_name
+from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure, type_name
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _parity
@@ -390,13 +389,7 @@ class SelectionMap(Stage):
                                                "tensors", True))
                         continue
             except BaseException as ex:  # noqa: BLE001 - the code under test broke: a failed check
-                if stops(ex):
-                    raise
-                try:
-                    traceback.print_exc()
-                except BaseException as ex2:  # noqa: BLE001 - its traceback's text is its code too
-                    if stops(ex2):
-                        raise
+                adapter_failed(ex)
                 others.append((e.name, f"select raised {describe_failure(ex)}", True))
                 continue
             if tuple(idx.shape) != (B, T, G, cfg.n_sel) or tuple(cnt.shape) != (B, T, G):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -219,6 +220,19 @@ def type_name(value: Any) -> str:
         return "object"
 
 
+def adapter_failed(e: BaseException) -> None:
+    """What every caller of adapter code does with what it raised: re-raise a real stop (``stops``),
+    else print its traceback to the stage's log, that printing guarded too (formatting a traceback
+    runs the adapter's ``__str__`` / ``__repr__`` again). The caller then records the failure."""
+    if stops(e):
+        raise e
+    try:
+        traceback.print_exc()
+    except BaseException as e2:  # noqa: BLE001 - its traceback's text is its code too
+        if stops(e2):
+            raise
+
+
 def describe_failure(e: BaseException, limit: int = 300) -> str:
     """``TYPE: first line of its message`` (``TYPE`` alone when it has none), never raising."""
     first = text_of(e, limit)
@@ -322,4 +336,4 @@ class Impl:
 
 
 __all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl", "ImplError",
-           "adapter_code", "constraint_problems", "describe_failure", "stops", "text_of", "type_name"]
+           "adapter_code", "adapter_failed", "constraint_problems", "describe_failure", "stops", "text_of", "type_name"]
