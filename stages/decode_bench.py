@@ -1068,7 +1068,7 @@ def _impl_points(entry, o, dev, log, rows, problems) -> None:
     constraints is a SKIP row naming them; a broken adapter or a step that raises is an ERROR row
     (and a failed check: the implementation under test broke, not the stage)."""
     from nsa_core import NSAConfig
-    from nsa_runner.impls import Case
+    from nsa_runner.impls import Case, adapter_code, adapter_failed, describe_failure
 
     impl, cfg = entry.impl, NSAConfig(**o["nsa"])
     G, h = o["groups"], o["heads_per_group"]
@@ -1101,11 +1101,13 @@ def _impl_points(entry, o, dev, log, rows, problems) -> None:
                 log(f"[SKIP] {tag}: {why}")
                 continue
             try:
-                row, probs = measure_impl(S, B, o, dev, log, impl)
-            except Exception as e:  # noqa: BLE001 - the implementation under test broke on this point
-                first = (str(e).strip().splitlines() or [""])[0][:200]
-                why = f"{entry.name}: decode_step raised {type(e).__name__}: {first}"
-                log(traceback.format_exc())
+                with adapter_code():
+                    row, probs = measure_impl(S, B, o, dev, log, impl)
+            except BaseException as e:  # noqa: BLE001 - the implementation under test broke on this point
+                # SystemExit / GeneratorExit / its own KeyboardInterrupt too, its text never trusted (as the
+                # parity stages, round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
+                adapter_failed(e)
+                why = f"{entry.name}: decode_step raised {describe_failure(e, 200)}"
                 rows.append(_unmeasured(S, B, entry.name, "ERROR", why))
                 problems.append(f"{tag}: {why}")
                 continue

@@ -73,6 +73,7 @@ import traceback
 from types import SimpleNamespace
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
+from nsa_runner.impls import adapter_code, adapter_failed, describe_failure
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 
 from . import _parity
@@ -739,12 +740,14 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
         if entry.name in o["_skipped"]:
             continue
         try:
-            fwd, fwdbwd, note = impl_fns(entry, ins, do, cfg, device, o["dtype"])
-            for pas in o["passes"]:
-                row(entry.name, "whole", pas, timing.bench(fwd if pas == "fwd" else fwdbwd, **tk), note=note)
-        except Exception as e:  # noqa: BLE001
-            msg = (f"T={T} {entry.name}: {type(e).__name__}: "
-                   f"{str(e).strip().splitlines()[0][:160] if str(e) else ''}")
+            with adapter_code():
+                fwd, fwdbwd, note = impl_fns(entry, ins, do, cfg, device, o["dtype"])
+                for pas in o["passes"]:
+                    row(entry.name, "whole", pas, timing.bench(fwd if pas == "fwd" else fwdbwd, **tk), note=note)
+        except BaseException as e:  # noqa: BLE001 - its adapter's code: SystemExit / GeneratorExit / its own
+            # KeyboardInterrupt too, its text never trusted (round 13 B5); a real SIGINT stops the stage
+            adapter_failed(e)
+            msg = f"T={T} {entry.name}: {describe_failure(e, 160)}"
             warnings.append(f"{entry.name} not timed: {msg}")
             log(f"{entry.name} not timed: {msg}")
         _free(device)
