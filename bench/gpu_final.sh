@@ -71,6 +71,28 @@ JOB
     setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
     echo "started (timed13 plan, quick: ${T13_QUICK:-no}): $(date -u +%T)"; exit 0
   fi
+  if [ "${FINAL_PLAN:-}" = quick13 ]; then  # issue 13's quick target: warm quick oneshots, then one profiled
+    cat > "$L/job.sh" <<JOB
+cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
+step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
+t0=\$SECONDS
+for s in env-pairing sanity selection-map triton-fwd triton-bwd fa2-probe prefill-bench decode-bench; do
+  timeout 300 nsa-run stage "\$s" --profile quick --out "$L/art_warm_quick_\$s" > "$L/warm_quick_\$s.log" 2>&1 &
+done
+wait; echo "\$(date -u +%T) parallel warm-up quick: \$((SECONDS - t0)) s" >> "$L/steps.txt"
+step nsa-run oneshot --profile quick --out "$L/art_quick1" > "$L/oneshot_quick1.log" 2>&1
+step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick1/*/ | head -1)" > "$L/ledger_quick1.txt" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick/*/ | head -1)" > "$L/ledger_quick.txt" 2>&1
+step env NSA_RUN_CPROFILE_DIR="$L/prof" nsa-run oneshot --profile quick --out "$L/art_prof" > "$L/oneshot_prof.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art_prof/*/ | head -1)" > "$L/ledger_prof.txt" 2>&1
+for f in "$L"/prof/*.prof; do echo "=== \$f"; python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(28)" "\$f" 2>&1 | grep -E "^ +[0-9]" | cut -c1-160; done > "$L/prof_top.txt" 2>&1
+grep -h "wall\|parity:" "$L"/art_quick/*/fa2_probe.txt > "$L/fa2_quick_wall.txt" 2>&1
+touch "$L/done"
+JOB
+    setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
+    echo "started (quick13 plan): $(date -u +%T)"; exit 0
+  fi
   if [ "${FINAL_PLAN:-}" = profile ]; then  # issue 13: where each stage's warm time goes (cProfile per stage)
     cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
@@ -182,7 +204,7 @@ wait)
   done
   [ -f "$L/d14/table.md" ] && { echo "== decode14"; cat "$L/d14/log.txt" "$L/d14/table.md"; }
   [ -f "$L/overhead.txt" ] && cat "$L/overhead.txt"
-  for f in ledger ledger_prof ledger_spare ledger_quick cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
+  for f in ledger ledger_prof ledger_spare ledger_quick1 ledger_quick fa2_quick_wall cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done
   [ -f "$L/fa4_cache.txt" ] && { echo "FA-4 JIT cache:"; cat "$L/fa4_cache.txt"; }
   for d in "$L"/art_p1 "$L"/art_p2 "$L"/art_fa2; do grep -h "wall time" "$d"/*/fa2_probe.txt 2>/dev/null; done
   [ -f "$L/fa2probe.log" ] && { echo "== fa2-probe with FA-2"; tail -4 "$L/fa2probe.log"; tail -4 "$L/fa2_test.log"; }

@@ -51,7 +51,11 @@ class Case:
 
 
 def parity_cases(profile: str = "full") -> list[Case]:
-    """The case matrix: T < l, T < w, T % d != 0, h in {1, 4, 16}, head dims 64/128, B > 1, Tq < T."""
+    """The case matrix: T < l, T < w, T % d != 0, h in {1, 4, 16}, head dims 64/128, B > 1, Tq < T.
+
+    The quick profile (a smoke check) keeps three of the seven: T < l, h=16 with T % d != 0 and B=2
+    (head dim 128), and Tq < T (head dim 64): every path in both branches, both head dims, both dtypes,
+    once; cuDNN builds a graph per configuration (~1 s each), so each case dropped is ~4 s of child time."""
     cases = [
         Case(1, 20, 4, 1, 64, why="T < l (no compressed token visible)"),
         Case(2, 300, 4, 4, 64, why="T < w, h=1, B=2"),
@@ -59,9 +63,9 @@ def parity_cases(profile: str = "full") -> list[Case]:
         Case(1, 777, 8, 2, 128, why="h=4, T % d != 0"),
         Case(2, 1000, 8, 2, 64, Tq=9, why="last 9 queries of 1000 (chunked prefill / decode)"),
     ]
-    if profile == "full":
-        cases += [Case(1, 2085, 16, 4, 128, why="T > 4w, h=4"), Case(3, 600, 4, 1, 64, Tq=1, why="decode, B=3")]
-    return cases
+    if profile != "full":
+        return [cases[0], cases[2], cases[4]]
+    return cases + [Case(1, 2085, 16, 4, 128, why="T > 4w, h=4"), Case(3, 600, 4, 1, 64, Tq=1, why="decode, B=3")]
 
 
 def _inputs(c: Case, dev, seed: int):
