@@ -8,9 +8,11 @@ compressed and sliding branches match the reference, and from which length do th
    (``adapters.GPU_VERIFIED``): FA-2 and FA-4 are (this stage on an H100); FA-3 is not.
 2. Parity (fa2_varlen.csv): every available path, both branches, fp16 + bf16, forward and
    backward (dq, dk, dv) against the float64 reference over the case matrix
-   (``_flash_bench.parity_cases``). Any row over tolerance -> FAIL.
+   (``_flash_bench.parity_cases``: seven cases; the quick profile three, and cuDNN's rows on one of
+   them, h=16 / head dim 128, as cuDNN builds a graph per new shape, ~1 s each). Any row over
+   tolerance -> FAIL.
 3. Bench (fa2_bench.csv): paths whose parity passed vs ``backend="sdpa"`` over ``--S-list``;
-   (full profile: 1K, 4K, 16K, 64K; quick: 1K, 4K; the selection-score recompute rows only with
+   (full profile: 1K, 4K, 16K, 64K; quick: 4K; the selection-score recompute rows only with
    ``--score-rows yes``); the smallest S from which each path stays >= 1.2x faster (forward and forward+backward) is
    written as routing thresholds: fa2_thresholds.json in the run folder, merged into the
    routing thresholds file (docs/routing.md; ``--thresholds none`` to skip that).
@@ -33,12 +35,13 @@ from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 from . import _seed as seeds
 
 SCHEMA_VERSION = 1
-QUICK_S = [1024, 4096]
+QUICK_S = [4096]  # a smoke check: every path timed once (a quick run never replaces a full run's routing)
 # every 4x from 1K to 64K (was every 2x: 7 lengths). Each length costs the bench a fresh cuDNN
 # graph per branch and pass and ~100 ms of timing per (path, pass) at least; the routing ladder
 # switches paths only at measured lengths, so it keeps one point per 4x (issue 13: the warm full
 # oneshot's budget). --S-list gives any other grid.
 FULL_S = [1024, 4096, 16384, 65536]
+QUICK_APART_CASE = 1  # of parity_cases("quick"): h=16, T % d != 0, B=2, head dim 128
 HINT = ("run on a CUDA GPU (sm_80+) with a CUDA build of torch (the torch-bundled varlen / SDPA flash "
         "paths need nothing else); for FA-2: pip install flash-attn --no-build-isolation")
 
@@ -104,7 +107,7 @@ class Fa2Probe(Stage):
                    "GPU-verified on an H100")
     timeout_s = 1200.0
     options = (
-        Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 1K,4K; full 1K..64K)"),
+        Option("--S-list", int_list, None, "bench lengths, e.g. 1k,4k,16k (default: quick 4K; full 1K..64K)"),
         Option("--thresholds", str, "default",
                "merge measured thresholds into: 'default' (the per-user file, see docs/routing.md), a path, or "
                "'none'; an entry of the same GPU and torch measured over longer S is kept, not replaced"),
@@ -171,10 +174,16 @@ class Fa2Probe(Stage):
         t0 = time.perf_counter()
         # cuDNN's rows (a graph built per new configuration in each process) in child processes
         # beside this one's: the same rows, inputs and order (flash_bench.parity_apart)
+        # quick: cuDNN's rows on one case (h=16, head dim 128), in this process
+        one = min(QUICK_APART_CASE, len(cases) - 1)
         rows, pinfo = _flash_bench.parity_apart(device, paths, [torch.float16, torch.bfloat16], cases, cfg,
-                                                seed=seed, log=lambda m: print(m, flush=True))
+                                                seed=seed, log=lambda m: print(m, flush=True),
+                                                apart_cases=None if ctx.profile == "full" else [one])
         doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 2)
         doc["parity_children"] = pinfo
+        if "apart_cases" in pinfo:
+            txt.append(f"parity (quick profile): the {', '.join(pinfo['apart'])} rows on case "
+                       f"{cases[one].id('<dtype>', cfg.w)} only (the full profile: every case)")
         if pinfo["children"]:
             txt.append(f"parity: the {', '.join(pinfo['apart'])} rows ran in {pinfo['children']} child processes "
                        "beside this one" + "".join(f"; {w} (its rows were computed here)" for w in pinfo["fallback"]))

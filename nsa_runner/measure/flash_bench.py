@@ -160,28 +160,49 @@ def _row_order(cases: list[Case], paths: dict[str, list[str]], dtypes, cfg: NSAC
     return order
 
 
+def _ordered(rows: list[dict], cases: list[Case], paths: dict[str, list[str]], dtypes, cfg: NSAConfig):
+    """``rows`` in ``parity``'s own order (rows computed apart come back in another)."""
+    order = _row_order(cases, paths, dtypes, cfg)
+    return sorted(rows, key=lambda r: order.get((r["case"], r["branch"], r["dtype"], r["path"]), (len(cases),)))
+
+
 def _child_cmd() -> list[str]:
     return [sys.executable, "-m", "nsa_runner.measure.flash_bench"]
 
 
 def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
                  seed: int = 0, apart=BUILDS_PER_PROCESS, jobs: int | None = None,
-                 child_cmd: list[str] | None = None, log=None) -> tuple[list[dict], dict]:
+                 child_cmd: list[str] | None = None, log=None,
+                 apart_cases: list[int] | None = None) -> tuple[list[dict], dict]:
     """``parity`` with the rows of the ``apart`` paths computed in up to ``jobs`` child processes
     (cases dealt round-robin), started first and run beside this process's own rows. The same rows,
     inputs and order as ``parity``. A child that fails or times out is not a lost row: its cases
     are computed here afterwards, and the returned info says which and why.
 
-    Returns (rows, info): info = {"children": n, "apart": [...], "fallback": [reason, ...]}."""
+    ``apart_cases`` (indices into ``cases``): the ``apart`` paths run on these cases only (the quick
+    profile: one case, here, no child); the other paths on every case. None: every case.
+
+    Returns (rows, info): info = {"children": n, "apart": [...], "fallback": [reason, ...],
+    "apart_cases": [...]}."""
     log = log or (lambda msg: None)
     mine = {b: [p for p in ps if p not in apart] for b, ps in paths.items()}
     away = {b: [p for p in ps if p in apart] for b, ps in paths.items()}
     info = {"children": 0, "apart": sorted({p for ps in away.values() for p in ps}), "fallback": []}
+    idx_away = list(range(len(cases))) if apart_cases is None else sorted(set(apart_cases))
+    if apart_cases is not None:
+        if not all(type(i) is int and 0 <= i < len(cases) for i in idx_away):
+            raise ValueError(f"apart_cases {apart_cases!r}: indices into {len(cases)} cases")
+        info["apart_cases"] = idx_away
     if jobs is None:
         jobs = int(os.environ.get("NSA_RUN_PARITY_JOBS", 0)) or min(8, max(1, (os.cpu_count() or 2) // 2))
+    if info["apart"] and (jobs < 2 or len(idx_away) < 2) and apart_cases is not None:
+        rows = parity(device, mine, dtypes, cases, cfg, seed=seed)  # the apart paths' few rows here, after
+        for i in idx_away:
+            rows += parity(device, away, dtypes, [cases[i]], cfg, seed=seed + i)
+        return _ordered(rows, cases, paths, dtypes, cfg), info
     if not info["apart"] or jobs < 2 or len(cases) < 2:
         return parity(device, paths, dtypes, cases, cfg, seed=seed), info
-    groups = [list(range(len(cases)))[k::jobs] for k in range(min(jobs, len(cases)))]
+    groups = [idx_away[k::jobs] for k in range(min(jobs, len(idx_away)))]
     tmp = tempfile.mkdtemp(prefix="nsa-run-parity-")
     env = dict(os.environ)  # the child imports this nsa_runner / nsa_core, as this process does
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
@@ -243,9 +264,7 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
         for f in Path(tmp).iterdir():
             f.unlink()
         os.rmdir(tmp)
-    order = _row_order(cases, paths, dtypes, cfg)
-    rows.sort(key=lambda r: order.get((r["case"], r["branch"], r["dtype"], r["path"]), (len(cases),)))
-    return rows, info
+    return _ordered(rows, cases, paths, dtypes, cfg), info
 
 
 def _child_main(spec_path: str) -> int:

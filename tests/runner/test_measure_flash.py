@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from nsa_core import NSAConfig
@@ -125,6 +126,35 @@ def test_parity_apart_gives_the_same_rows_in_the_same_order_as_parity():
     assert _strip_wall(rows) == _strip_wall(serial)
     assert sum(r["status"] == "PASS" for r in rows) == 6  # sdpa-math on both branches, 3 cases
     assert any("2 child processes" in m for m in said)
+
+
+def test_parity_apart_on_some_cases_runs_the_apart_paths_there_only_with_the_same_values():
+    """The quick profile: the set-apart path (cuDNN on the GPU; sdpa-math here) on one case, in this
+    process; the other paths on every case. Each row equals the in-process parity's row of that case."""
+    cases = [_flash_bench.Case(1, 40, 4, 2, 8), _flash_bench.Case(2, 50, 4, 1, 8, Tq=3),
+             _flash_bench.Case(1, 70, 8, 2, 16)]
+    paths = {"cmp": ["sdpa-math"], "win": ["varlen", "sdpa-math"]}
+    cfg = NSAConfig(w=16)
+    serial = _strip_wall(_flash_bench.parity("cpu", paths, [torch.float32], cases, cfg, seed=5))
+    for jobs in (1, 4):  # one apart case: never a child
+        rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, seed=5,
+                                               apart=("sdpa-math",), jobs=jobs, apart_cases=[1])
+        assert info["children"] == 0 and info["apart_cases"] == [1]
+        want = [r for r in serial if r["path"] != "sdpa-math" or r["case"] == serial_case(serial, cases, 1)]
+        assert _strip_wall(rows) == want
+        assert [r["status"] for r in rows if r["path"] == "sdpa-math"] == ["PASS", "PASS"]
+    rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, seed=5,
+                                           apart=("sdpa-math",), jobs=2, apart_cases=[0, 2])
+    assert info["children"] == 2
+    want = [r for r in serial if r["path"] != "sdpa-math" or r["case"] != serial_case(serial, cases, 1)]
+    assert _strip_wall(rows) == want
+    with pytest.raises(ValueError, match="apart_cases"):
+        _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, apart=("sdpa-math",), apart_cases=[3])
+
+
+def serial_case(rows, cases, n):
+    """The case id of ``cases[n]`` as the rows name it (rows come case by case)."""
+    return list(dict.fromkeys(r["case"] for r in rows))[n]
 
 
 def test_parity_apart_computes_a_failed_childs_rows_itself_and_says_so():
