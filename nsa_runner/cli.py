@@ -133,6 +133,9 @@ def main() -> None:
     from nsa_runner._ui import GuardedStdout, OutputError, to_devnull
 
     _reopen_closed_std_fds()
+    from nsa_runner import _bytecode
+
+    _bytecode.use_cache()  # before torch is imported (by this process or any child)
     from nsa_runner.commands import _common
 
     _common.PROCESS_ENTRY = True  # a run's recorded exit code is the process's, late signals too

@@ -46,8 +46,12 @@ def dist_version(*names: str) -> str | None:
 
 
 def python_info() -> dict:
+    # where this process's bytecode goes: beside the sources, nsa-run's cache (nsa_runner._bytecode:
+    # the environment set PYTHONDONTWRITEBYTECODE), or nowhere (every process compiles its imports)
+    bytecode = (f"cache {sys.pycache_prefix}" if sys.pycache_prefix
+                else "not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode else "beside the sources")
     return {"version": sys.version.split()[0], "implementation": platform.python_implementation(),
-            "executable": sys.executable, "platform": platform.platform()}
+            "executable": sys.executable, "platform": platform.platform(), "bytecode": bytecode}
 
 
 def torch_info() -> dict:
