@@ -29,6 +29,7 @@ import ctypes
 import faulthandler
 import fcntl
 import importlib
+import importlib.util
 import json
 import os
 import pickle
@@ -537,35 +538,42 @@ def _dump_profile(prof, stage: str, t0: float) -> None:
         print(f"# profile not written: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def _preloads(flash: bool = True) -> list[str]:
-    """What a spare imports ahead: torch, triton and, on a CUDA run where FA-4 is installed, the
-    CUDA-free part of its import (sanity, fa2-probe, prefill-bench and decode-bench each paid ~6 s
-    for it on the H100 host). Found without importing anything. Should a preload ever initialise
-    CUDA, the spare execs a plain worker for its stage (``_spare``)."""
+def _preloads(flash: bool = True, fla: bool = False) -> list[str]:
+    """What a spare imports ahead: torch, triton and, on a CUDA run, the CUDA-free part of FA-4's import
+    where FA-4 is installed and the stage asks (``Stage.preload_flash``: sanity, fa2-probe, prefill-bench
+    and decode-bench each paid ~6 s for it on the H100 host), and the torch parts fla's import pulls in
+    where fla is installed and the stage asks (``Stage.preload_fla``). Found without importing anything.
+    Should a preload ever initialise CUDA, the spare execs a plain worker for its stage (``_spare``)."""
     names = ["torch", "triton"]
-    if not flash or os.environ.get("TRITON_INTERPRET") == "1":  # not asked (Stage.preload_flash), or a CPU run
+    if os.environ.get("TRITON_INTERPRET") == "1":  # a CPU run
         return names
-    try:
-        from nsa_core.flash.detect import detect
+    if flash:
+        try:
+            from nsa_core.flash.detect import detect
 
-        if detect("fa4", do_import=False).get("present"):
-            # the parts of FA-4's import that touch no GPU: torch._dynamo (~4.6 s on the H100 host, whose
-            # image has no bytecode for it) and the CuTe DSL; flash_attn.cute itself (quack) initialises
-            # CUDA, and a worker that did cannot fork its stage ("Cannot re-initialize CUDA in forked
-            # subprocess": every stage after the first ERRORed on the H100, 2026-11-25)
-            names += ["torch._dynamo", "cutlass"]
-    except Exception:  # noqa: BLE001 - nothing to preload then
+            if detect("fa4", do_import=False).get("present"):
+                # the parts of FA-4's import that touch no GPU: torch._dynamo (~4.6 s on the H100 host, whose
+                # image has no bytecode for it) and the CuTe DSL; flash_attn.cute itself (quack) initialises
+                # CUDA, and a worker that did cannot fork its stage ("Cannot re-initialize CUDA in forked
+                # subprocess": every stage after the first ERRORed on the H100, 2026-11-25)
+                names += ["torch._dynamo", "cutlass"]
+        except Exception:  # noqa: BLE001 - nothing to preload then
+            pass
+    try:  # fla's own import is not preloaded (it may query the GPU); the torch parts it imports are
+        if fla and importlib.util.find_spec("fla") is not None:
+            names += ["torch._inductor.compile_fx", "functorch.compile"]
+    except (ImportError, ValueError):
         pass
     return names
 
 
-def _spare(fd: int, flash: bool = False) -> list[str] | None:
+def _spare(fd: int, flash: bool = False, fla: bool = False) -> list[str] | None:
     """``--spare FD``: import torch, triton and FA-4 when present (``_preloads``: the seconds every
     stage's process pays on a GPU machine), then wait
     for the job on the socket FD -> [JOB, RESULT] with the log as stdout / stderr and the run folder
     as the working directory; None when the runner closed the socket without one."""
     sock = socket.socket(fileno=fd)
-    for name in _preloads(flash):  # no CUDA context: it would touch the GPU a stage is timing
+    for name in _preloads(flash, fla):  # no CUDA context: it would touch the GPU a stage is timing
         try:
             importlib.import_module(name)  # the preload; a failure shows again in the stage's own import
         except BaseException:  # noqa: BLE001 - never the spare's end: the stage reports it
@@ -609,8 +617,8 @@ def main(argv: list[str]) -> int:
         _ignore_stops()
         return watchdog(argv[1:])
     _die_with_parent()
-    if argv and argv[0] == "--spare" and len(argv) in (2, 3):  # --spare FD [flash]
-        argv = _spare(int(argv[1]), flash=argv[2:] == ["flash"])
+    if argv and argv[0] == "--spare" and 2 <= len(argv) <= 4:  # --spare FD [flash] [fla]
+        argv = _spare(int(argv[1]), flash="flash" in argv[2:], fla="fla" in argv[2:])
         if argv is None:
             return 0
     for stream in (sys.stdout, sys.stderr):  # a stage's text may hold lone surrogates: never a crash

@@ -344,7 +344,7 @@ class _Spare:
     and session, like any worker; it dies with the runner (PR_SET_PDEATHSIG) and ends when its
     socket closes unused (``close``)."""
 
-    def __init__(self, device: str, run_dir: Path, flash: bool = False):
+    def __init__(self, device: str, run_dir: Path, flash: bool = False, fla: bool = False):
         self.cookie = uuid.uuid4().hex
         self.tmp: str | None = None
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -356,7 +356,7 @@ class _Spare:
             with open(self.preload_log, "wb") as pre:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno()),
-                     *(["flash"] if flash else [])],
+                     *(["flash"] if flash else []), *(["fla"] if fla else [])],
                     stdin=subprocess.DEVNULL, stdout=pre, stderr=subprocess.STDOUT, cwd=run_dir,
                     env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
         except OSError:
@@ -738,7 +738,8 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             spare_next = i + 1 < len(entries) and _spare_for(entries[i + 1][0])
             if spare_next:
                 nxt = entries[i + 1][0].stage
-                ready = _Spare(settings.device, manifest.dir, flash=getattr(nxt, "preload_flash", False) is True)
+                ready = _Spare(settings.device, manifest.dir, flash=getattr(nxt, "preload_flash", False) is True,
+                               fla=getattr(nxt, "preload_fla", False) is True)
             try:
                 rec = run_one(entry, ctx, machine, timeout, observer, spare=this)
             except _FinishedThenInterrupted as done:

@@ -115,6 +115,10 @@ class Stage:
     # and, with it, the CUDA-free part of FA-4's import (torch._dynamo, the CuTe DSL: ~5 s on the H100
     # host) when FA-4 is installed: for a stage that calls the flash paths (sanity, fa2-probe, benches)
     preload_flash: bool = False
+    # and the torch parts fla's import pulls in (torch._inductor's compile_fx, functorch.compile: 2-5 s)
+    # when fla is installed: for a stage that times fla (prefill-bench). fla itself is not imported
+    # ahead (its import may touch the GPU, and a spare must not start CUDA)
+    preload_fla: bool = False
 
     def run(self, ctx: RunContextLike) -> StageResult:  # pragma: no cover - interface
         raise NotImplementedError

@@ -777,6 +777,7 @@ def _speedups(rows: list[dict]) -> None:
 class PrefillBench(Stage):
     name = "prefill-bench"
     preload_flash = True  # calls the flash paths: its spare imports FA-4's CUDA-free part
+    preload_fla = True  # times fla (a default baseline): its spare imports the torch parts fla pulls in
     order = 55
     requires = ()
     description = ("whole NSA prefill fwd and fwd+bwd (and each part) vs full causal attention and fla, "

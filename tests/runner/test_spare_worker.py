@@ -156,6 +156,28 @@ def test_the_spare_preloads_fa4_only_on_a_cuda_run_where_it_is_installed(monkeyp
     assert _worker._preloads() == ["torch", "triton"]
 
 
+def test_the_spare_preloads_fla_s_torch_parts_only_for_a_stage_that_asks_and_where_fla_is_installed(monkeypatch):
+    import importlib.util
+
+    from nsa_runner import _worker
+
+    real = importlib.util.find_spec
+    installed = {"fla": True}
+    def find_spec(name, *a):
+        return (object() if installed[name] else None) if name in installed else real(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert _worker._preloads(flash=False, fla=True) == ["torch", "triton", "torch._inductor.compile_fx",
+                                                        "functorch.compile"]
+    assert _worker._preloads(flash=False, fla=False) == ["torch", "triton"]
+    installed["fla"] = False
+    assert _worker._preloads(flash=False, fla=True) == ["torch", "triton"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU run: torch and triton only
+    installed["fla"] = True
+    assert _worker._preloads(flash=False, fla=True) == ["torch", "triton"]
+
+
 def test_a_spare_still_importing_is_not_charged_to_the_stage_s_timeout_or_duration(plugins, tmp_path):
     """Round 13 A-B5: the next stage was handed to its spare while the spare still imported torch
     (~1.5-4 s on CPU), its clock already running: a quick stage ended TIMEOUT with an empty log. The
