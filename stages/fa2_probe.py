@@ -9,8 +9,8 @@ compressed and sliding branches match the reference, and from which length do th
 2. Parity (fa2_varlen.csv): every available path, both branches, fp16 + bf16, forward and
    backward (dq, dk, dv) against the float64 reference over the case matrix
    (``_flash_bench.parity_cases``: seven cases; the quick profile three, and cuDNN's rows on one of
-   them, h=16 / head dim 128, as cuDNN builds a graph per new shape, ~1 s each). Any row over
-   tolerance -> FAIL.
+   them, h=16 / head dim 128, bf16 only, as cuDNN builds a graph per new configuration, 2.4 s per row
+   on the H100). Any row over tolerance -> FAIL.
 3. Bench (fa2_bench.csv): paths whose parity passed vs ``backend="sdpa"`` over ``--S-list``;
    (full profile: 1K, 4K, 16K, 64K; quick: 4K; the selection-score recompute rows only with
    ``--score-rows yes``); the smallest S from which each path stays >= 1.2x faster (forward and forward+backward) is
@@ -174,16 +174,19 @@ class Fa2Probe(Stage):
         t0 = time.perf_counter()
         # cuDNN's rows (a graph built per new configuration in each process) in child processes
         # beside this one's: the same rows, inputs and order (flash_bench.parity_apart)
-        # quick: cuDNN's rows on one case (h=16, head dim 128), in this process
-        one = min(QUICK_APART_CASE, len(cases) - 1)
+        # quick: cuDNN's rows on one case (h=16, head dim 128) in bf16, in this process (2.4 s per row on
+        # the H100: a graph built per configuration)
+        one, full = min(QUICK_APART_CASE, len(cases) - 1), ctx.profile == "full"
         rows, pinfo = _flash_bench.parity_apart(device, paths, [torch.float16, torch.bfloat16], cases, cfg,
                                                 seed=seed, log=lambda m: print(m, flush=True),
-                                                apart_cases=None if ctx.profile == "full" else [one])
+                                                apart_cases=None if full else [one],
+                                                apart_dtypes=None if full else [torch.bfloat16])
         doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 2)
         doc["parity_children"] = pinfo
         if "apart_cases" in pinfo:
             txt.append(f"parity (quick profile): the {', '.join(pinfo['apart'])} rows on case "
-                       f"{cases[one].id('<dtype>', cfg.w)} only (the full profile: every case)")
+                       f"{cases[one].id('<dtype>', cfg.w)} in {', '.join(pinfo.get('apart_dtypes', ['fp16', 'bf16']))} "
+                       "only (the full profile: every case, fp16 and bf16)")
         if pinfo["children"]:
             txt.append(f"parity: the {', '.join(pinfo['apart'])} rows ran in {pinfo['children']} child processes "
                        "beside this one" + "".join(f"; {w} (its rows were computed here)" for w in pinfo["fallback"]))

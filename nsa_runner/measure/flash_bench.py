@@ -173,7 +173,7 @@ def _child_cmd() -> list[str]:
 def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
                  seed: int = 0, apart=BUILDS_PER_PROCESS, jobs: int | None = None,
                  child_cmd: list[str] | None = None, log=None,
-                 apart_cases: list[int] | None = None) -> tuple[list[dict], dict]:
+                 apart_cases: list[int] | None = None, apart_dtypes=None) -> tuple[list[dict], dict]:
     """``parity`` with the rows of the ``apart`` paths computed in up to ``jobs`` child processes
     (cases dealt round-robin), started first and run beside this process's own rows. The same rows,
     inputs and order as ``parity``. A child that fails or times out is not a lost row: its cases
@@ -181,6 +181,7 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
 
     ``apart_cases`` (indices into ``cases``): the ``apart`` paths run on these cases only (the quick
     profile: one case, here, no child); the other paths on every case. None: every case.
+    ``apart_dtypes`` (a subset of ``dtypes``): the same for dtypes (the quick profile: bf16 only).
 
     Returns (rows, info): info = {"children": n, "apart": [...], "fallback": [reason, ...],
     "apart_cases": [...]}."""
@@ -193,12 +194,17 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
         if not all(type(i) is int and 0 <= i < len(cases) for i in idx_away):
             raise ValueError(f"apart_cases {apart_cases!r}: indices into {len(cases)} cases")
         info["apart_cases"] = idx_away
+    away_dtypes = list(dtypes) if apart_dtypes is None else [d for d in dtypes if d in apart_dtypes]
+    if apart_dtypes is not None:
+        if len(away_dtypes) != len(set(apart_dtypes)):
+            raise ValueError(f"apart_dtypes {apart_dtypes!r}: not a subset of {list(dtypes)!r}")
+        info["apart_dtypes"] = [DTYPE_NAMES[d] for d in away_dtypes]
     if jobs is None:
         jobs = int(os.environ.get("NSA_RUN_PARITY_JOBS", 0)) or min(8, max(1, (os.cpu_count() or 2) // 2))
-    if info["apart"] and (jobs < 2 or len(idx_away) < 2) and apart_cases is not None:
+    if info["apart"] and (jobs < 2 or len(idx_away) < 2) and (apart_cases is not None or apart_dtypes is not None):
         rows = parity(device, mine, dtypes, cases, cfg, seed=seed)  # the apart paths' few rows here, after
         for i in idx_away:
-            rows += parity(device, away, dtypes, [cases[i]], cfg, seed=seed + i)
+            rows += parity(device, away, away_dtypes, [cases[i]], cfg, seed=seed + i)
         return _ordered(rows, cases, paths, dtypes, cfg), info
     if not info["apart"] or jobs < 2 or len(cases) < 2:
         return parity(device, paths, dtypes, cases, cfg, seed=seed), info
@@ -209,7 +215,7 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
     procs = []
     try:
         for k, idx in enumerate(groups):
-            spec = {"device": device, "paths": away, "dtypes": [DTYPE_NAMES[d] for d in dtypes],
+            spec = {"device": device, "paths": away, "dtypes": [DTYPE_NAMES[d] for d in away_dtypes],
                     "cases": [asdict(cases[i]) for i in idx], "seeds": [seed + i for i in idx],
                     "cfg": cfg.to_dict(), "out": str(Path(tmp) / f"rows{k}.json")}
             spec_path = Path(tmp) / f"spec{k}.json"
@@ -253,7 +259,7 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
                 continue
             rows += got
         for i in sorted(redo):  # computed here: slower, never missing
-            rows += parity(device, away, dtypes, [cases[i]], cfg, seed=seed + i)
+            rows += parity(device, away, away_dtypes, [cases[i]], cfg, seed=seed + i)
         for why in info["fallback"]:
             log(f"parity: {why}; its rows were computed in this process")
     finally:

@@ -148,6 +148,16 @@ def test_parity_apart_on_some_cases_runs_the_apart_paths_there_only_with_the_sam
     assert info["children"] == 2
     want = [r for r in serial if r["path"] != "sdpa-math" or r["case"] != serial_case(serial, cases, 1)]
     assert _strip_wall(rows) == want
+    # and one dtype of two (the quick profile: bf16 only)
+    rows, info = _flash_bench.parity_apart("cpu", paths, [torch.float32, torch.float64], cases, cfg, seed=5,
+                                           apart=("sdpa-math",), jobs=4, apart_cases=[1], apart_dtypes=[torch.float64])
+    both = _strip_wall(_flash_bench.parity("cpu", paths, [torch.float32, torch.float64], cases, cfg, seed=5))
+    one = cases[1].id(torch.float64, cfg.w)
+    assert info["apart_dtypes"] == ["fp64"] and info["children"] == 0
+    assert _strip_wall(rows) == [r for r in both if r["path"] != "sdpa-math" or r["case"] == one]
+    with pytest.raises(ValueError, match="apart_dtypes"):
+        _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, apart=("sdpa-math",),
+                                  apart_dtypes=[torch.float16])
     with pytest.raises(ValueError, match="apart_cases"):
         _flash_bench.parity_apart("cpu", paths, [torch.float32], cases, cfg, apart=("sdpa-math",), apart_cases=[3])
 
