@@ -375,6 +375,20 @@ def spread_columns(df, metric: str) -> tuple[str, str] | None:
     return None
 
 
+def parity_key(row: dict) -> tuple[str, str]:
+    """The identity of a parity table's row: ``(impl, case)``, as text. An empty ``impl`` (or a table
+    without that column: runs from before it) is the built-in ``nsa_core``. A tuple, never a joined
+    string: ``impl:case`` made ``x`` / ``a:b`` and ``x:a`` / ``b`` one row."""
+    return _key_text(row.get("impl")) or "nsa_core", _key_text(row.get("case"))
+
+
+def _key_text(v: Any) -> str:
+    """A key cell as text ('' for an empty cell; ``1.0`` of a column pandas read as float as ``1``)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return _fmt_val(v)
+
+
 def fmt_key(row: dict, keys: list[str]) -> str:
     return " ".join(f"{k}={_fmt_val(row[k])}" for k in keys)
 
@@ -545,14 +559,20 @@ class Run:
         return self._cached(f"csv:{name}", load)
 
     def parity(self, name: str):
-        """triton_fwd.csv / triton_bwd.csv, validated; duplicate case ids are an error (per
-        implementation, when the table has an ``impl`` column: the same case runs per impl)."""
+        """triton_fwd.csv / triton_bwd.csv, validated; two rows of one :func:`parity_key` (the same case
+        of the same implementation, an empty ``impl`` being nsa_core's) are an error naming both lines:
+        ``compare`` pairs rows by that key, and kept one of two (a FAIL beside a PASS of an empty impl:
+        "no regression") while ``report`` showed both (round 14 B-R5)."""
         df = self.csv(name, PARITY_REQUIRED, PARITY_NUMERIC, "status")
         if df is not None:
-            keys = ["impl", "case"] if "impl" in df.columns else ["case"]
-            dup = df["case"][df.duplicated(subset=keys)]
-            if len(dup):
-                raise ArtifactError(f"{self.dir / name}: case {dup.iloc[0]!r} appears more than once")
+            seen: dict[tuple[str, str], int] = {}
+            for i, r in enumerate(df.to_dict("records"), 2):
+                key = parity_key(r)
+                if key in seen:
+                    raise ArtifactError(f"{self.dir / name}: case {shown(key[1], 120)} of implementation "
+                                        f"{shown(key[0], 120)} appears more than once (lines {seen[key]} and {i}; "
+                                        "an empty impl is nsa_core)")
+                seen[key] = i
         return df
 
     def declared(self, suffix: str = "") -> list[str]:

@@ -36,6 +36,7 @@ from nsa_runner._readers import (
     is_time,
     key_columns,
     metric_columns,
+    parity_key,
     spread_columns,
 )
 from nsa_runner._ui import _CONTROL
@@ -362,29 +363,30 @@ def _parity_rows(A: Run, B: Run, name: str, comparable: bool, factor: float) -> 
         return [Row("parity", name, "-", "rel_err", mark="x", note=f"{name} not in {'A' if da is None else 'B'}")]
     definition = [c for c in PARITY_REQUIRED if c not in ("case", "max_abs", "rel_err", "status")]
     definition += [c for c in da.columns if c in db.columns and c not in definition and c in ("n", "l_sel", "tf32")]
-    ra = {_parity_key(r): r for r in da.to_dict("records")}
-    rb = {_parity_key(r): r for r in db.to_dict("records")}
+    # keyed by the (impl, case) tuple Run.parity refuses duplicates of: every row of either table is
+    # one row here (a joined "impl:case" string, or an empty impl read as nsa_core's, collapsed two)
+    ra = {parity_key(r): r for r in da.to_dict("records")}
+    rb = {parity_key(r): r for r in db.to_dict("records")}
     rows = []
-    for case in dict.fromkeys([*ra, *rb]):
-        a, b = ra.get(case), rb.get(case)
+    for key in dict.fromkeys([*ra, *rb]):
+        a, b = ra.get(key), rb.get(key)
         changed = ""
         if a is not None and b is not None:
             diffs = [f"{c} {a[c]} -> {b[c]}" for c in definition if not _same(a.get(c), b.get(c))]
             changed = ", ".join(diffs)
-        rows.append(_error_row("parity", name, str(case), (a or {}).get("status"), (b or {}).get("status"),
+        rows.append(_error_row("parity", name, _parity_label(key), (a or {}).get("status"), (b or {}).get("status"),
                                _num(a, "rel_err"), _num(b, "rel_err"), _num(b or a, "tol"), comparable, factor,
                                changed, a_note=str((a or {}).get("note", "") or "")[:120],
                                b_note=str((b or {}).get("note", "") or "")[:120]))
     return rows
 
 
-def _parity_key(r: dict) -> str:
-    """A parity row's key: the case id, prefixed "impl:" for an implementation other than the built-in
-    (rows of runs from before the ``impl`` column are nsa_core's and keep their bare key)."""
-    impl = r.get("impl")
-    if not isinstance(impl, str) or not impl or impl == "nsa_core":
-        return str(r["case"])
-    return f"{impl}:{r['case']}"
+def _parity_label(key: tuple[str, str]) -> str:
+    """A parity row's label: the case id, with `` [impl=NAME]`` for an implementation other than the
+    built-in (rows of runs from before the ``impl`` column are nsa_core's and keep their bare case).
+    A label only: rows are matched by the (impl, case) tuple."""
+    impl, case = key
+    return case if impl == "nsa_core" else f"{case} [impl={impl}]"
 
 
 def _same(x: Any, y: Any) -> bool:
