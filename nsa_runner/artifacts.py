@@ -431,6 +431,11 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
     (``manifest.json``, ``logs``, ``history`` or anything under them; kind ``"shared"``): a rerun
     moves a stage's declared files to history, so anything else would let one stage take what is
     not its own.
+
+    A name written as a folder (``a.csv/``, ``a.csv/.``, ``a.csv//``) must name a folder (kind
+    ``"folder"`` else): ``Path`` drops the trailing ``/``, so ``a.csv/`` for the file ``a.csv`` was
+    found and recorded as written, and every reader (``compare``, junit, the report, a link)
+    skipped it without a word (round 14 A BR-1).
     """
     if not isinstance(rel, str) or not rel.strip() or "\0" in rel:
         return "outside", f"{rel!r} is not a relative file name"
@@ -443,6 +448,8 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
         return "shared", f"{rel} is the run folder itself"
     if _runner_name(pure.parts[0], allowed):
         return "shared", f"{rel} is the run folder's shared {pure.parts[0]}"
+    if rel.endswith(("/", "/.")) and not os.path.isdir(os.path.join(run_dir, rel)):  # as written: ENOTDIR
+        return "folder", f"{rel} is written as a folder (a trailing '/') but {pure} is not one"
     root = Path(run_dir).resolve()
     try:
         resolved = (root / pure).resolve()

@@ -285,14 +285,16 @@ def _describe_exit(rc: int) -> str:
     return describe_exit(rc)
 
 
-def _check_files(run_dir: Path, result: StageResult, allowed: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """Declared files that are (missing or outside the run folder, shared names of the run folder).
+def _check_files(run_dir: Path, result: StageResult,
+                 allowed: tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
+    """Declared files that are (missing or outside the run folder, shared names of the run folder,
+    written as a folder but no folder: ``a.csv/``).
 
     A declared file must stay inside the run folder (no ``..``, no absolute path, no symlink
     out) and not be a shared name such as ``logs`` (``artifacts.declared_file_problem``): a
     rerun moves a stage's declared files into history.
     """
-    outside, shared = [], []
+    outside, shared, folder = [], [], []
     for rel in result.files:
         if not_text(rel):
             continue  # named by _apply_result (not_text), never looked up
@@ -302,9 +304,11 @@ def _check_files(run_dir: Path, result: StageResult, allowed: tuple[str, ...] = 
                 outside.append(rel)
         elif problem[0] == "shared":
             shared.append(rel)
+        elif problem[0] == "folder":
+            folder.append(rel)
         else:
             outside.append(str(rel))
-    return outside, shared
+    return outside, shared, folder
 
 
 def not_text(rel: object) -> bool:
@@ -684,10 +688,11 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
         rec.log_tail = tail(log_path)
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
-    outside, shared = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))
+    outside, shared, folder = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))
     bad_text = [f for f in rec.files if not_text(f)]
-    if outside or shared or bad_text:
-        dropped = set(outside) | set(shared) | set(bad_text)  # a set: 20 000 missing names were quadratic
+    if outside or shared or folder or bad_text:
+        # a set: 20 000 missing names were quadratic
+        dropped = set(outside) | set(shared) | set(folder) | set(bad_text)
         rec.files = [f for f in rec.files if isinstance(f, str) and f not in dropped]
         notes = []
         if bad_text:
@@ -696,6 +701,9 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
             notes.append(f"declared file(s) missing or outside the run folder: {', '.join(outside)}")
         if shared:
             notes.append(f"declared file(s) shared by every stage, not this stage's own: {', '.join(shared)}")
+        if folder:
+            notes.append(f"declared name(s) written as a folder (a trailing '/') that name no folder: "
+                         f"{', '.join(folder)} (a file is declared without the '/')")
         note = "; ".join(notes)
         if rec.status in (Status.PASS, Status.SKIP):
             rec.status = Status.ERROR
