@@ -10,7 +10,8 @@ the same passed / failed / skipped as the CLI's closing line (``results.counts``
 stage's cases were not run: each is ``<skipped>`` whatever its table says (a skip is never a pass).
 
 The suites are filled with ``append`` and counted once (junitparser's ``add_testcase`` recounts the
-whole suite on every add: quadratic in a case table's rows).
+whole suite on every add: quadratic in a case table's rows), and put in the document with ``append``
+too (its ``add_testsuite`` compares each suite with every earlier one: quadratic in the stages).
 
 Text from logs is sanitised: ANSI escapes and characters XML 1.0 cannot carry are removed.
 """
@@ -165,7 +166,10 @@ def junit_xml(m: dict, folder: Path) -> str:
             suite.append(tc)
         suite.update_statistics()
         suite.time = round(float(s.get("duration_s") or 0), 3)
-        xml.add_testsuite(suite)
+        # xml.append, not add_testsuite: junitparser compares each new suite with every earlier one
+        # (to merge equal ones): quadratic in the stages, 8 000 stages took 118 s (round 14 B R10); one
+        # suite per manifest entry, as the closing counts line counts them
+        xml.append(suite)
     xml.update_statistics()
     xml._elem.attrib.pop("skipped", None)  # not in the JUnit schema for <testsuites>
     buf = io.BytesIO()
