@@ -95,6 +95,14 @@ def keep_orphans() -> int | None:
     if pid == 0:
         if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != parent:  # the keeper is gone already
             os._exit(1)
+        # a process group of its own (round 14 BR-4): a stage's ``kill -9 0`` / ``os.killpg(0, 9)`` (its
+        # group) killed the keeper too, and a daemon that cleared its environment went to init; now it
+        # reaches the stage's group only, the keeper lives on and the daemon comes to it
+        # (``kill_processes`` signals the stage's groups as well as the worker's)
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass
         return None
     # the runner stops a stage with SIGTERM first, then SIGKILL after a grace period: the keeper
     # ignores the SIGTERM (dying of it would SIGKILL the stage at once through its parent-death
@@ -183,8 +191,8 @@ def stage_processes(cookie: str, root: int | None = None) -> list:
 
 
 def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
-    """SIGTERM every process of the stage (and the worker's process group), wait up to ``grace_s``,
-    then SIGKILL what is left.
+    """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
+    processes), wait up to ``grace_s``, then SIGKILL what is left.
 
     The tree is known before anything is signalled and never forgotten: each process found is kept
     as (pid, create time) — psutil refuses to signal a pid that was reused — and the tree is frozen
@@ -232,6 +240,18 @@ def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
             except psutil.Error:
                 pass
 
+    def groups(procs: list) -> list[int]:
+        """The worker's process group and those of the stage's processes (the stage's work runs in a
+        group of its own: ``keep_orphans``), never this process's own group."""
+        out = [] if root is None else [root]
+        for p in procs:
+            try:
+                out.append(os.getpgid(p.pid))
+            except OSError:
+                pass
+        own = os.getpgrp()
+        return [g for g in dict.fromkeys(out) if g > 1 and g != own]
+
     def freeze() -> None:  # a stopped process neither forks nor lets a child slip away
         for _ in range(20):
             new = look()
@@ -244,9 +264,9 @@ def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
         procs = live()
         if not procs:
             return
-        if root is not None:
+        for group in groups(procs):
             try:
-                os.killpg(root, sig)
+                os.killpg(group, sig)
             except (ProcessLookupError, PermissionError):
                 pass
         send(procs, sig)
