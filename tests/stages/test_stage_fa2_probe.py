@@ -167,3 +167,27 @@ def test_a_shorter_measurement_never_replaces_a_longer_one_in_the_thresholds_fil
     assert note.startswith("thresholds merged")
     doc = json.loads(target.read_text())
     assert len(doc["entries"]) == 1 and doc["entries"][0]["S_measured"] == [2048, 65536]
+
+
+def test_quick_bench_leaves_out_the_graph_building_paths_and_says_so(tmp_path, monkeypatch):
+    """The quick profile (a smoke check) times no path whose first call per shape builds a graph
+    (cuDNN on the GPU; sdpa-math stands in for it here): its parity rows still run; the text names it."""
+    from nsa_runner.measure import flash_bench as _flash_bench
+
+    small = [_flash_bench.Case(1, 70, 4, 2, 16), _flash_bench.Case(1, 90, 4, 1, 16, Tq=5)]
+    monkeypatch.setattr(_flash_bench, "parity_cases", lambda profile: small)
+    monkeypatch.setattr(_flash_bench, "BUILDS_PER_PROCESS", ("sdpa-math",))
+    timed = []
+    monkeypatch.setattr(Fa2Probe, "_bench", lambda self, ctx, d, device, good, *a: timed.append(good) or "bench ok")
+    st, doc, txt = Fa2Probe(), {"probe": [{"name": "flash_attn (FA-2)", "present": False}]}, []
+    ctx = _ctx(tmp_path, bench="yes")
+    r = st._measure(ctx, tmp_path, ctx.options, "cpu", {"cmp": ["sdpa-math", "varlen"], "win": ["sdpa-math"]},
+                    doc, txt, [])
+    assert set(pd.read_csv(tmp_path / "fa2_varlen.csv")["path"]) == {"sdpa-math", "varlen"}  # parity: every path
+    assert timed == [{"cmp": ["varlen"], "win": []}], timed
+    assert any("sdpa-math not timed" in line for line in txt), txt
+    ctx.profile = "full"
+    timed.clear()
+    st._measure(ctx, tmp_path, ctx.options, "cpu", {"cmp": ["sdpa-math"], "win": ["sdpa-math"]}, doc, [], [])
+    assert timed == [{"cmp": ["sdpa-math"], "win": ["sdpa-math"]}]
+    assert "bench ok" in r.reason
