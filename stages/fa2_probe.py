@@ -12,7 +12,7 @@ compressed and sliding branches match the reference, and from which length do th
    them, h=16 / head dim 128, bf16 only, as cuDNN builds a graph per new configuration, 2.4 s per row
    on the H100). Any row over tolerance -> FAIL.
 3. Bench (fa2_bench.csv): paths whose parity passed vs ``backend="sdpa"`` over ``--S-list``;
-   (full profile: 1K, 4K, 16K, 64K; quick: 4K; the selection-score recompute rows only with
+   (full profile: 1K, 4K, 16K, 64K; quick: 4K, cuDNN not timed; the selection-score recompute rows only with
    ``--score-rows yes``); the smallest S from which each path stays >= 1.2x faster (forward and forward+backward) is
    written as routing thresholds: fa2_thresholds.json in the run folder, merged into the
    routing thresholds file (docs/routing.md; ``--thresholds none`` to skip that).
