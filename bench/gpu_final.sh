@@ -82,12 +82,15 @@ done
 wait; echo "\$(date -u +%T) parallel warm-up quick: \$((SECONDS - t0)) s" >> "$L/steps.txt"
 step nsa-run oneshot --profile quick --out "$L/art_quick1" > "$L/oneshot_quick1.log" 2>&1
 step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+[ "${Q13_RUNS:-2}" = 3 ] && step nsa-run oneshot --profile quick --out "$L/art_quick3" > "$L/oneshot_quick3.log" 2>&1
 python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick1/*/ | head -1)" > "$L/ledger_quick1.txt" 2>&1
 python3 bench/time_ledger.py "\$(ls -d "$L"/art_quick/*/ | head -1)" > "$L/ledger_quick.txt" 2>&1
+if [ "${Q13_EXTRA:-1}" = 1 ]; then  # the bytecode cache off, and one run profiled (the CLI and every stage)
 step env NSA_RUN_PYCACHE=0 nsa-run oneshot --profile quick --out "$L/art_nopyc" > "$L/oneshot_nopyc.log" 2>&1
 python3 bench/time_ledger.py "\$(ls -d "$L"/art_nopyc/*/ | head -1)" > "$L/ledger_nopyc.txt" 2>&1
 step env NSA_RUN_CPROFILE_DIR="$L/prof" python3 bench/cli_profile.py "$L/cli_prof.txt" oneshot --profile quick --out "$L/art_prof" > "$L/oneshot_prof.log" 2>&1
 python3 bench/time_ledger.py "\$(ls -d "$L"/art_prof/*/ | head -1)" > "$L/ledger_prof.txt" 2>&1
+fi
 du -sh ~/.cache/nsa-run/pycache > "$L/pycache.txt" 2>&1; grep -h '"bytecode"' "$L"/art_quick/*/env.json >> "$L/pycache.txt" 2>&1
 for f in "$L"/prof/*.prof; do echo "=== \$f"; python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(28)" "\$f" 2>&1 | grep -E "^ +[0-9]" | cut -c1-160; done > "$L/prof_top.txt" 2>&1
 grep -h "wall\|parity:" "$L"/art_quick/*/fa2_probe.txt > "$L/fa2_quick_wall.txt" 2>&1
@@ -200,7 +203,7 @@ wait)
   while [ ! -e "$L/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
   cat "$L/steps.txt" 2>/dev/null; [ -e "$L/done" ] || echo "NOT DONE yet: $(date -u +%T)"
   [ -f bench/gpu_fa2_build.sh ] && bash bench/gpu_fa2_build.sh status 2>&1 | tail -3
-  for f in oneshot_prof oneshot_impls oneshot_cold oneshot oneshot_spare oneshot_quick1 oneshot_quick oneshot_nopyc probe1 probe2 fa2probe; do
+  for f in oneshot_prof oneshot_impls oneshot_cold oneshot oneshot_spare oneshot_quick1 oneshot_quick oneshot_quick3 oneshot_nopyc probe1 probe2 fa2probe; do
     [ -f "$L/$f.log" ] || continue; echo "== $f"
     grep -hE "^(env-pairing|sanity|selection-map|triton-|fa2-probe|prefill-bench|decode-bench|summary) |\[[0-9]/[0-9]\]" "$L/$f.log" | cut -c1-200
     grep -hE "passed, [0-9]+ failed" "$L/$f.log" | tail -1
