@@ -50,6 +50,15 @@ SUMMARY_NAME = SUMMARY_MD
 STATUS_COLOR = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#82071e", "TIMEOUT": "#bc4c00", "SKIP": "#6e7781"}
 STATUS_WORD = {"PASS": "PASS", "FAIL": "FAIL", "ERROR": "ERROR", "TIMEOUT": "TIMEOUT", "SKIP": "SKIP — not run"}
 IMAGES = (("selection.png", "Selection picture (selection-map stage)"), ("decode.png", "decode-bench figure"))
+# what one report draws, at most (round 14 B R7: one bar per parity row, one line and legend entry per
+# configuration, took 92 s / 1.6 GB for 5 000 parity rows, 84 s for 6 000 series); each cap is said
+# next to its plot, and the tables below it (or the CSV) hold every row
+PLOT_MAX_BARS = 60  # parity bars per table (the worst: failing first, then by rel_err / tol)
+PLOT_MAX_PANELS = 6  # parity tables in the parity plot (those with failing rows first)
+PLOT_MAX_SERIES = 12  # lines per timing / decode panel (the first configurations by key)
+PLOT_MAX_POINTS = 200  # points per line (evenly spaced along x)
+PLOT_MAX_FIGURES = 12  # timing figures per report (one per table, in the report's order)
+TABLE_MAX_ROWS = 400  # rows per HTML table (failing rows first); the rest are named, never silently dropped
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
@@ -98,27 +107,31 @@ def _figure(w: float, h: float):
     return Figure(figsize=(w, h))
 
 
-def plot_decode(df) -> str | None:
+def plot_decode(df, notes: list[str] | None = None) -> str | None:
     """Decode latency vs S (per branch when the table holds one configuration, else ms_step and
-    ms_full per configuration), and KV tokens read per step vs S (full attention reads S)."""
+    ms_full per configuration), and KV tokens read per step vs S (full attention reads S). At most
+    ``PLOT_MAX_SERIES`` lines per panel and ``PLOT_MAX_POINTS`` points per line: what is left out is
+    appended to ``notes``."""
     times = [c for c in df.columns if is_time(c) and df[c].notna().any()]
     reads = [c for c in df.columns if is_reads(c) and df[c].notna().any()]
     if "S" not in df.columns or not (times or reads):
         return None
     keys = [k for k in key_columns(df) if k != "S" and df[k].nunique() > 1]
+    df = _first_series(df, keys, "decode plot", notes)
     groups = list(df.groupby(keys, dropna=False)) if keys else [((), df)]
     fig = _figure(11, 4.4)
     axes = fig.subplots(1, 2)
     if len(groups) > 1:
         times = [c for c in ("ms_step", "ms_full") if c in times]
+    times, reads = _first_columns(times, "decode plot", notes), _first_columns(reads, "decode plot", notes)
     for name, g in groups:
-        g = g.sort_values("S")
+        g = _thin(g.sort_values("S"), "decode plot", notes)
         name = name if isinstance(name, tuple) else (name,)
         sfx = (" " + " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True))) if keys else ""
         for c in times:
             axes[0].plot(g["S"], g[c], marker="o", lw=2.2 if c in ("ms_step", "ms_full") else 1.2,
                          ls="--" if c == "ms_full" else "-", label=_label(c + sfx))
-    g0 = groups[0][1].sort_values("S")
+    g0 = _thin(groups[0][1].sort_values("S"), "decode plot", notes)
     for c in reads:
         axes[1].plot(g0["S"], g0[c], marker="o", ls="--" if c == "reads_full" else "-", label=_label(c))
     if reads and "reads_full" not in reads:
@@ -142,13 +155,18 @@ def plot_decode(df) -> str | None:
     return _png(fig)
 
 
-def plot_times(df, title: str) -> str | None:
-    """One panel per time column: time vs T (or S), one line per configuration, p20..p80 bars."""
+def plot_times(df, title: str, notes: list[str] | None = None) -> str | None:
+    """One panel per time column (the first 3): time vs T (or S), one line per configuration, p20..p80
+    bars. At most ``PLOT_MAX_SERIES`` lines per panel and ``PLOT_MAX_POINTS`` points per line: what
+    is left out is appended to ``notes``."""
     x = "T" if "T" in df.columns else ("S" if "S" in df.columns else None)
     times = [c for c in df.columns if is_time(c)]
     if x is None or not times:
         return None
+    if len(times) > 3 and notes is not None:
+        notes.append(f"{title} plot: the first 3 of {len(times)} time columns drawn ({', '.join(times[:3])})")
     keys = [k for k in key_columns(df) if k != x and df[k].nunique() > 1]
+    df = _first_series(df, keys, f"{title} plot", notes)
     fig = _figure(5.5 * min(len(times), 3), 4.0)
     axes = fig.subplots(1, min(len(times), 3), squeeze=False)[0]
     for ax, c in zip(axes, times[:3], strict=True):
@@ -158,6 +176,7 @@ def plot_times(df, title: str) -> str | None:
             g = g[g[c].notna()].sort_values(x)
             if g.empty:
                 continue
+            g = _thin(g, f"{title} plot", notes)
             name = name if isinstance(name, tuple) else (name,)
             label = " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True)) or c
             if spread is not None:
@@ -177,13 +196,15 @@ def plot_times(df, title: str) -> str | None:
     return _png(fig)
 
 
-def plot_parity(panels: list[tuple[str, list[dict]]]) -> str | None:
+def plot_parity(panels: list[tuple[str, list[dict]]], notes: list[str] | None = None) -> str | None:
     """Horizontal bars of rel_err per case (log x), the tolerance as a black tick, coloured by status.
 
     ``panels``: (title, [{"case", "status", "rel_err", "tol"}]). A SKIP case gets no bar: its row
-    says "SKIP (not run)" in grey, so a missing measurement never looks like a small error.
+    says "SKIP (not run)" in grey, so a missing measurement never looks like a small error. At most
+    ``PLOT_MAX_PANELS`` panels (those with a failing row first) of ``PLOT_MAX_BARS`` rows each (the
+    worst: failing first, then by rel_err / tol), each cap said in the panel's title and in ``notes``.
     """
-    panels = [(t, rows) for t, rows in panels if rows]
+    panels = _parity_panels([(t, rows) for t, rows in panels if rows], notes)
     if not panels:
         return None
     height = sum(max(1.2, 0.28 * len(r) + 0.9) for _, r in panels)
@@ -218,6 +239,88 @@ def plot_parity(panels: list[tuple[str, list[dict]]]) -> str | None:
         ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     return _png(fig)
+
+
+def _badness(r: dict) -> tuple[int, float]:
+    """How bad a parity row is, for choosing what the plot draws: failing first, then by rel_err / tol
+    (rel_err alone without a tolerance); a row without a finite error last."""
+    failed = 0 if r.get("status") in FAILED else 1
+    try:
+        err, tol = float(r.get("rel_err")), float(r.get("tol"))
+    except (TypeError, ValueError):
+        return failed, math.inf
+    if not math.isfinite(err):
+        return failed, math.inf
+    return failed, -(err / tol if math.isfinite(tol) and tol > 0 else err)
+
+
+def _worst(rows: list[dict], n: int) -> list[dict]:
+    """The ``n`` worst rows (``_badness``), in the table's order."""
+    if len(rows) <= n:
+        return rows
+    keep = sorted(sorted(range(len(rows)), key=lambda i: _badness(rows[i]))[:n])
+    return [rows[i] for i in keep]
+
+
+def _parity_panels(panels: list[tuple[str, list[dict]]], notes: list[str] | None) -> list[tuple[str, list[dict]]]:
+    """The panels and rows ``plot_parity`` draws (``PLOT_MAX_PANELS``, ``PLOT_MAX_BARS``), the caps said."""
+    if len(panels) > PLOT_MAX_PANELS:
+        order = sorted(range(len(panels)), key=lambda i: (not any(r.get("status") in FAILED for r in panels[i][1]), i))
+        keep = sorted(order[:PLOT_MAX_PANELS])
+        left = [panels[i][0] for i in order[PLOT_MAX_PANELS:]]
+        _note(notes, f"parity plot: {PLOT_MAX_PANELS} of {len(panels)} tables drawn (those with a failing row "
+                     f"first); not drawn: {', '.join(map(str, left[:5]))}" + (" ..." if len(left) > 5 else ""))
+        panels = [panels[i] for i in keep]
+    out = []
+    for title, rows in panels:
+        if len(rows) > PLOT_MAX_BARS:
+            kept = _worst(rows, PLOT_MAX_BARS)
+            bad = sum(r.get("status") in FAILED for r in rows)
+            _note(notes, f"parity plot, {title}: the {len(kept)} worst of {len(rows)} rows drawn (failing first "
+                         f"— {bad} failing — then by rel_err / tol); every row is in its table below and the file")
+            title = f"{title} — the {len(kept)} worst of {len(rows)} rows"
+            rows = kept
+        out.append((title, rows))
+    return out
+
+
+def _note(notes: list[str] | None, line: str) -> None:
+    if notes is not None and line not in notes:
+        notes.append(line)
+
+
+def _first_series(df, keys: list[str], what: str, notes: list[str] | None):
+    """``df`` with the rows of its first ``PLOT_MAX_SERIES`` configurations (groups of ``keys``, in key
+    order), the cap noted: one line and one legend entry per configuration was unbounded."""
+    if not keys:
+        return df
+    gid = df.groupby(keys, dropna=False, sort=True).ngroup()
+    total = int(gid.max()) + 1 if len(gid) else 0
+    if total <= PLOT_MAX_SERIES:
+        return df
+    _note(notes, f"{what}: the first {PLOT_MAX_SERIES} of {total} configurations ({', '.join(map(str, keys))}) "
+                 "drawn; every row is in the table below and the file")
+    return df[gid < PLOT_MAX_SERIES]
+
+
+def _first_columns(cols: list[str], what: str, notes: list[str] | None) -> list[str]:
+    if len(cols) <= PLOT_MAX_SERIES:
+        return cols
+    _note(notes, f"{what}: the first {PLOT_MAX_SERIES} of {len(cols)} columns drawn")
+    return cols[:PLOT_MAX_SERIES]
+
+
+def _thin(g, what: str, notes: list[str] | None):
+    """At most ``PLOT_MAX_POINTS`` rows of one line (sorted along x), evenly spaced, the first and the
+    last kept; the thinning noted."""
+    n = len(g)
+    if n <= PLOT_MAX_POINTS:
+        return g
+    step = (n - 1) / (PLOT_MAX_POINTS - 1)
+    idx = sorted({round(i * step) for i in range(PLOT_MAX_POINTS)})
+    _note(notes, f"{what}: lines of more than {PLOT_MAX_POINTS} points drawn with {PLOT_MAX_POINTS}, evenly "
+                 "spaced along x; every row is in the table below and the file")
+    return g.iloc[idx]
 
 
 _PLOT_MIN, _PLOT_MAX = 1e-200, 1e100  # a log axis of errors, with room for its margins within a float
@@ -262,9 +365,21 @@ def _img(b64: str, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
 
 
-def _table(rows: list[dict], cols: list[str], status_col: str | None = None, max_rows: int = 400) -> str:
+def _table(rows: list[dict], cols: list[str], status_col: str | None = None, max_rows: int = TABLE_MAX_ROWS,
+           where: str = "the CSV") -> str:
+    """An HTML table of at most ``max_rows`` rows: with a status column, the failing rows first (a FAIL
+    past the cap was only "N more rows in the CSV"), in the table's order; the rows left out are
+    counted under it, with how many of them fail."""
+    shown_rows = rows
+    if len(rows) > max_rows:
+        if status_col:
+            bad = [i for i, r in enumerate(rows) if str(r.get(status_col)) in FAILED][:max_rows]
+            rest = [i for i, r in enumerate(rows) if str(r.get(status_col)) not in FAILED][:max_rows - len(bad)]
+            shown_rows = [rows[i] for i in sorted(bad + rest)]
+        else:
+            shown_rows = rows[:max_rows]
     out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>"]
-    for r in rows[:max_rows]:
+    for r in shown_rows:
         st = str(r.get(status_col, "")) if status_col else ""
         cells = []
         for c in cols:
@@ -280,7 +395,13 @@ def _table(rows: list[dict], cols: list[str], status_col: str | None = None, max
         out.append(f'<tr class="row-{_e(st)}">' + "".join(cells) + "</tr>")
     out.append("</table></div>")
     if len(rows) > max_rows:
-        out.append(f'<p class="note">{len(rows) - max_rows} more rows in the CSV.</p>')
+        left = len(rows) - len(shown_rows)
+        failing = (sum(str(r.get(status_col)) in FAILED for r in rows)
+                   - sum(str(r.get(status_col)) in FAILED for r in shown_rows)) if status_col else 0
+        which = (f"the failing ones first; {failing} of those not shown fail" if status_col
+                 else f"the first {len(shown_rows)}")
+        out.append(f'<p class="note">{len(shown_rows)} of {len(rows)} rows shown ({which}): {left} more rows in '
+                   f"{_e(where)}.</p>")
     return "\n".join(out)
 
 
@@ -433,7 +554,7 @@ def _parity_html(run: Run) -> str:
         bad = sum(r["status"] in FAILED for r in recs)
         skip = sum(r["status"] == "SKIP" for r in recs)
         tables.append(f"<h3>{_e(name)}: {len(recs) - bad - skip} passed, {bad} failed, {skip} skipped "
-                      f"(not run)</h3>" + _table(recs, cols, "status"))
+                      f"(not run)</h3>" + _table(recs, cols, "status", where=name))
     checks = run.sanity_checks()  # validated: "ok" true/false, rel_err / tol numbers (shared with compare)
     if checks is not None:
         errs = [{"case": c["check"], "status": c["status"], "rel_err": c["rel_err"], "tol": c["tol"]}
@@ -442,41 +563,55 @@ def _parity_html(run: Run) -> str:
         failing = [{"check": c["check"], "status": c["status"], "detail": c["detail"]} for c in checks]
         nbad = sum(r["status"] == "FAIL" for r in failing)
         tables.append(f"<h3>sanity.json: {len(failing) - nbad} of {len(failing)} checks hold</h3>"
-                      + _table(failing, ["check", "status", "detail"], "status"))
+                      + _table(failing, ["check", "status", "detail"], "status", where="sanity.json"))
     else:
         tables.append(_absent("sanity.json"))
-    png = plot_parity(panels)
-    head = _img(png, "parity errors per case") if png else _absent("parity errors")
+    notes: list[str] = []
+    png = plot_parity(panels, notes)
+    head = (_img(png, "parity errors per case") + _plot_notes(notes)) if png else _absent("parity errors")
     return head + "\n" + "\n".join(tables)
+
+
+def _plot_notes(notes: list[str]) -> str:
+    """What a plot left out (its caps), said right under it."""
+    return "".join(f'<p class="note">{_e(n)}</p>' for n in notes)
 
 
 def _decode_html(run: Run) -> str:
     df = run.timing(DECODE_FILE) if DECODE_FILE in run.timing_files() else None
     if df is None:
         return _absent(DECODE_FILE)
-    png = plot_decode(df)
+    notes: list[str] = []
+    png = plot_decode(df, notes)
     keys = [k for k in key_columns(df) if df[k].nunique() > 1 or k in ("S", "B")]
     cols = keys + [c for c in df.columns if (is_time(c) or is_reads(c) or c.startswith("speedup"))
                    and df[c].notna().any() and c not in keys]
     more = len(df.columns) - len(cols)
     note = f'<p class="note">{more} more columns in <a href="{DECODE_FILE}">{DECODE_FILE}</a>.</p>' if more else ""
-    return (_img(png, "decode latency and reads vs S") if png else "") + _table(df.to_dict("records"), cols) + note
+    return ((_img(png, "decode latency and reads vs S") + _plot_notes(notes) if png else "")
+            + _table(df.to_dict("records"), cols, where=DECODE_FILE) + note)
 
 
 def _bench_html(run: Run) -> str:
     out = []
     names = sorted((n for n in run.timing_files() if n != DECODE_FILE), key=lambda n: n == "fa2_bench.csv")
+    drawn = 0
     for name in names:
         df = run.timing(name)
         if df is None:
             continue
         owner = run.declared_by(name)
         title = "flash / SDPA" if name == "fa2_bench.csv" else name.removesuffix(".csv")
-        png = plot_times(df, title)
+        notes: list[str] = []
+        if drawn < PLOT_MAX_FIGURES:
+            png = plot_times(df, title, notes)
+            drawn += png is not None
+        else:
+            png, notes = None, [f"{name}: not plotted (the report draws {PLOT_MAX_FIGURES} timing figures at most)"]
         cols = [c for c in df.columns if not is_spread(c)]
         head = f"{name} ({owner})" if owner else name
-        out.append(f"<h3>{_e(head)}</h3>" + (_img(png, f"{name} times") if png else "")
-                   + _table(df.to_dict("records"), cols))
+        out.append(f"<h3>{_e(head)}</h3>" + (_img(png, f"{name} times") if png else "") + _plot_notes(notes)
+                   + _table(df.to_dict("records"), cols, where=name))
     return "\n".join(out) if out else _absent("benchmark CSVs (prefill.csv, fa2_bench.csv, plugin tables, bench_*.csv)")
 
 
