@@ -632,6 +632,47 @@ def _spare(fd: int, flash: bool = False, fla: bool = False) -> list[str] | None:
     return [job["job"], job["result"]]
 
 
+# the stage's process, when its start could not be marked nor its result written (``_not_started``)
+EXIT_NOT_STARTED = 229
+
+
+def _not_started(e: OSError, job_path: str, result_path: str, stage: str) -> None:
+    """The ``started`` marker cannot be written (a temp folder out of inodes or space, most often):
+    the runner would not see the stage begin, give it its worker's start-up grace on top of its
+    timeout (``executor.PRELOAD_GRACE_S``) and record "did not begin" (round 14 A BR-5: a 5 s stage
+    ran 125 s). The stage is not run: its ERROR names the temp folder, in its result where one can be
+    written, else in its log and this process's exit status (the runner then finds the folder full
+    and names it)."""
+    import errno
+
+    folder = os.path.dirname(job_path)
+    why = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            st = os.statvfs(folder)
+            if e.errno == errno.ENOSPC and st.f_files and st.f_ffree == 0:
+                why = "no inodes left: too many files"
+        except OSError:
+            pass
+        reason = (f"the temp folder {os.path.dirname(folder)} is full ({why}): stage {stage} was not run "
+                  f"(its start could not be marked in {folder})")
+        hint = ("free some space (and files: inodes) in that folder, or set TMPDIR to another folder with room, "
+                "then rerun")
+    else:
+        reason = f"stage {stage} was not run: its start could not be marked in its temp folder {folder} ({why})"
+        hint = ""
+    try:
+        print(f"# {reason}", flush=True)
+    except (OSError, ValueError):
+        pass
+    try:
+        write_json(result_path, {"result": StageResult(Status.ERROR, reason, hint=hint).to_dict(), "traceback": None})
+    except OSError:
+        os._exit(EXIT_NOT_STARTED)
+    linger()
+    os._exit(0)
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--watchdog" and len(argv) == 5:
         _ignore_stops()
@@ -654,8 +695,11 @@ def main(argv: list[str]) -> int:
     rc = keep_orphans()  # the stage runs in a child: its orphans stay here even when it kills itself
     if rc is not None:
         if not os.path.exists(result_path):  # a crash (signal, os._exit): the runner's usual ERROR
+            told = describe_exit(rc)
+            if rc == EXIT_NOT_STARTED and not os.path.exists(os.path.join(os.path.dirname(job_path), STARTED)):
+                told = "the stage was not run: its start could not be marked in its temp folder (its log says why)"
             try:
-                write_json(result_path, _error(describe_exit(rc), None))
+                write_json(result_path, _error(told, None))
             except OSError:  # no result can be written (a full disk, the temp folder gone)
                 _end_as(rc)
         linger()
@@ -671,8 +715,8 @@ def main(argv: list[str]) -> int:
     try:  # the stage begins now: the runner's clock for its timeout and duration starts here (a spare's
         # imports before this are not the stage's: round 13 A-B5, a quick stage TIMEOUTed behind them)
         open(os.path.join(os.path.dirname(job_path), STARTED), "wb").close()
-    except OSError:
-        pass
+    except OSError as e:  # never run unseen by the runner's clock (round 14 A BR-5)
+        _not_started(e, job_path, result_path, ctx.stage)
     t0 = time.monotonic()
     prof = _profiler()
     try:
