@@ -36,6 +36,19 @@ from nsa_runner.stage import Option, Stage
 
 GROUP = "nsa_runner.stages"
 ERROR_CHARS = 2000  # a broken entry's one-line error at most (as a reason in the run table)
+# what a plugin's metadata and stage declaration may put in every record, list and manifest (round 14
+# R1: a 55 MB METADATA Name was recorded whole as each stage's `source`: a 275 MiB manifest its own
+# reader refused; `list --json` printed 3-11 MB): display texts are clipped (``_text.clip``), values
+# the runner uses as they are (an entry point's module:attr, a flag, a choice, a default, the order)
+# are bounded: a stage beyond a bound is broken, with the reason
+META_CHARS = 200  # a distribution's Name / Version, an entry point's name / value
+DESCRIPTION_CHARS = 4000  # a stage's description
+HELP_CHARS = 1000  # an option's help
+MAX_OPTIONS = 64  # options of one stage
+MAX_CHOICES = 256  # choices of one option
+CHOICE_CHARS = 200  # one choice as listed (the stage's own parse checks the whole one, in its child)
+DEFAULTS_CHARS = 256 << 10  # a stage's option defaults together, as JSON (each one is recorded in the manifest)
+MAX_ORDER = 10**9  # |order|
 BUILTIN_DIST = "nsa-run"
 KNOWN_REQUIREMENTS = ("cuda", "triton")
 # flags of `nsa-run stage` itself: a stage option may not reuse them
@@ -251,7 +264,7 @@ class StageInfo:
 # a stage name is a plain word: it names a log file, a history folder and a CLI argument, and is
 # shown in rich tables (no '/', no spaces, no markup brackets)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-FLAG_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+FLAG_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]{0,62}")  # 64 characters at most
 
 
 STAGE_ATTRS = ("name", "order", "timeout_s", "description", "requires", "options")
@@ -275,7 +288,9 @@ def _problems(info: dict, ep_name: str) -> list[str]:
         problems.append(f"is named {name!r} but registered as {ep_name!r}")
     order = info.get("order")
     if isinstance(order, bool) or not isinstance(order, int):
-        problems.append(f"order must be an int, got {order!r}")
+        problems.append(f"order must be an int, got {clip(repr(order), 100)}")
+    elif abs(order) > MAX_ORDER:  # 10**4000 squeezed the list table to two columns
+        problems.append(f"order must be an int between -{MAX_ORDER} and {MAX_ORDER}, got {clip(str(order), 40)}")
     t = info.get("timeout_s")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
         problems.append(f"timeout_s must be a positive number of seconds, got {t!r}")
@@ -292,6 +307,9 @@ def _problems(info: dict, ep_name: str) -> list[str]:
     if not isinstance(options, (tuple, list)) or any(not isinstance(o, dict) for o in options):
         problems.append("options must be a tuple of nsa_runner.Option instances")
         return problems
+    if len(options) > MAX_OPTIONS:  # 20 000 options made `list NAME` print 2 MB
+        problems.append(f"declares {len(options)} options (at most {MAX_OPTIONS})")
+        return problems
     flags = [o.get("flag") for o in options]
     dests = [f.lstrip("-").replace("-", "_") for f in flags if isinstance(f, str)]  # Option.dest
     if any(not isinstance(f, str) or not f.startswith("--") for f in flags) or len(set(map(str, flags))) != len(flags):
@@ -306,11 +324,20 @@ def _problems(info: dict, ep_name: str) -> list[str]:
     elif any(not isinstance(o.get("help"), str) or not isinstance(o.get("choices"), (list, tuple))
              or not all(isinstance(c, str) for c in o.get("choices")) for o in options):
         problems.append("option help must be a string and choices strings")
+    elif any(len(o["choices"]) > MAX_CHOICES for o in options):
+        problems.append(f"option(s) {', '.join(o['flag'] for o in options if len(o['choices']) > MAX_CHOICES)} "
+                        f"declare more than {MAX_CHOICES} choices")
     else:
         bad = [o["flag"] for o in options if not _json_ok(o.get("default"))]
         if bad:
             problems.append(f"option default(s) of {', '.join(bad)} must be JSON values (numbers, strings, "
                             "lists, null)")
+        sizes = {o["flag"]: len(json.dumps(o.get("default"))) for o in options if o["flag"] not in bad}
+        if sum(sizes.values()) > DEFAULTS_CHARS:  # a 3 MB default was recorded whole in the manifest (a 250 MB
+            # one blocks the --out): the stage is broken, its default is never clipped (the stage would get that)
+            big = sorted(sizes, key=sizes.get, reverse=True)[:3]
+            problems.append(f"option defaults are {sum(sizes.values())} characters as JSON (at most {DEFAULTS_CHARS}; "
+                            f"the largest: {', '.join(f'{f} {sizes[f]}' for f in big)})")
     return problems
 
 
@@ -664,14 +691,27 @@ def _stop(proc: subprocess.Popen, cookie: str) -> None:
         pass
 
 
+def invalid_name(text: str) -> str:
+    """The name a broken entry whose entry-point name is not a plain word is listed and recorded
+    under: ``invalid:`` and the name made plain, clipped (round 14 R1: a 500 000-character entry
+    point name was recorded and listed whole)."""
+    return "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", clip(text, 40))
+
+
 def _entry_of(rec: dict) -> StageEntry:
     """A discovery record as a StageEntry; a record that does not describe a usable stage (the child
     ran plugin code: its records are checked again here) is a broken entry, never a crash."""
     ep_name = str(rec.get("name") or "?")
-    shown = ep_name if NAME_RE.fullmatch(ep_name) else "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", ep_name)
-    entry = StageEntry(shown, str(rec.get("value", "?")), str(rec.get("dist", "?")), str(rec.get("version", "?")),
-                       dist_path=str(rec.get("dist_path") or ""))
+    shown = ep_name if NAME_RE.fullmatch(ep_name) else invalid_name(ep_name)
+    value = str(rec.get("value", "?"))
+    # the plugin's metadata texts clipped before anything records them (round 14 R1)
+    entry = StageEntry(shown, clip(value, META_CHARS), clip(str(rec.get("dist", "?")), META_CHARS),
+                       clip(str(rec.get("version", "?")), META_CHARS), dist_path=str(rec.get("dist_path") or ""))
     info = rec.get("stage")
+    if not rec.get("error") and isinstance(info, dict) and len(value) > META_CHARS:
+        # the runner imports a usable stage by its value: never a clipped one
+        rec = dict(rec, error=f"{entry.value}: the entry point's value is {len(value)} characters "
+                              f"(at most {META_CHARS})")
     if rec.get("error") or not isinstance(info, dict):
         # one line, clipped (round 12 B4: a 100 000-line import error was printed whole by `list` (15 MB) and
         # in the run table of `stage`); the traceback keeps the rest
@@ -681,11 +721,13 @@ def _entry_of(rec: dict) -> StageEntry:
         return entry
     problems = _problems(info, ep_name)
     if problems:
-        entry.error = f"{entry.value}: stage " + "; ".join(problems)
+        entry.error = clip(" ".join((f"{entry.value}: stage " + "; ".join(problems)).split()), ERROR_CHARS)
         return entry
     entry.stage = StageInfo(
-        name=info["name"], order=info["order"], requires=tuple(info["requires"]), description=info["description"],
-        options=tuple(OptionInfo(o["flag"], o["default"], o["help"], tuple(o["choices"])) for o in info["options"]),
+        name=info["name"], order=info["order"], requires=tuple(info["requires"]),
+        description=clip(info["description"], DESCRIPTION_CHARS),
+        options=tuple(OptionInfo(o["flag"], o["default"], clip(o["help"], HELP_CHARS),
+                                 tuple(clip(c, CHOICE_CHARS) for c in o["choices"])) for o in info["options"]),
         timeout_s=float(info["timeout_s"]), key=rec["key"], preload=info.get("preload", True) is True,
         preload_flash=info.get("preload_flash", False) is True)
     return entry
@@ -717,7 +759,7 @@ def discover() -> list[StageEntry]:
                                    f"{e.value} ({e.source}) is left out: rename it")
                         e.stage = None
                         # its own name in lists and manifests: the built-in's record stays the built-in's
-                        e.name = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", f"{e.dist}.{name}")
+                        e.name = invalid_name(f"{e.dist}.{name}")
                 continue
             where = ", ".join(f"{e.value} ({e.source})" for e in group)
             # ONE entry for the name (round 12 B1): two entries of one name gave the table and --json

@@ -19,6 +19,8 @@ from nsa_runner._ui import TABLE_REASON_CHARS, clip, fail, out_console, plain_te
 from nsa_runner.commands import _common as c
 from nsa_runner.registry import Machine, StageEntry, discover, skip_reason, unmet
 
+SOURCE_CHARS = 80  # the source column of the stages table (a plugin's Name / Version: clipped already)
+
 
 def _row(e: StageEntry, machine: Machine) -> dict:
     if e.stage is None:
@@ -51,6 +53,15 @@ def _t(text: object, one_line: bool = True) -> str:
     whole). --json keeps them whole."""
     text = str(text)
     return plain_text(clip(" ".join(text.split()) if one_line else text, TABLE_REASON_CHARS))
+
+
+def _source_cell(text: str) -> str:
+    """A row's source in the stages table: at most ``SOURCE_CHARS`` characters, what is left out named on
+    a line of its own (round 14 R1: a plugin's long Name / Version took the table's width)."""
+    text = " ".join(str(text).split())
+    if len(text) <= SOURCE_CHARS:
+        return plain_text(text)
+    return plain_text(text[:SOURCE_CHARS]) + f"…\n({len(text) - SOURCE_CHARS} more characters)"
 
 
 def _why(r: dict) -> str:
@@ -120,7 +131,7 @@ def list_stages(
         for r in rows:
             runs = "[green]yes[/]" if r["runs_here"] else f"[red]no[/]: {_why(r)}"
             t.add_row("-" if r["order"] is None else str(r["order"]), _t(r["name"]),
-                      _t(", ".join(r["requires"])) or "-", _t(r["source"]),
+                      _t(", ".join(r["requires"])) or "-", _source_cell(r["source"]),
                       _t(" ".join(o["flag"] for o in r["options"])) or "-", runs)
         out_console().print(t)
     raise typer.Exit(1 if broken else 0)

@@ -23,6 +23,7 @@ import re
 import traceback
 from dataclasses import dataclass
 
+from nsa_runner._text import clip
 from nsa_runner.impls import BUILTIN, GROUP, PARTS, Impl
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -245,22 +246,26 @@ def _info_problem(info) -> str:
 
 
 def _row(rec: dict, device: str, error: str = "") -> dict:
+    from nsa_runner.registry import META_CHARS, invalid_name
+
     name = str(rec.get("name") or "?")
     if not NAME_RE.fullmatch(name):  # shown in tables and manifests: a plain word, never markup
-        error = error or f"entry-point name {name!r} is not a plain word"
-        name = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        error = error or f"entry-point name {clip(name, META_CHARS)!r} is not a plain word"
+        name = invalid_name(name)
     info = rec.get("impl")
     error = error or str(rec.get("error") or "") or _info_problem(info)
     if error:
-        info, runs, why = None, False, f"broken: {error}"
+        info, runs, why = None, False, f"broken: {clip(' '.join(error.split()), 2000)}"
     elif info["unavailable"]:
         runs, why = False, info["unavailable"] + (f" (fix: {info['hint']})" if info["hint"] else "")
     elif info["needs_cuda"] and device != "cuda":
         runs, why = False, "needs CUDA"
     else:
         runs, why = True, ""
-    dist, version = str(rec.get("dist", "?")), str(rec.get("version", "?"))
-    entry = ImplEntry(name, str(rec.get("value", "?")), dist, version, dist_path=str(rec.get("dist_path") or ""))
+    # a plugin's metadata texts clipped (round 14 R1)
+    dist, version = clip(str(rec.get("dist", "?")), META_CHARS), clip(str(rec.get("version", "?")), META_CHARS)
+    entry = ImplEntry(name, clip(str(rec.get("value", "?")), META_CHARS), dist, version,
+                      dist_path=str(rec.get("dist_path") or ""))
     return {
         "name": name, "source": entry.source, "entry_point": entry.value,
         "parts": list(info["parts"]) if info else [],
@@ -276,7 +281,7 @@ def describe_all(device: str) -> list[dict]:
     """Every registered implementation (built-in first): parts, constraints, whether it can run
     here and why not. Imported in child processes (``registry.discover_group``): an adapter whose
     import segfaults, hangs or exits is listed as broken with the reason, the others as usual."""
-    from nsa_runner.registry import discover_group
+    from nsa_runner.registry import META_CHARS, discover_group
 
     added = device == "cpu" and "TRITON_INTERPRET" not in os.environ
     if added:  # the children import triton-based adapters as a CPU stage would (before triton loads)
@@ -299,15 +304,19 @@ def describe_all(device: str) -> list[dict]:
                     rows.append(_row(r, device))
                     continue
                 taken = (f"implementation name {name!r} is taken by the built-in ({builtin[0].get('value', '?')}); "
-                         f"{r.get('value', '?')} ({r.get('dist', '?')}) is left out: rename it")
+                         f"{clip(str(r.get('value', '?')), 200)} ({clip(str(r.get('dist', '?')), 200)}) is left out: "
+                         "rename it")
                 row = _row(r, device, taken)
                 # its own name in lists: `--impl nsa_core` stays the built-in's
-                row["name"] = "invalid:" + re.sub(r"[^A-Za-z0-9._-]", "_", f"{r.get('dist', '?')}.{name}")
+                from nsa_runner.registry import invalid_name
+
+                row["name"] = invalid_name(f"{r.get('dist', '?')}.{name}")
                 rows.append(row)
             continue
         dup = ""
         if len(group) > 1:  # as load(): a duplicate is broken, never a pick
             dup = f"duplicate implementation name {name!r}: declared by " + ", ".join(
-                f"{r.get('value', '?')} ({r.get('dist', '?')})" for r in group)
+                f"{clip(str(r.get('value', '?')), META_CHARS)} ({clip(str(r.get('dist', '?')), META_CHARS)})"
+                for r in group)
         rows += [_row(r, device, dup) for r in group]
     return sorted(rows, key=lambda r: (r["name"] != BUILTIN, r["name"]))

@@ -1,0 +1,129 @@
+"""Bad days, red-team round 14 (part B), helper c: plugin metadata and impl texts, each through the CLI.
+
+- R1: a plugin's distribution Name / Version, entry-point name / value and its options (defaults,
+  choices, flags, help, their number) and order were recorded and printed whole: a 55 MB METADATA
+  Name made each stage's `source` 55 MB (a manifest its own reader refused), `list --json` printed
+  MBs, an order of 10**4000 squeezed the list table;
+- R3: an impl's SKIP reason (its Constraints.check's return) was written whole into sanity.json;
+- R2: an adapter's own KeyboardInterrupt subclass saying ``__module__ = "nsa_runner.executor"`` passed
+  as the runner's interrupt and ended selection-map anonymously;
+- R4: an option default nested 900 deep passed discovery, then pickling the stage's context crashed
+  the runner ("RecursionError ... (unexpected)"), the run left unfinished;
+- R6: built-in stages were described in the discovery child after the plugins' imports: a plugin
+  setting ``Sanity.requires = ("cuda",)`` switched sanity off (SKIP), one wrapping json.dumps made it vanish.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    from _bad_days import PINNED
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import PINNED
+
+MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
+                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
+
+
+def _main(env, *args, timeout=300):
+    return subprocess.run([sys.executable, "-c", MAIN, *map(str, args)], env=env, text=True, timeout=timeout,
+                          capture_output=True)
+
+
+def _clean(r):
+    assert "Traceback" not in r.stderr and "(unexpected" not in r.stderr, r.stderr[-3000:]
+
+
+def _dist(site: Path, dirname: str, name: str, version: str, module: str, source: str, group: str, entries: str):
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{dirname}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n" + entries)
+
+
+BIG_SRC = """
+from nsa_runner import Option, Stage, StageResult, Status
+class A(Stage):
+    name = 'ok1'; order = 201; preload = False
+    def run(self, ctx): return StageResult(Status.PASS, 'x')
+class Many(Stage):
+    name = 'd-many'; order = 202; preload = False
+    options = tuple(Option(f"--o{i}", str, default="v", help="h" * 50) for i in range(2000))
+    def run(self, ctx): return StageResult(Status.PASS, 'many')
+class Choices(Stage):
+    name = 'd-choices'; order = 203; preload = False
+    options = (Option("--c", str, default="c0", choices=tuple(f"c{i}" for i in range(20000)), help="h"),)
+    def run(self, ctx): return StageResult(Status.PASS, 'choices')
+class BigDef(Stage):
+    name = 'd-bigdef'; order = 204; preload = False
+    options = (Option("--b", str, default="D" * 300000, help="h"),)
+    def run(self, ctx): return StageResult(Status.PASS, 'bigdef')
+class BigOrder(Stage):
+    name = 'd-order'; order = 10 ** 4000; preload = False
+    def run(self, ctx): return StageResult(Status.PASS, 'order')
+class Help(Stage):
+    name = 'd-help'; order = 205; preload = False
+    description = "W" * 300000
+    options = (Option("--h", str, default="x", help="H" * 300000),)
+    def run(self, ctx): return StageResult(Status.PASS, 'help')
+"""
+
+
+def test_r1_plugin_metadata_and_options_are_clipped_or_bounded(plugins, tmp_path):
+    site = plugins.site
+    _dist(site, "big_dist", "big-dist-" + "N" * 300_000, "1." + "9" * 300_000, "bigmod_c", BIG_SRC,
+          "nsa_runner.stages",
+          "ok1 = bigmod_c:A\nd-many = bigmod_c:Many\nd-choices = bigmod_c:Choices\nd-bigdef = bigmod_c:BigDef\n"
+          "d-order = bigmod_c:BigOrder\nd-help = bigmod_c:Help\n"
+          "e" + "x" * 300_000 + " = bigmod_c:A\nval = bigmod_c:" + "Q" * 300_000 + "\n")
+    env = plugins.env() | {"COLUMNS": "160"}
+    r = _main(env, "list", "--json")
+    _clean(r)
+    assert r.returncode == 1  # broken entries
+    assert len(r.stdout) < 200_000, len(r.stdout)
+    rows = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert rows["ok1"]["runs_here"] and len(rows["ok1"]["source"]) < 1000, rows["ok1"]["source"][:300]
+    for name, why in (("d-many", "options"), ("d-choices", "choices"), ("d-bigdef", "characters as JSON"),
+                      ("d-order", "order must be")):
+        assert rows[name]["why_not"].startswith("broken:") and why in rows[name]["why_not"], rows[name]["why_not"][:500]
+    assert rows["d-help"]["runs_here"]
+    assert len(rows["d-help"]["description"]) < 5000 and len(rows["d-help"]["options"][0]["help"]) < 2000
+    assert all(len(n) < 100 for n in rows), [n[:100] for n in rows]
+    assert all(len(s["entry_point"]) < 300 for s in rows.values())
+    # the table keeps its columns, for the built-ins too
+    r = _main(env, "list")
+    _clean(r)
+    assert len(r.stdout) < 200_000
+    sanity = [ln for ln in r.stdout.splitlines() if " sanity " in ln]
+    assert sanity and "built-in" in sanity[0], r.stdout[:3000]
+    # one stage in detail, and its --help
+    for args in (("list", "d-help"), ("stage", "d-help", "--help")):
+        r = _main(env, *args)
+        _clean(r)
+        assert len(r.stdout) < 50_000, (args, len(r.stdout))
+    # the run's records: each plugin stage's source clipped, the run finished
+    out = tmp_path / "runs"
+    r = _main(env, "oneshot", "--only", "ok1,d-help,summary", "--out", out)
+    _clean(r)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    assert m["finished"] and (out / "testrun" / "manifest.json").stat().st_size < 200_000
+    assert all(len(s["source"]) < 1000 for s in m["stages"])
+
+
+def test_r1_impl_plugin_metadata_is_clipped(plugins):
+    _dist(plugins.site, "bigi_dist", "bigi-dist-" + "N" * 300_000, "1." + "9" * 300_000, "bigimp_c",
+          "from nsa_runner.impls import Impl\nfrom nsa_runner.impls.nsa_core import make\n"
+          "IMPL = lambda: Impl('bigi', dict(make().parts))\n", "nsa_runner.impls",
+          "bigi = bigimp_c:IMPL\n" + "i" + "x" * 300_000 + " = bigimp_c:IMPL\n")
+    r = _main(plugins.env(), "list", "--impls", "--json", "--device", "cpu")
+    _clean(r)
+    assert len(r.stdout) < 100_000, len(r.stdout)
+    rows = {i["name"]: i for i in json.loads(r.stdout)["impls"]}
+    assert rows["bigi"]["runs_here"] and len(rows["bigi"]["source"]) < 1000
+    assert all(len(n) < 100 for n in rows)
