@@ -50,7 +50,7 @@ from nsa_runner.registry import (
 )
 from nsa_runner.results import counts
 from nsa_runner.results.junit import case_table_problems
-from nsa_runner.results.reports import write_run_reports
+from nsa_runner.results.reports import reports_digest, write_run_reports
 
 DEFAULT_OUT = Path("artifacts/runner")
 DEVICES = ("cuda", "cpu")
@@ -542,22 +542,6 @@ def finish_run(manifest: RunManifest, err) -> None:
             err.print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     except (OSError, ValueError) as e:
         err.print(f"[bold red]summary.md / junit.xml not written:[/] {escape(str(e))}")
-
-
-def reports_digest(m: dict) -> str:
-    """A digest of what summary.md / junit.xml / summary.json show of manifest ``m`` (its stages,
-    interrupted, and the unfinished line: incomplete, or a runner that died, which ``pending`` /
-    ``runner`` / ``finished`` and the processes on this host tell): recorded as ``reports_of``
-    when the runner writes them."""
-    import hashlib
-    import json
-
-    from nsa_runner.artifacts import unfinished
-
-    shown = {k: m.get(k) for k in ("stages", "interrupted")}
-    shown["unfinished"] = unfinished(m)
-    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode("utf-8", "backslashreplace")
-                          ).hexdigest()[:16]
 
 
 def current_run_id() -> str:

@@ -13,17 +13,33 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
 import xml.etree.ElementTree as ET
 
 import junitparser
+import pytest
 from typer.testing import CliRunner
 
 from nsa_runner.cli import app
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
+    from _bad_days import cli_cmd
     from _runfolders import make_run
 except ImportError:  # pragma: no cover - run as a package
+    from tests._bad_days import cli_cmd
+
     from tests._runfolders import make_run
+
+PLUGIN = """
+from nsa_runner import Stage, StageResult, Status
+
+class A(Stage):
+    name, order, timeout_s = "a", 10, 120.0
+    def run(self, ctx):
+        (ctx.dir / "a.txt").write_text("a")
+        return StageResult(Status.PASS, "a", files=["a.txt"])
+"""
 
 
 def _cli(*args):
@@ -59,3 +75,38 @@ def test_junit_of_many_stages_compares_no_suites(tmp_path, monkeypatch):
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == [f"s{i}" for i in range(60)]
     assert root.get("failures") == str(sum(int(s.get("failures")) for s in suites)) == "20"
+
+
+def _edit(m, field):
+    if field == "host.platform":
+        m["host"]["platform"] = "EDITED-platform"
+    elif field == "argv":
+        m["argv"] = ["nsa-run", "EDITED-argv"]
+    else:
+        m[field] = f"EDITED-{field}"
+
+
+@pytest.mark.parametrize("field", ["device", "argv", "host.platform", "started", "run_id", "profile"])
+def test_a_run_level_edit_makes_the_summaries_stale(plugins, tmp_path, field):
+    plugins.make("rt14d-plugin", "rt14d_mod", PLUGIN, {"a": "rt14d_mod:A"})
+    env = plugins.env()
+    out = tmp_path / "out"
+    r = subprocess.run(cli_cmd("oneshot", "--device", "cpu", "--only", "a", "--out", out), env=env, text=True,
+                       capture_output=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = out / "testrun"
+    same = tmp_path / "same"
+    shutil.copytree(run, same)
+    r = _cli("report", same)  # the control: nothing edited, the summaries agree
+    assert r.exit_code == 0 and "kept" in r.output and "rewritten" not in r.output, r.output
+    m = json.loads((run / "manifest.json").read_text())
+    _edit(m, field)
+    (run / "manifest.json").write_text(json.dumps(m))
+    r = _cli("report", run)
+    assert r.exit_code == 0, r.output
+    assert "kept" not in r.output and "rewritten" in r.output, r.output  # "kept", summary.md disagreeing
+    assert "EDITED" in (run / "summary.md").read_text().replace("\\", "")
+    if field != "argv":  # summary.json shows every run-level field but the command
+        assert "EDITED" in (run / "summary.json").read_text()
+    r = _cli("report", run)  # recorded as agreeing now
+    assert r.exit_code == 0 and "kept" in r.output and "rewritten" not in r.output, r.output
