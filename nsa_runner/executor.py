@@ -39,13 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import nsa_runner
-from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, describe_exit, kill_processes, signal_name
+from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, STARTED, describe_exit, kill_processes, signal_name
 from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import (
+    MAX_READ_BYTES,
     ManifestError,
     UnsafeFileError,
     declared_file_problem,
     entry_forms,
+    file_kind,
     load_manifest,
     mark_owned,
     now_iso,
@@ -343,6 +345,25 @@ def _spare_for(entry: StageEntry) -> bool:
             and getattr(entry.stage, "preload", True) is True)
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+RESULT = "result.json"  # the worker's result, beside its job (``_worker.main``)
+
+
+def _fd_path(fd: int) -> str | None:
+    """A name for what this runner's descriptor ``fd`` is open on that no rename, symlink or FIFO put at
+    the original name can redirect: ``/proc/<runner pid>/fd/<fd>`` (Linux: opening it, or a name under
+    it, reaches the very folder or file the runner opened, from the runner's children too). None where
+    there is none (no /proc, or a runner its children may not look into)."""
+    proc = f"/proc/{os.getpid()}"
+    try:
+        if os.stat(proc).st_uid != os.geteuid():  # a non-dumpable runner: its children cannot open it
+            return None
+        name = f"{proc}/fd/{fd}"
+        return name if os.path.samestat(os.stat(name), os.fstat(fd)) else None
+    except OSError:
+        return None
+
+
 class _Spare:
     """A stage worker started ahead of its stage (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it
     off; issue 13): it imports torch, triton (and FA-4: ``_worker._preloads``) while the previous stage
@@ -355,16 +376,21 @@ class _Spare:
         self.tmp: str | None = None
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc: subprocess.Popen | None = None
+        # what the preload prints, kept open by the runner: the spare reads it back through the runner's
+        # descriptor (``_fd_path``), never through its name, which a running stage may replace by a symlink
+        # (an outside file was copied into the next stage's log) or a FIFO (the spare hung on it, and the
+        # next stage "did not begin within 125s"): round 14 A BR-3b/c
+        self.pre_fd: int | None = None
         try:  # a temp folder out of space or inodes: no spare (it only saves time; round 13 A-B3)
             self.tmp = tempfile.mkdtemp(prefix=f"nsa-run-spare-{os.getpid()}-")
             mark_owned(self.tmp)
             self.preload_log = Path(self.tmp) / "preload.log"
-            with open(self.preload_log, "wb") as pre:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno()),
-                     *(["flash"] if flash else []), *(["fla"] if fla else [])],
-                    stdin=subprocess.DEVNULL, stdout=pre, stderr=subprocess.STDOUT, cwd=run_dir,
-                    env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
+            self.pre_fd = os.open(self.preload_log, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno()),
+                 *(["flash"] if flash else []), *(["fla"] if fla else [])],
+                stdin=subprocess.DEVNULL, stdout=self.pre_fd, stderr=subprocess.STDOUT, cwd=run_dir,
+                env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
         except OSError:
             self.close()
         finally:
@@ -374,8 +400,11 @@ class _Spare:
         """Give this worker its stage; None when it cannot take one (it ended, the socket broke)."""
         if self.proc is None or self.proc.poll() is not None:
             return None
-        msg = json.dumps({"job": str(job), "result": str(result), "cwd": str(cwd),
-                          "preload_log": str(self.preload_log)}).encode()
+        job_msg = {"job": str(job), "result": str(result), "cwd": str(cwd)}
+        preload = _fd_path(self.pre_fd) if self.pre_fd is not None else None
+        if preload is not None:  # else the preload's output is not copied (never read through its name)
+            job_msg["preload_log"] = preload
+        msg = json.dumps(job_msg).encode()
         try:
             socket.send_fds(self.sock, [msg], [log_fd])
         except OSError:
@@ -395,8 +424,11 @@ class _Spare:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if self.pre_fd is not None:
+            os.close(self.pre_fd)
+            self.pre_fd = None
         if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)  # a symlink put in its place: left (never followed)
 
 
 class _Reaper:
@@ -408,8 +440,9 @@ class _Reaper:
     waits for each reaper before the stage after next and before it returns: nothing outlives the run.
     A non-daemon thread: even an interpreter leaving on an exception waits for it."""
 
-    def __init__(self, proc: subprocess.Popen, cookie: str, guard):
+    def __init__(self, proc: subprocess.Popen, cookie: str, guard, folder: _TempFolder | None = None):
         self._proc, self._cookie, self._guard = proc, cookie, guard
+        self._folder = folder  # the stage's temp folder: removed once nothing of the stage can write there
         self._thread = threading.Thread(target=self._run, name=f"nsa-run-reaper-{proc.pid}", daemon=False)
         self._thread.start()
 
@@ -427,6 +460,8 @@ class _Reaper:
                 _done(self._guard)
             except Exception:  # noqa: BLE001 - Watchdog.done kills it itself when it does not end
                 pass
+            if self._folder is not None:
+                self._folder.close()
 
     def join(self) -> None:
         """Wait until the stage's processes and its watchdog are gone (a Ctrl-C meanwhile is raised;
@@ -438,6 +473,132 @@ def _join_all(reapers: list[_Reaper]) -> None:
     while reapers:
         reapers[0].join()
         reapers.pop(0)
+
+
+def _empty(dir_fd: int, depth: int = 0) -> None:
+    """Remove what lies in the folder open as ``dir_fd``, never following a symlink; never raises."""
+    if depth > 64:
+        return
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return
+    for name in names:
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    _empty(sub, depth + 1)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+
+
+class _TempFolder:
+    """A stage's temp folder (its job, the ``started`` marker, its result), opened once when it is made
+    (round 14 A BR-3): a stage may rename it and put a symlink, a file or another folder at its name.
+    The runner reads and writes there only through the open folder (never through the name), the
+    worker is given the folder as ``/proc/<runner pid>/fd/<n>`` (``_fd_path``) so its result never goes
+    through a link either, ``problem()`` names what the stage did to it (the stage is ERROR), and
+    ``close()`` removes what is the runner's and nothing else, never raising (a folder that was no
+    folder any more stopped the whole run: "Cannot call rmtree on a symbolic link")."""
+
+    def __init__(self, prefix: str):
+        self.path = tempfile.mkdtemp(prefix=prefix)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        except OSError:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self._stat = os.fstat(self.fd)
+        self.base = _fd_path(self.fd) or self.path
+
+    def name(self, entry: str) -> str:
+        """``entry``'s name for the worker (through the runner's descriptor where there is one)."""
+        return os.path.join(self.base, entry)
+
+    def write(self, entry: str, data: bytes) -> None:
+        fd = os.open(entry, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=self.fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def exists(self, entry: str) -> bool:
+        try:
+            os.stat(entry, dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except OSError:
+            return False
+
+    def read(self, entry: str) -> bytes:
+        """``entry``'s bytes: a regular file only (never a symlink's target, never a FIFO's wait)."""
+        fd = os.open(entry, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeFileError(f"{entry} is {file_kind(st.st_mode)}, not a regular file")
+            chunks, size = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                size += len(chunk)
+                if size > MAX_READ_BYTES:
+                    raise UnsafeFileError(f"{entry} is more than {MAX_READ_BYTES >> 20} MiB")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def problem(self) -> str | None:
+        """What the stage did to the folder's name (removed it, put a symlink or something else
+        there), or None while the name is still this folder."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return f"nsa-run's temp folder of the stage, {self.path}, was removed while the stage ran"
+        except OSError as e:
+            return f"nsa-run's temp folder of the stage, {self.path}, cannot be looked at ({e.strerror or e})"
+        if os.path.samestat(st, self._stat):
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                what = f"a symlink (to {os.readlink(self.path)})"
+            except OSError:
+                what = "a symlink"
+        elif stat.S_ISDIR(st.st_mode):
+            what = "another folder"
+        elif stat.S_ISREG(st.st_mode):
+            what = "a file"
+        else:
+            what = file_kind(st.st_mode)
+        return (f"nsa-run's temp folder of the stage, {self.path}, was replaced by {what} while the stage "
+                "ran (nothing was read through it)")
+
+    def close(self) -> None:
+        """Remove the folder and what is in it; when its name no longer leads to it (a stage moved it),
+        empty it through its descriptor, remove it where it lies now, and remove what was put at its
+        name (a symlink is unlinked, never followed). Never raises."""
+        try:
+            if self.problem() is None:
+                shutil.rmtree(self.path, ignore_errors=True)
+                return
+            _empty(self.fd)
+            try:  # where the stage moved it (Linux): removed there when it is still this, empty, folder
+                where = os.readlink(f"/proc/self/fd/{self.fd}")
+                if os.path.samestat(os.lstat(where), self._stat):
+                    os.rmdir(where)
+            except OSError:
+                pass
+            try:  # what the stage put at the runner's own name
+                if stat.S_ISDIR(os.lstat(self.path).st_mode):
+                    shutil.rmtree(self.path, ignore_errors=True)
+                else:
+                    os.unlink(self.path)
+            except OSError:
+                pass
+        finally:
+            os.close(self.fd)
 
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
@@ -481,17 +642,18 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     cookie = uuid.uuid4().hex
     # the runner's pid in the name: a folder whose runner is gone is removed at the next start
     try:
-        tmp_dir = tempfile.TemporaryDirectory(prefix=f"nsa-run-{entry.name}-{os.getpid()}-")
+        folder = _TempFolder(prefix=f"nsa-run-{entry.name}-{os.getpid()}-")
     except OSError as e:
         os.close(log_fd)
         raise _temp_error(e, entry.name) from None
-    with tmp_dir as tmp:
-        job = Path(tmp) / "job.pkl"
-        result_path = Path(tmp) / "result.json"
+    handed = False  # the stage (and its temp folder) went to a reaper
+    try:
+        tmp = folder.path
+        job, result_path = Path(folder.name("job.pkl")), Path(folder.name(RESULT))  # the worker's names
         try:
             mark_owned(tmp)
-            with open(job, "wb") as f:
-                pickle.dump({"spec": entry.value, "ctx": ctx.to_dict(), "sys_path": list(sys.path)}, f)
+            folder.write("job.pkl", pickle.dumps({"spec": entry.value, "ctx": ctx.to_dict(),
+                                                  "sys_path": list(sys.path)}))
         except OSError as e:
             os.close(log_fd)
             raise _temp_error(e, entry.name) from None
@@ -509,14 +671,17 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                 )
         guard = None
         timed_out = False
+        meddled: str | None = None  # what the stage did to its temp folder (round 14 A BR-3)
         noted: list[int] = []  # signals that came while the finished stage was handed to its reaper
         try:
             guard = _Watchdog(cookie, proc.pid, tmp, env)
             # the worker writes its result, then lingers while anything the stage started lives
             # (``_worker.linger``): the result is the end of the stage, the tree is killed below
-            started = Path(tmp) / "started"  # _worker.STARTED: the stage itself has begun
-            while proc.poll() is None and not result_path.exists():
-                if t_stage is None and started.exists():
+            while proc.poll() is None and not folder.exists(RESULT):
+                meddled = folder.problem()
+                if meddled is not None:  # the stage's ERROR: it is stopped now
+                    break
+                if t_stage is None and folder.exists(STARTED):  # the stage itself has begun
                     t_stage = time.monotonic()
                 elapsed = time.monotonic() - (t_stage if t_stage is not None else t0)
                 if elapsed > timeout_s + (0.0 if t_stage is not None else PRELOAD_GRACE_S):
@@ -525,11 +690,15 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                 observer.on_tick(entry, elapsed, _last_line(log_path))
                 guard.alive()  # a killed watchdog is replaced, a stopped one continued: a runner death stays watched
                 time.sleep(POLL_S)
+            meddled = meddled or folder.problem()
             # finished or timed out: nothing the stage started outlives it (setsid grandchildren too)
-            if not timed_out and reapers is not None and result_path.exists():
+            if not timed_out and meddled is None and reapers is not None and folder.exists(RESULT):
                 with signals_deferred(deliver=False) as held:  # handed over whole; a signal is noted (late)
-                    reapers.append(_Reaper(proc, cookie, guard))
+                    reapers.append(_Reaper(proc, cookie, guard, folder))
                     guard = None  # the watchdog is the reaper's to end, once the tree is gone
+                    # and the temp folder too: its descriptor's number, free again, would lead the
+                    # lingering keeper's ``/proc/<runner>/fd/<n>/result.json`` into the next stage's
+                    handed = True
                 noted = list(held)
             else:
                 late = _stop_stage(proc, cookie)
@@ -580,14 +749,28 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                           else f"the stage did not begin within {timeout_s + PRELOAD_GRACE_S:g}s (its worker was "
                                "still starting): its processes were killed")
             rec.log_tail = tail(log_path)
-        elif result_path.exists():
-            _apply_result(rec, result_path, run_dir, machine, log_path)
-        else:
+        elif folder.exists(RESULT):
+            try:
+                data = folder.read(RESULT)
+            except (OSError, UnsafeFileError) as e:
+                rec.reason = f"unreadable stage result: {getattr(e, 'strerror', None) or e}"
+                rec.log_tail = tail(log_path)
+            else:
+                _apply_result(rec, result_path, run_dir, machine, log_path, data=data)
+        elif meddled is None:
             rec.reason = _describe_exit(proc.returncode)
             if _folder_full(tmp):  # the worker could not write its result there (round 13 A-B3)
                 rec.reason = TempFolderFull(tempfile.gettempdir(), None, f"stage {entry.name}'s result could not be "
                                             "written there").strerror
             rec.log_tail = tail(log_path)
+        if meddled is not None:  # the runner's own folder: never the stage's to touch
+            if rec.status is not Status.TIMEOUT:
+                rec.status = Status.ERROR
+            rec.reason = f"{rec.reason}; {meddled}" if visible(rec.reason) else meddled
+            rec.log_tail = rec.log_tail or tail(log_path)
+    finally:
+        if not handed:
+            folder.close()
     if late is not None:
         raise _FinishedThenInterrupted(rec, late)
     return rec
@@ -650,11 +833,12 @@ def _wrong_result_types(d: Any) -> list[str]:
 
 
 def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: Machine,
-                  log_path: Path) -> None:
+                  log_path: Path, data: bytes | None = None) -> None:
+    """``rec`` from the worker's result: ``data`` (read by the runner) or else ``result_path``'s."""
     import json
 
     try:
-        payload = json.loads(result_path.read_text())
+        payload = json.loads(data if data is not None else result_path.read_text())
         wrong = _wrong_result_types(payload["result"])
         result = StageResult.from_dict(payload["result"]) if not wrong else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
