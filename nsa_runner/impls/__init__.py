@@ -28,8 +28,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsa_runner._text import clip
+
 GROUP = "nsa_runner.impls"
 BUILTIN = "nsa_core"
+# an adapter's text (a SKIP reason, its note, differences, ...) as every stage records it, at most (round
+# 14 R3: a 28 MB Constraints.check reason, written whole per case, made a 280 MiB sanity.json that
+# `report` / `compare` refuse)
+TEXT_CHARS = 2000
 
 # part -> its DESIGN §3 signature (what the callable receives; cfg is an nsa_core.NSAConfig)
 PARTS: dict[str, str] = {
@@ -317,7 +323,8 @@ class Impl:
         if part not in self.parts:
             return f"{self.name}: does not provide {part}"
         if self.unavailable:
-            return f"{self.name}: {self.unavailable}" + (f" (fix: {self.hint})" if self.hint else "")
+            return (f"{self.name}: {clip(self.unavailable, TEXT_CHARS)}"
+                    + (f" (fix: {clip(self.hint, TEXT_CHARS)})" if self.hint else ""))
         try:  # the adapter's own code (its check) or fields: a failure is its error, never the stage's
             with adapter_code():
                 why = self.constraints.why_not(case, part)
@@ -332,7 +339,18 @@ class Impl:
         if type(why) is not str:  # a reason is text: an object whose __str__ raises ended the whole stage
             raise ImplError(f"{self.name}: its constraints.check returned a {type_name(why)} on {part}, "
                             "expected a reason (str) or None")
-        return self.name + ": " + why
+        return self.name + ": " + clip(why, TEXT_CHARS)  # clipped here: every stage records it as it is
+
+    def clip_texts(self) -> None:
+        """Its plugin-given texts (description, note, unavailable, hint, differences) clipped to
+        ``TEXT_CHARS`` each, where discovery accepts it (``discovery._check``): the stages write them
+        beside every result (round 14 R3)."""
+        for name in ("description", "note", "unavailable", "hint"):
+            value = getattr(self, name)
+            if type(value) is str and len(value) > TEXT_CHARS:
+                setattr(self, name, clip(value, TEXT_CHARS))
+        if type(self.differences) is dict:
+            self.differences = {k: clip(v, TEXT_CHARS) if type(v) is str else v for k, v in self.differences.items()}
 
 
 __all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl", "ImplError",

@@ -120,6 +120,10 @@ def _check(obj, ep: md.EntryPoint) -> tuple[Impl | None, str, str]:
         problems = [f"attributes cannot be read: {type(e).__name__}: {e}"]
     if problems:
         return None, f"{ep.value}: " + "; ".join(problems), ""
+    try:
+        impl.clip_texts()  # round 14 R3: an adapter's texts never recorded whole
+    except Exception as e:  # noqa: BLE001 - hostile attributes
+        return None, f"{ep.value}: attributes cannot be read: {type(e).__name__}: {e}", ""
     return impl, "", ""
 
 

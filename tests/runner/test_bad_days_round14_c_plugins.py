@@ -127,3 +127,31 @@ def test_r1_impl_plugin_metadata_is_clipped(plugins):
     rows = {i["name"]: i for i in json.loads(r.stdout)["impls"]}
     assert rows["bigi"]["runs_here"] and len(rows["bigi"]["source"]) < 1000
     assert all(len(n) < 100 for n in rows)
+
+
+HUGE_IMPL = """
+from nsa_runner.impls import Constraints, Impl
+def _never(*a): raise RuntimeError("never called")
+PARTS = {p: _never for p in ("select", "selection_attention", "compressed_attention", "sliding_attention",
+                             "nsa_attention")}
+BIG = "A" * (2 << 20)
+HUGEA = lambda: Impl("hugea", dict(PARTS), Constraints(check=lambda case, part: BIG), note="N" * (1 << 20))
+"""
+
+
+def test_r3_an_impls_huge_skip_reason_is_clipped_where_it_is_given(plugins, tmp_path):
+    _dist(plugins.site, "hugeimp_c", "hugeimp-c", "1.0", "hugeimp_c", HUGE_IMPL, "nsa_runner.impls",
+          "hugea = hugeimp_c:HUGEA\n")
+    out = tmp_path / "runs"
+    r = _main(plugins.env(), "oneshot", "--only", "sanity,summary", "--device", "cpu", "--impl", "nsa_core,hugea",
+              "--out", out, timeout=600)
+    _clean(r)
+    run = out / "testrun"
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    sanity = run / "sanity.json"
+    assert sanity.stat().st_size < 500_000, sanity.stat().st_size
+    doc = json.loads(sanity.read_text())
+    reasons = [s["reason"] for s in doc.get("skipped", []) if str(s.get("reason", "")).startswith("hugea")]
+    assert reasons and all("more characters" in x and len(x) < 3000 for x in reasons), [x[:100] for x in reasons]
+    assert sum(p.stat().st_size for p in run.rglob("*") if p.is_file()) < 5_000_000
+    assert (run / "report.html").is_file()
