@@ -37,6 +37,7 @@ from nsa_runner._readers import (
     is_spread,
     is_time,
     key_columns,
+    parity_key,
     read_bytes_checked,
     spread_columns,
 )
@@ -521,7 +522,7 @@ def _side_by_side(name: str, recs: list[dict], impls: list[str]) -> str:
     by_case: dict[str, dict] = {}
     for r in recs:
         row = by_case.setdefault(str(r["case"]), {"case": r["case"], "tol": r.get("tol")})
-        impl = str(r["impl"])
+        impl = parity_key(r)[0]  # an empty impl is nsa_core's, as compare and the reader take it
         row[f"{impl} status"] = r["status"]
         row[f"{impl} rel_err"] = r.get("rel_err")
         if r["status"] != "PASS" and isinstance(r.get("note"), str) and r["note"]:
@@ -543,9 +544,9 @@ def _parity_html(run: Run) -> str:
             tables.append(_absent(name))
             continue
         recs = df.to_dict("records")
-        impls = list(dict.fromkeys(str(r["impl"]) for r in recs)) if "impl" in df.columns else []
+        impls = list(dict.fromkeys(parity_key(r)[0] for r in recs)) if "impl" in df.columns else []
         many = len(impls) > 1
-        panels.append((name, [{"case": f"{r['impl']}: {r['case']}" if many else r["case"], "status": r["status"],
+        panels.append((name, [{"case": f"{parity_key(r)[0]}: {r['case']}" if many else r["case"], "status": r["status"],
                                "rel_err": r["rel_err"], "tol": r["tol"]} for r in recs]))
         if many:
             tables.append(_side_by_side(name, recs, impls))

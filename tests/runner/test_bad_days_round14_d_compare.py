@@ -75,3 +75,13 @@ def test_empty_impl_matches_nsa_core_of_the_other_run(runs):
     doc = json.loads(r.stdout)
     par = [row for row in doc["rows"] if row["source"] == "triton_fwd.csv"]
     assert r.exit_code == 1 and [(row["key"], row["mark"]) for row in par] == [("c1", "!")]
+
+
+def test_report_takes_an_empty_impl_as_nsa_core_too(runs):
+    """report.html's side-by-side table names the implementations as compare and the reader key them:
+    an empty impl is nsa_core (it was shown as an implementation called "nan")."""
+    (runs / "bbbbbbb" / "triton_fwd.csv").write_text(HEAD + ",c1," + OK + "other,c1," + BAD)
+    r = _cli("report", runs / "bbbbbbb")
+    assert r.exit_code == 0, r.output
+    html = (runs / "bbbbbbb" / "report.html").read_text()
+    assert "implementations side by side (nsa_core, other)" in html and "nan status" not in html
