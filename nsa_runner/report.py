@@ -4,7 +4,9 @@ report.html holds everything a reader needs without opening other files: the sta
 (a SKIP is grey and says "not run", never green), the machine and versions, the routing, and
 plots rendered with matplotlib and embedded as base64 PNGs (decode latency and reads vs S,
 kernel / flash times vs T or S, parity errors per case), the selection picture and the stage
-figures (selection.png, decode.png) embedded the same way. Inline CSS, no scripts, no external
+figures (selection.png, decode.png) embedded the same way. What is drawn and listed is bounded
+(``PLOT_MAX_*``, ``TABLE_MAX_ROWS``: the worst parity rows, the first configurations, failing table
+rows first), each cap said next to its plot or table. Inline CSS, no scripts, no external
 URL: the file can be mailed or attached to a CI job alone. Relative links to the run's files
 work when it is opened inside the run folder.
 
