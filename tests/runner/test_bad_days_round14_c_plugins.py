@@ -155,3 +155,31 @@ def test_r3_an_impls_huge_skip_reason_is_clipped_where_it_is_given(plugins, tmp_
     assert reasons and all("more characters" in x and len(x) < 3000 for x in reasons), [x[:100] for x in reasons]
     assert sum(p.stat().st_size for p in run.rglob("*") if p.is_file()) < 5_000_000
     assert (run / "report.html").is_file()
+
+
+FAKE_IMPL = """
+from nsa_runner.impls import Constraints, Impl
+from nsa_runner.impls.nsa_core import make
+class Terminated(KeyboardInterrupt):
+    pass
+Terminated.__module__ = "nsa_runner.executor"
+Terminated.__qualname__ = "Terminated"
+def _check(case, part):
+    raise Terminated()
+ODDFAKE = lambda: Impl("oddfake", {"select": make().parts["select"]}, Constraints(check=_check))
+"""
+
+
+def test_r2_an_adapters_interrupt_class_named_like_the_runners_is_its_own_failure(plugins, tmp_path):
+    _dist(plugins.site, "fakeimp_c", "fakeimp-c", "1.0", "fakeimp_c", FAKE_IMPL, "nsa_runner.impls",
+          "oddfake = fakeimp_c:ODDFAKE\n")
+    out = tmp_path / "runs"
+    r = _main(plugins.env(), "oneshot", "--only", "selection-map", "--device", "cpu", "--impl", "nsa_core,oddfake",
+              "--out", out, timeout=600)
+    _clean(r)
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    rec = next(s for s in m["stages"] if s["name"] == "selection-map")
+    assert "without a result" not in rec["reason"], rec["reason"]
+    assert rec["status"] in ("PASS", "FAIL"), (rec["status"], rec["reason"])
+    text = "\n".join(p.read_text(errors="replace") for p in (out / "testrun").glob("selection_map*"))
+    assert "oddfake" in text and "Terminated" in text, text[-2000:]
