@@ -49,6 +49,7 @@ MAX_CHOICES = 256  # choices of one option
 CHOICE_CHARS = 200  # one choice as listed (the stage's own parse checks the whole one, in its child)
 DEFAULTS_CHARS = 256 << 10  # a stage's option defaults together, as JSON (each one is recorded in the manifest)
 MAX_ORDER = 10**9  # |order|
+MAX_DEPTH = 32  # how deep an option's value (its default, what its parse returns) may nest lists / dicts
 BUILTIN_DIST = "nsa-run"
 KNOWN_REQUIREMENTS = ("cuda", "triton")
 # flags of `nsa-run stage` itself: a stage option may not reuse them
@@ -328,11 +329,14 @@ def _problems(info: dict, ep_name: str) -> list[str]:
         problems.append(f"option(s) {', '.join(o['flag'] for o in options if len(o['choices']) > MAX_CHOICES)} "
                         f"declare more than {MAX_CHOICES} choices")
     else:
-        bad = [o["flag"] for o in options if not _json_ok(o.get("default"))]
+        deep = [o["flag"] for o in options if too_deep(o.get("default"))]
+        if deep:
+            problems.append(f"option default(s) of {', '.join(deep)} nest lists / dicts more than {MAX_DEPTH} deep")
+        bad = [o["flag"] for o in options if o["flag"] not in deep and not _json_ok(o.get("default"))]
         if bad:
             problems.append(f"option default(s) of {', '.join(bad)} must be JSON values (numbers, strings, "
                             "lists, null)")
-        sizes = {o["flag"]: len(json.dumps(o.get("default"))) for o in options if o["flag"] not in bad}
+        sizes = {o["flag"]: len(json.dumps(o.get("default"))) for o in options if o["flag"] not in bad + deep}
         if sum(sizes.values()) > DEFAULTS_CHARS:  # a 3 MB default was recorded whole in the manifest (a 250 MB
             # one blocks the --out): the stage is broken, its default is never clipped (the stage would get that)
             big = sorted(sizes, key=sizes.get, reverse=True)[:3]
@@ -376,11 +380,32 @@ def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str]) ->
 
 
 def _json_ok(v: Any) -> bool:
+    if too_deep(v):
+        return False
     try:
         json.dumps(v, allow_nan=False)
         return True
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return False
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists / tuples / dicts more than ``limit`` deep (walked without
+    recursion). Round 14 R4: a default nested 900 deep passed as JSON, then pickling the stage's
+    context in the runner raised RecursionError: the run was left unfinished."""
+    stack = [(value, 0)]
+    seen = 0
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, (list, tuple, dict)):
+            if depth >= limit:
+                return True
+            items = list(x.values()) if isinstance(x, dict) else list(x)
+            seen += len(items)
+            if seen > 1_000_000:  # (a value this large is refused by its size anyway)
+                return True
+            stack.extend((y, depth + 1) for y in items)
+    return False
 
 
 def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -> dict:
@@ -420,7 +445,7 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
             bad = [k for k, v in values.items() if not _json_ok(v)]
             if bad:
                 out["option_error"] = (f"stage {info['name']}: option value(s) for {', '.join(bad)} are not JSON "
-                                       "values (the plugin's parse returned an object)")
+                                       f"values nested at most {MAX_DEPTH} deep (the plugin's parse returned them)")
                 out["option_hint"] = ""
             else:
                 out["parsed"] = values
@@ -662,7 +687,7 @@ def _read_new(path: str, pos: int) -> tuple[int, list[dict]]:
     for raw in data[:end].splitlines():
         try:
             obj = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # (a line a plugin wrote, nested thousands deep)
             continue
         if isinstance(obj, dict):
             out.append(obj)
@@ -811,6 +836,10 @@ def parse_options(entry: StageEntry, args: list[str]) -> dict[str, Any]:
         raise OptionError(str(e), TEMP_FULL_HINT) from None
     rec = recs[0] if recs else {"error": "the stage was not found again"}
     if isinstance(rec.get("parsed"), dict) and set(rec["parsed"]) == {o.dest for o in entry.options}:
+        deep = [k for k, v in rec["parsed"].items() if too_deep(v)]  # checked again: the child ran plugin code
+        if deep:
+            raise OptionError(f"stage {entry.name}: option value(s) for {', '.join(deep)} nest lists / dicts more "
+                              f"than {MAX_DEPTH} deep (the plugin's parse returned them)")
         return rec["parsed"]
     if "option_error" in rec:
         raise OptionError(rec["option_error"], rec.get("option_hint") or "")

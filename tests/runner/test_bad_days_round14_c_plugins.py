@@ -183,3 +183,47 @@ def test_r2_an_adapters_interrupt_class_named_like_the_runners_is_its_own_failur
     assert rec["status"] in ("PASS", "FAIL"), (rec["status"], rec["reason"])
     text = "\n".join(p.read_text(errors="replace") for p in (out / "testrun").glob("selection_map*"))
     assert "oddfake" in text and "Terminated" in text, text[-2000:]
+
+
+DEEP_SRC = """
+from nsa_runner import Stage, StageResult, Status, Option
+def _deep():
+    d = []
+    x = d
+    for _ in range(900):
+        x.append([]); x = x[0]
+    return d
+class Ok(Stage):
+    name = "ok-a"; order = 201; preload = False
+    def run(self, ctx): return StageResult(Status.PASS, "a")
+class Deep(Stage):
+    name = "d-deep"; order = 205; preload = False
+    options = (Option("--deep", str, default=_deep(), help="h"),)
+    def run(self, ctx): return StageResult(Status.PASS, "deep")
+class PDeep(Stage):
+    name = "d-pdeep"; order = 206; preload = False
+    options = (Option("--p", lambda text: _deep(), default=None, help="h"),)
+    def run(self, ctx): return StageResult(Status.PASS, "pdeep")
+class Later(Stage):
+    name = "ok-z"; order = 300; preload = False
+    def run(self, ctx): return StageResult(Status.PASS, "z")
+"""
+
+
+def test_r4_an_option_default_nested_900_deep_is_a_broken_stage_and_the_run_ends(plugins, tmp_path):
+    _dist(plugins.site, "deepp_c", "deepp-c", "1.0", "deepm_c", DEEP_SRC, "nsa_runner.stages",
+          "ok-a = deepm_c:Ok\nd-deep = deepm_c:Deep\nd-pdeep = deepm_c:PDeep\nok-z = deepm_c:Later\n")
+    env = plugins.env()
+    out = tmp_path / "runs"
+    r = _main(env, "oneshot", "--only", "ok-a,d-deep,ok-z,summary", "--out", out)
+    _clean(r)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    assert m["finished"] and m["exit_code"] == 1
+    st = {s["name"]: s for s in m["stages"]}
+    assert st["ok-a"]["status"] == "PASS" and st["ok-z"]["status"] == "PASS" and st["summary"]["status"] == "PASS"
+    assert st["d-deep"]["status"] == "ERROR" and "deep" in st["d-deep"]["reason"], st["d-deep"]["reason"]
+    # a parse that returns such a value: one line, exit 2, nothing run
+    r = _main(env, "stage", "d-pdeep", "--p", "x", "--out", tmp_path / "runs2")
+    _clean(r)
+    assert r.returncode == 2 and "deep" in r.stderr and len(r.stderr.splitlines()) <= 3, (r.returncode, r.stderr)
