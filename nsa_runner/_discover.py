@@ -3,7 +3,11 @@
 The parent (``nsa_runner.registry.discover_group``) writes a JSON request on stdin::
 
     {"group": "nsa_runner.stages", "describe": "module:function", "sys_path": [...],
-     "skip": [key, ...], "only": key | null, "parse": {"key": key, "args": [...]} | null}
+     "skip": [key, ...], "only": key | null, "parse": {"key": key, "args": [...]} | null,
+     "keys": [key, ...] | null, "paths": [metadata folder, ...] | null}
+
+(``keys`` / ``paths``: only those entry points of those metadata folders: nsa-run's own, described
+in a child that imports no plugin.)
 
 For every entry point of ``group`` (except the keys in ``skip``; only ``only`` when given) the
 child appends ``{"loading": key}`` to RESULT, imports it, and appends ``{"entry": record}`` with
@@ -111,8 +115,14 @@ def main(argv: list[str]) -> int:
 
     describe = _resolve(req["describe"])
     skip, only, parse = set(req.get("skip") or ()), req.get("only"), req.get("parse")
+    # the built-in pass (round 14 R6): only these entry points of these metadata folders, in a child that
+    # imports no plugin (the parent describes the plugins in another one)
+    keys = set(req["keys"]) if isinstance(req.get("keys"), list) else None
+    paths = set(req["paths"]) if isinstance(req.get("paths"), list) else None
     seen: set[str] = set()
     for dist in md.distributions():
+        if paths is not None and os.path.realpath(str(getattr(dist, "_path", "") or "")) not in paths:
+            continue
         try:  # one distribution's broken metadata (any group) never hides the others
             dist_name = dist.metadata["Name"] or "?"
             eps = [ep for ep in dist.entry_points if ep.group == req["group"]]
@@ -127,7 +137,7 @@ def main(argv: list[str]) -> int:
             if key in seen:  # the same distribution found twice on sys.path: the first one wins
                 continue
             seen.add(key)
-            if key in skip or (only is not None and key != only):
+            if key in skip or (only is not None and key != only) or (keys is not None and key not in keys):
                 continue
             emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
             rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",

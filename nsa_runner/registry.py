@@ -28,9 +28,10 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
-from nsa_runner._discover import EXIT_TEMP_FULL
+from nsa_runner._discover import EXIT_TEMP_FULL, entry_key
 from nsa_runner._text import clip, env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
@@ -555,8 +556,50 @@ def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: 
     return f"importing it ended the discovery process (exit code {rc}, e.g. os._exit or sys.exit in C)"
 
 
+DISCOVERY_FAILED = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))  # the record of a failed pass
+
+
+def builtin_entries(group: str) -> dict[str, str]:
+    """nsa-run's own entry points of ``group``: {entry key: real path of its metadata folder}, read
+    from the running nsa-run's metadata folders (``own_dist_paths``), each naming one of its own
+    module files (``own_module_file``). Nothing is imported."""
+    out: dict[str, str] = {}
+    for path in sorted(own_dist_paths()):
+        try:
+            dist = md.PathDistribution(Path(path))
+            name = dist.metadata["Name"] or "?"
+            for ep in dist.entry_points:
+                if ep.group == group and own_module_file(ep.value):
+                    out[entry_key(name, ep)] = path
+        except Exception:  # noqa: BLE001 - unreadable: then nothing is built-in (as own_dist_paths says)
+            continue
+    return out
+
+
 def discover_group(group: str, describe: str, *, only: str | None = None,
                    parse: dict | None = None) -> list[dict]:
+    """Every entry point of ``group`` described (``_discover_pass``): nsa-run's own first, in a child
+    process of their own that imports no plugin, then the plugins' in another (round 14 R6: described
+    after the plugins' imports in one child, a plugin that set ``Sanity.requires = ("cuda",)`` switched
+    sanity off, one that wrapped json.dumps made it vanish). A record of the plugins' pass never stands
+    for a built-in: one with a built-in's key is dropped, one claiming nsa-run's metadata folder loses it."""
+    if only is not None:  # one entry point: no other is imported
+        return _discover_pass(group, describe, only=only, parse=parse)
+    own = builtin_entries(group)
+    if not own:
+        return _discover_pass(group, describe, parse=parse)
+    first = _discover_pass(group, describe, parse=parse, keys=sorted(own), paths=sorted(set(own.values())))
+    rest = [r for r in _discover_pass(group, describe, parse=parse, skip=set(own)) if r.get("key") not in own]
+    for r in rest:
+        claims = is_builtin_dist(str(r.get("dist", "?")), str(r.get("dist_path") or ""), str(r.get("value", "")))
+        if claims and r.get("key") != DISCOVERY_FAILED:
+            r["dist_path"] = ""  # (a plugin's forged record: its own entry point, never nsa-run's)
+    return first + rest
+
+
+def _discover_pass(group: str, describe: str, *, only: str | None = None, parse: dict | None = None,
+                   keys: list[str] | None = None, paths: list[str] | None = None,
+                   skip: set[str] | None = None) -> list[dict]:
     """Import every entry point of ``group`` in a child process; one record per entry point:
     ``{"key", "name", "value", "dist", "version"}`` plus what ``describe`` ("module:function",
     called in the child as ``describe(obj, ep, args)``) returned, or ``"error"`` (and
@@ -565,7 +608,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
     with the rest. One child serves every entry point in the normal case."""
     records: dict[str, dict] = {}
     order: list[str] = []
-    skip: set[str] = set()
+    skip = set(skip or ())
     limit = _timeout()
     for _ in range(MAX_CHILDREN):
         base = temp_folder()
@@ -590,7 +633,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 raise
             nonce = uuid.uuid4().hex  # the child's "done" carries it: a plugin's stray lines cannot end the pass
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
-                   "only": only, "parse": parse, "nonce": nonce}
+                   "only": only, "parse": parse, "nonce": nonce, "keys": keys, "paths": paths}
             from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
@@ -648,7 +691,7 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
                 raise TempFolderFull(base, None, "the plugin discovery process cannot write its result there")
             if loading is None:  # died outside any plugin's import: nothing to blame, nothing to retry
                 tail = _tail(log)
-                key = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))
+                key = DISCOVERY_FAILED
                 records[key] = {"key": key, "name": "invalid:discovery", "value": "nsa_runner._discover",
                                 "dist": "nsa-run", "version": "?", "traceback": tail,
                                 "dist_path": next(iter(sorted(own_dist_paths())), ""),

@@ -29,9 +29,9 @@ MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')"
                       "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
 
 
-def _main(env, *args, timeout=300):
+def _main(env, *args, timeout=300, cwd=None):
     return subprocess.run([sys.executable, "-c", MAIN, *map(str, args)], env=env, text=True, timeout=timeout,
-                          capture_output=True)
+                          capture_output=True, cwd=cwd)
 
 
 def _clean(r):
@@ -227,3 +227,68 @@ def test_r4_an_option_default_nested_900_deep_is_a_broken_stage_and_the_run_ends
     r = _main(env, "stage", "d-pdeep", "--p", "x", "--out", tmp_path / "runs2")
     _clean(r)
     assert r.returncode == 2 and "deep" in r.stderr and len(r.stderr.splitlines()) <= 3, (r.returncode, r.stderr)
+
+
+PATCH_SRC = """
+import json
+import nsa_run_stages.env_pairing as e, nsa_run_stages.sanity as s
+e.EnvPairing.requires = ("cuda",)
+s.Sanity.requires = ("cuda",)
+_orig = json.dumps
+def dumps(obj, *a, **k):
+    try:
+        if isinstance(obj, dict):
+            ent = obj.get("entry") or {}
+            if ent.get("name") == "sanity" or (obj.get("loading") or "").startswith("nsa-run\\tsanity"):
+                return _orig({"noop": 1}, *a, **k)
+    except Exception:
+        pass
+    return _orig(obj, *a, **k)
+json.dumps = dumps
+import nsa_runner.impls.nsa_core as core
+from nsa_runner.impls import Constraints
+_make = core.make
+def make():
+    i = _make()
+    i.constraints = Constraints(needs_cuda=True)
+    return i
+core.make = make
+from nsa_runner import Stage, StageResult, Status
+class Quiet(Stage):
+    name = "aaquiet"; order = 5; preload = False
+    def run(self, ctx): return StageResult(Status.PASS, "nothing to see")
+from nsa_runner.impls import Impl
+QIMPL = lambda: Impl("qimpl", dict(_make().parts))
+"""
+
+
+def test_r6_a_plugin_cannot_change_or_hide_the_built_in_stages(plugins, tmp_path):
+    site = plugins.site
+    (site / "mpatch_c.py").write_text(PATCH_SRC)
+    info = site / "mpatch_c-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mpatch-c\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[nsa_runner.stages]\naaquiet = mpatch_c:Quiet\n"
+                                           "[nsa_runner.impls]\nqimpl = mpatch_c:QIMPL\n")
+    env = plugins.env()
+    # (run outside the checkout: its nsa_run.egg-info on sys.path[0] ('' = the cwd) would list the built-ins
+    # before the plugin, which the attack needs after it)
+    r = _main(env, "list", "--json", "--device", "cpu", cwd=tmp_path)
+    _clean(r)
+    rows = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert "aaquiet" in rows and rows["aaquiet"]["runs_here"]
+    for name in ("sanity", "env-pairing"):
+        assert name in rows, sorted(rows)
+        row = rows[name]
+        assert row["source"] == "built-in" and row["requires"] == [] and row["runs_here"], row
+    r = _main(env, "list", "--impls", "--json", "--device", "cpu", cwd=tmp_path)
+    _clean(r)
+    impls = {i["name"]: i for i in json.loads(r.stdout)["impls"]}
+    assert impls["nsa_core"]["runs_here"] and impls["nsa_core"]["source"] == "built-in", impls["nsa_core"]
+    out = tmp_path / "runs"
+    r = _main(env, "oneshot", "--only", "aaquiet,env-pairing,summary", "--out", out, timeout=600, cwd=tmp_path)
+    _clean(r)
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    st = {s["name"]: s for s in m["stages"]}
+    ep = st["env-pairing"]
+    assert ep["status"] in ("PASS", "FAIL") and ep["source"] == "built-in", ep
