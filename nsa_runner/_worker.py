@@ -91,8 +91,11 @@ def keep_orphans() -> int | None:
     subreaper itself, the daemon went to init with no cookie and outlived the stage (and ``nsa-run
     list``): now its parent, this process, lives on and the daemon is re-parented here."""
     parent = os.getpid()
+    told_r, told_w = os.pipe()  # the work says there it wrote its result (``_tell_result``; not inherited)
     pid = os.fork()
     if pid == 0:
+        os.close(told_r)
+        _TOLD[:] = [told_w]
         if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != parent:  # the keeper is gone already
             os._exit(1)
         # a process group of its own (round 14 BR-4): a stage's ``kill -9 0`` / ``os.killpg(0, 9)`` (its
@@ -109,6 +112,9 @@ def keep_orphans() -> int | None:
     # signal, and a stage cleaning up on SIGTERM never got its grace period); SIGKILL still ends it
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    os.close(told_w)
+    os.set_blocking(told_r, False)
+    _TOLD[:] = [told_r]
     while True:
         try:
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -116,6 +122,31 @@ def keep_orphans() -> int | None:
             continue
         except ChildProcessError:
             return 1
+
+
+_TOLD: list[int] = []  # keep_orphans' pipe: the work's end (it tells), the keeper's end (it reads)
+
+
+def _tell_result() -> None:
+    """(The work.) Its result is written: the keeper writes none of its own."""
+    for fd in _TOLD:
+        try:
+            os.write(fd, b"r")
+        except OSError:
+            pass
+
+
+def _result_told() -> bool:
+    """(The keeper, once the work ended.) Whether the work said it wrote its result. The result file
+    alone cannot tell: the runner removes the temp folder as soon as it has read it, and a keeper that
+    found it gone wrote a crash result into the folder being removed ("Directory not empty": the run
+    stopped "incomplete")."""
+    for fd in _TOLD:
+        try:
+            return os.read(fd, 1) == b"r"
+        except OSError:  # nothing said (a descendant of the work holds its end open)
+            return False
+    return False
 
 
 def _end_as(rc: int) -> None:
@@ -632,6 +663,34 @@ def _spare(fd: int, flash: bool = False, fla: bool = False) -> list[str] | None:
     return [job["job"], job["result"]]
 
 
+# room a stage's result leaves in its record (``manifest.RECORD_MAX_BYTES``) for what the runner adds
+RESULT_MARGIN = 1 << 20
+
+
+def _bounded(out: dict) -> dict:
+    """``out`` when its result fits in a stage's record in manifest.json, else the stage's ERROR saying
+    so (round 14 B R8: 70 000 long declared file names made manifest.json larger than its own reader
+    accepts, and the run folder unusable). TypeError / ValueError: not JSON (the caller's to name)."""
+    from nsa_runner.artifacts import to_json_text
+    from nsa_runner.manifest import RECORD_MAX_BYTES
+
+    result = out["result"]
+    size = len(to_json_text(result).encode("utf-8"))
+    limit = RECORD_MAX_BYTES - RESULT_MARGIN
+    if size <= limit:
+        return out
+    files = result.get("files") if isinstance(result.get("files"), list) else []
+    metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
+    was = f"{result.get('status')}: {result.get('reason') or ''}".strip().rstrip(":")
+    was = was if len(was) <= 200 else was[:200] + "..."
+    reason = (f"the stage's result is too large for manifest.json ({size / 2**20:.1f} MiB, more than the "
+              f"{limit / 2**20:.1f} MiB one stage's record may take; {len(files)} declared file name(s), "
+              f"{len(metrics)} metric(s)): not recorded, its declared files stay in the run folder unrecorded "
+              f"(it was {was})")
+    hint = "declare fewer or shorter file names, or fewer metrics (one file can hold many rows)"
+    return {"result": StageResult(Status.ERROR, reason, hint=hint).to_dict(), "traceback": out.get("traceback")}
+
+
 # the stage's process, when its start could not be marked nor its result written (``_not_started``)
 EXIT_NOT_STARTED = 229
 
@@ -667,6 +726,7 @@ def _not_started(e: OSError, job_path: str, result_path: str, stage: str) -> Non
         pass
     try:
         write_json(result_path, {"result": StageResult(Status.ERROR, reason, hint=hint).to_dict(), "traceback": None})
+        _tell_result()
     except OSError:
         os._exit(EXIT_NOT_STARTED)
     linger()
@@ -694,7 +754,8 @@ def main(argv: list[str]) -> int:
     become_subreaper()  # orphans of the stage stay in this tree: killed with it
     rc = keep_orphans()  # the stage runs in a child: its orphans stay here even when it kills itself
     if rc is not None:
-        if not os.path.exists(result_path):  # a crash (signal, os._exit): the runner's usual ERROR
+        # a crash (signal, os._exit): the runner's usual ERROR
+        if not _result_told() and not os.path.exists(result_path):
             told = describe_exit(rc)
             if rc == EXIT_NOT_STARTED and not os.path.exists(os.path.join(os.path.dirname(job_path), STARTED)):
                 told = "the stage was not run: its start could not be marked in its temp folder (its log says why)"
@@ -743,6 +804,10 @@ def main(argv: list[str]) -> int:
     if prof is not None:
         _dump_profile(prof, ctx.stage, t0)
     try:
+        out = _bounded(out)
+    except (TypeError, ValueError):  # not JSON: named where it is written (below)
+        pass
+    try:
         sys.stdout.flush()
         sys.stderr.flush()
         print(f"# stage {ctx.stage}: {out['result']['status']} after {time.monotonic() - t0:.1f}s "
@@ -755,6 +820,7 @@ def main(argv: list[str]) -> int:
         write_json(result_path, _error(f"stage result is not JSON-serialisable ({e}); "
                                        f"it was {out['result']['status']}: {out['result']['reason']}",
                                        out["traceback"]))
+    _tell_result()
     linger()  # what the stage left running stays in this tree until the runner kills it
     return 0
 

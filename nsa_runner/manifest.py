@@ -37,6 +37,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from nsa_runner import artifacts
 from nsa_runner._text import env_seconds
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
@@ -62,6 +63,62 @@ LOCK_TIMEOUT_S = 120.0  # a manifest change holds the lock for milliseconds; NSA
 LOCK_TIMEOUT_ENV = "NSA_RUN_LOCK_TIMEOUT"
 LOCK_NOTICE_S = 2.0  # after this long, say once what the runner waits for
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# what manifest.json may hold (round 14 B R8: a stage declaring 70 000 long file names made it 263 MiB,
+# more than its own reader accepts, ``artifacts.MAX_READ_BYTES``: every later command refused the run
+# folder). One stage's record takes at most RECORD_MAX_BYTES; a record never brings the manifest within
+# ROOM_BYTES of the readers' limit (what the run's closing updates, later reruns' pending notes need);
+# no write ever passes the limit itself (``ManifestTooLarge``, nothing written)
+RECORD_MAX_BYTES = 16 << 20
+ROOM_BYTES = 4 << 20
+_CUT_TEXT = 1000  # a too-large record's text fields (reason, hint, ...) keep this many characters
+
+
+class ManifestTooLarge(ManifestError):
+    """A change that would make manifest.json larger than its readers accept: not written."""
+
+    def __init__(self, message: str, size: int):
+        super().__init__(message)
+        self.size = size
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _cut(entry: dict, why: str) -> dict:
+    """The record of a stage whose own record is too large for manifest.json: an ERROR saying so
+    (what it was, how large, why), without its declared files, metrics, traceback or log tail."""
+    files = entry.get("files") if isinstance(entry.get("files"), list) else []
+    metrics = entry.get("metrics") if isinstance(entry.get("metrics"), dict) else {}
+    was = f"{entry.get('status')}: {entry.get('reason') or ''}".strip().rstrip(":")
+    if len(was) > 200:
+        was = was[:200] + "..."
+    reason = (f"the stage's record is too large for manifest.json ({why}; {len(files)} declared file "
+              f"name(s), {len(metrics)} metric(s)): not recorded, its declared files stay in the run folder "
+              f"unrecorded (it was {was})")
+    out = {}
+    for k, v in entry.items():
+        if k in ("files", "metrics", "traceback", "log_tail", "strict_fail"):
+            continue
+        if isinstance(v, str) and k != "name" and len(v) > _CUT_TEXT:
+            v = v[:_CUT_TEXT] + "..."
+        elif isinstance(v, (dict, list)) and len(to_json_text(v)) > 64 * _CUT_TEXT:
+            v = type(v)()
+        out[k] = v
+    out.update(status="ERROR", reason=reason, hint="declare fewer or shorter file names, or fewer metrics "
+               "(one file can hold many rows)", files=[], metrics={})
+    return out
+
+
+def _as_recorded(obj: Any, entry: dict) -> None:
+    """A stage record object (``executor.StageRecord``) made to say what its manifest entry says."""
+    try:
+        obj.status = type(obj.status)(entry["status"])
+        obj.reason, obj.hint = entry["reason"], entry.get("hint", "")
+        obj.files, obj.metrics = [], {}
+        obj.traceback = obj.log_tail = ""
+    except (AttributeError, ValueError, TypeError):
+        pass
 
 
 def lock_timeout() -> float:
@@ -494,14 +551,24 @@ class RunManifest:
                 raise
             return self.data  # not written yet
 
-    def update(self, change: Callable[[dict], Any]) -> Any:
-        """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it."""
+    def update(self, change: Callable[[dict], Any], room: int = 0) -> Any:
+        """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it.
+        ``ManifestTooLarge`` (nothing written) when the result would leave less than ``room`` bytes
+        under what the manifest's readers accept (``artifacts.MAX_READ_BYTES``)."""
         with self._locked(whole=True):
             data = self._read_fresh()
             result = change(data)
-            write_json(self.path, data)
+            self._write(data, room)
             self.data = data
             return result
+
+    def _write(self, data: dict, room: int = 0) -> None:
+        text = to_json_text(data).encode("utf-8")
+        limit = artifacts.MAX_READ_BYTES
+        if len(text) > limit - room:
+            raise ManifestTooLarge(f"{self.path}: would be {_mib(len(text))}, more than the {_mib(limit - room)} "
+                                   f"it may take (its readers accept {_mib(limit)}); not written", len(text))
+        write_json(self.path, data)
 
     @staticmethod
     def _initial(run_id: str, argv: list[str], run_facts: dict) -> dict:
@@ -1011,10 +1078,24 @@ class RunManifest:
 
     # ---- records ----------------------------------------------------------------------------
 
-    def record(self, entry: dict) -> None:
+    def record(self, entry: dict | Any) -> None:
         """Add or replace (same name, same position) a stage entry; a rerun's earlier entry moves
-        to ``history`` now (its files were set aside before the stage ran)."""
-        def change(data: dict) -> None:
+        to ``history`` now (its files were set aside before the stage ran).
+
+        ``entry``: a dict, or a record object with ``to_dict()`` (``executor.StageRecord``). A record
+        larger than RECORD_MAX_BYTES, or one that would bring the manifest within ROOM_BYTES of what
+        its readers accept, is recorded as the stage's ERROR saying so, without its files and metrics
+        (``_cut``; the object, when given, is made to say the same): the run folder stays usable
+        (round 14 B R8). Should even that not fit, ``ManifestTooLarge`` (nothing written)."""
+        obj = None
+        if not isinstance(entry, dict):
+            obj, entry = entry, entry.to_dict()
+        size = len(to_json_text(entry).encode("utf-8"))
+        cut = None
+        if size > RECORD_MAX_BYTES:
+            cut = _cut(entry, f"{_mib(size)}, more than the {_mib(RECORD_MAX_BYTES)} one stage's record may take")
+
+        def change(data: dict, entry: dict) -> None:
             stages = data["stages"]
             pending = self._take_pending(data, entry["name"], self.token)
             for i, s in enumerate(stages):
@@ -1026,7 +1107,16 @@ class RunManifest:
             else:
                 stages.append(entry)
 
-        self.update(change)
+        if cut is None:
+            try:
+                self.update(lambda data: change(data, entry), room=ROOM_BYTES)
+            except ManifestTooLarge as e:
+                cut = _cut(entry, f"{_mib(size)}: with it manifest.json would be {_mib(e.size)}, more than the "
+                                  f"{_mib(artifacts.MAX_READ_BYTES - ROOM_BYTES)} it may take")
+        if cut is not None:
+            self.update(lambda data: change(data, cut))
+            if obj is not None:
+                _as_recorded(obj, cut)
 
     def set_fields(self, **fields: Any) -> None:
         self.update(lambda data: data.update(fields))
@@ -1044,4 +1134,4 @@ class RunManifest:
     def write(self) -> None:
         """Write this process's view as is (under the lock; prefer ``update``)."""
         with self._locked(whole=True):
-            write_json(self.path, self.data)
+            self._write(self.data)
