@@ -18,6 +18,7 @@ retires it to ``history``. An interrupted rerun (``restore``) or one whose runne
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import platform
 import re
@@ -191,8 +192,86 @@ def _me() -> dict:
     return {"pid": os.getpid(), "pid_started": process_started(), "hostname": socket.gethostname()}
 
 
-def _dead(owner: dict) -> bool:
-    """Whether the process that wrote ``owner`` (``_me()``) is gone (only known on the same host)."""
+# the owner of a stage running in a run folder (``pending``) holds ``.manifest.lock.<token>`` there
+# (flock, exclusive) for as long as it lives: the kernel lets go of it when the process dies, however
+# it dies, whatever PID namespace or host name it has (round 14 A BR-2: a live rerun in another PID
+# namespace was taken for dead by its pid and undone while it ran; a dead one under another host name
+# counted as alive for good). Its name and inode are in the owner's note: ``_dead`` tries the lock
+_OWNER_LOCKS: dict[str, int] = {}  # path -> descriptor holding the lock (this process's life)
+_OWNER_LOCK_NAME = re.compile(r"\.manifest\.lock\.[0-9a-f]{1,64}")
+
+
+def _owner_lock(dir: Path, token: str) -> dict:
+    """``{"lock": name, "lock_ino": inode}`` of this process's lock in ``dir`` (made and locked on first
+    use, held until ``_let_go``), or {} where none can be made: the owner is then judged by its pid."""
+    path = os.path.join(dir, f"{LOCK_NAME}.{token}")
+    fd = _OWNER_LOCKS.get(path)
+    try:
+        if fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return {}
+            _OWNER_LOCKS[path] = fd
+        return {"lock": os.path.basename(path), "lock_ino": os.fstat(fd).st_ino}
+    except OSError:
+        return {}
+
+
+def _let_go(dir: Path, token: str) -> None:
+    """This process's owner lock in ``dir``: released and removed (its stages there are recorded)."""
+    path = os.path.join(dir, f"{LOCK_NAME}.{token}")
+    fd = _OWNER_LOCKS.pop(path, None)
+    if fd is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _lock_held(dir: Path | None, owner: dict) -> bool | None:
+    """Whether the owner lock ``owner`` names in ``dir`` is held (its process lives); None when that
+    cannot be told (no lock noted, the file gone or replaced): the owner is judged by its pid then."""
+    name, ino = owner.get("lock"), owner.get("lock_ino")
+    if dir is None or not isinstance(name, str) or not _OWNER_LOCK_NAME.fullmatch(name) or type(ino) is not int:
+        return None
+    try:
+        fd = os.open(os.path.join(dir, name), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != ino:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return None
+        return False
+    finally:
+        os.close(fd)
+
+
+def _drop_lock(dir: Path, owner: dict) -> None:
+    """Remove the lock file of a dead owner (nothing holds it)."""
+    if _lock_held(dir, owner) is False:
+        try:
+            os.unlink(os.path.join(dir, owner["lock"]))
+        except OSError:
+            pass
+
+
+def _dead(owner: dict, dir: Path | None = None) -> bool:
+    """Whether the process that wrote ``owner`` (``RunManifest._owner()``) is gone: its lock in the run
+    folder ``dir`` is free; without one (an older nsa-run's note), only known on the same host, by pid."""
+    held = _lock_held(dir, owner)
+    if held is not None:
+        return not held
     if owner.get("hostname") != socket.gethostname():
         return False
     return not pid_alive(owner.get("pid"), owner.get("pid_started"))
@@ -495,6 +574,10 @@ class RunManifest:
     def path(self) -> Path:
         return self.dir / MANIFEST_NAME
 
+    def _owner(self) -> dict:
+        """This process's note as the owner of a stage it runs here: who, and its lock (``_owner_lock``)."""
+        return {**_me(), **_owner_lock(self.dir, self.token)}
+
     @contextmanager
     def _locked(self, whole: bool = False):
         """The run folder's lock. Held for milliseconds by a manifest change: when another process
@@ -729,11 +812,11 @@ class RunManifest:
         with self._locked():
             data = self._read_fresh()
             for p in data.get("pending", []):
-                if p.get("stage") == name and not _dead(p.get("owner") or {}):
+                if p.get("stage") == name and not _dead(p.get("owner") or {}, self.dir):
                     raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
                                        f"{(p.get('owner') or {}).get('pid')}); wait for it to finish")
             old = next((s for s in data["stages"] if s.get("name") == name), None)
-            pending = {"stage": name, "token": self.token, "owner": _me(), "since": now_iso()}
+            pending = {"stage": name, "token": self.token, "owner": self._owner(), "since": now_iso()}
             problem = self._history_problem() if old is not None else None
             if problem:  # the earlier files would be moved through it (out of the run folder)
                 raise HistoryNotOwn(problem)
@@ -787,10 +870,10 @@ class RunManifest:
                     continue
                 if p.get("token") == self.token:
                     return
-                if not _dead(p.get("owner") or {}):
+                if not _dead(p.get("owner") or {}, self.dir):
                     raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
                                        f"{(p.get('owner') or {}).get('pid')}); not run again here")
-            data.setdefault("pending", []).append({"stage": name, "token": self.token, "owner": _me(),
+            data.setdefault("pending", []).append({"stage": name, "token": self.token, "owner": self._owner(),
                                                    "since": now_iso()})
 
         self.update(change)
@@ -1009,7 +1092,8 @@ class RunManifest:
 
     def recover(self) -> list[str]:
         """Put back the earlier results of reruns whose nsa-run died (kill -9, power loss)."""
-        stale = [p for p in self.data.get("pending", []) if isinstance(p, dict) and _dead(p.get("owner") or {})]
+        stale = [p for p in self.data.get("pending", [])
+                 if isinstance(p, dict) and _dead(p.get("owner") or {}, self.dir)]
         if not stale:
             return []
 
@@ -1019,7 +1103,7 @@ class RunManifest:
             done = []
             left.clear()
             for p in list(data.get("pending", [])):
-                if isinstance(p, dict) and _dead(p.get("owner") or {}):
+                if isinstance(p, dict) and _dead(p.get("owner") or {}, self.dir):
                     data["pending"].remove(p)
                     not_back = self._put_back(data, p, None, "-abandoned")
                     if not_back:  # kept: the next nsa-run tries again
@@ -1027,6 +1111,7 @@ class RunManifest:
                         left[p.get("stage")] = not_back
                     else:
                         done.append(p.get("stage"))
+                        _drop_lock(self.dir, p.get("owner") or {})
             return done
 
         done = self.update(change)
@@ -1040,7 +1125,7 @@ class RunManifest:
         rerun killed before a newer run folder appeared is put back at the next ``stage`` / ``oneshot``.
         Best effort: a folder that cannot be recovered now is left as it is (and reported as
         unfinished); nothing here stops the new run."""
-        if not any(isinstance(p, dict) and _dead(p.get("owner") or {}) for p in data.get("pending") or []):
+        if not any(isinstance(p, dict) and _dead(p.get("owner") or {}, Path(dir)) for p in data.get("pending") or []):
             return []
         if runner_dirs_problem(dir):
             return []
@@ -1074,6 +1159,8 @@ class RunManifest:
             except (OSError, ManifestError):
                 if note.get("moved_to"):
                     left.append(f"{name}: {note['moved_to']}")
+        if not left:  # nothing of this process's pending here any more: its owner lock goes
+            _let_go(self.dir, self.token)
         return left
 
     # ---- records ----------------------------------------------------------------------------
@@ -1128,8 +1215,10 @@ class RunManifest:
                 mine[-1]["finished"] = now_iso()
             data["finished"] = now_iso()
             data["interrupted"] = bool(interrupted or data.get("interrupted"))
+            return any(isinstance(p, dict) and p.get("token") == self.token for p in data.get("pending") or [])
 
-        self.update(change)
+        if not self.update(change):  # nothing of this process's left running here: its owner lock goes
+            _let_go(self.dir, self.token)
 
     def write(self) -> None:
         """Write this process's view as is (under the lock; prefer ``update``)."""
