@@ -1000,7 +1000,7 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 with signals_deferred(deliver=False):  # stopping already: a second signal cuts nothing
                     _not_anothers(rec, manifest)
                     records.append(rec)
-                    manifest.record(rec.to_dict())
+                    manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
                     observer.on_finish(entry, rec)
                 raise done.interrupt from None
             except _Interrupted as intr:
@@ -1009,7 +1009,7 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                     records.append(rec)
                     # a rerun that did not finish puts the earlier result back (its attempt goes to history)
                     if not manifest.restore(rec.name, rec.to_dict()):
-                        manifest.record(rec.to_dict())
+                        manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
                     observer.on_finish(entry, rec)
                 raise
             finally:
@@ -1020,7 +1020,7 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             with signals_deferred():  # the stage's record is made whole; an interrupt lands after it
                 _not_anothers(rec, manifest)
                 records.append(rec)
-                manifest.record(rec.to_dict())
+                manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
                 observer.on_finish(entry, rec)
         # inside the try: a signal while the manifest is finished (after the last record) is an
         # interrupt of the run like any other (it escaped as a bare KeyboardInterrupt: exit 130

@@ -6,9 +6,8 @@ it wrote stays under its own reader's limit (``artifacts.MAX_READ_BYTES``, 256 M
 Expected: a stage's record is bounded (``manifest.RECORD_MAX_BYTES``), and a record that would bring
 the manifest near what its readers accept is refused: the stage is an ERROR naming why, the run goes
 on, exit 1, and the run folder stays usable. The second test lowers the readers' limit (the typer app
-in this process) so that a few stages reach it without writing hundreds of MiB. (There the record is
-cut by the manifest's writer; the terminal's line for it follows once the executor hands its record
-object to ``RunManifest.record``, which then makes it say the same.)
+in this process) so that a few stages reach it without writing hundreds of MiB (there the record is
+cut by the manifest's writer, and the executor's record object made to say the same).
 """
 
 from __future__ import annotations
@@ -122,7 +121,10 @@ def test_a_record_that_would_fill_the_manifest_is_refused(plugins, tmp_path, cli
     out = tmp_path / "out"
     run = out / "testrun"
     r = cli("oneshot", "--only", "x,y,z", "--out", out, "--device", "cpu", "--json")
-    assert r.exit_code != 2, r.stderr[-3000:]  # the run is recorded whole (it was "incomplete")
+    assert r.exit_code == 1, r.stderr[-3000:]  # the run is recorded whole (it was "incomplete": exit 2)
+    shown = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert [shown[n]["status"] for n in "xyz"] == ["PASS", "PASS", "ERROR"], r.stdout[-3000:]
+    assert "manifest.json would be" in shown["z"]["reason"]
     assert (run / "manifest.json").stat().st_size <= artifacts.MAX_READ_BYTES
     got = _stages(run)
     assert [got[n]["status"] for n in "xyz"] == ["PASS", "PASS", "ERROR"]
