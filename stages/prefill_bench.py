@@ -692,15 +692,25 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
     passes = {"fwd": (nsa_fwd, inst_fwd), "fwd+bwd": (nsa_fwdbwd, inst_fwdbwd)}
     for pas in o["passes"]:
         whole_fn, inst_fn = passes[pas]
-        inst.seen.clear()
-        # the whole and the instrumented pass in turns: a slow moment hits both alike
-        plain, reg = timing.bench_round_robin({"whole": whole_fn}, {"parts": inst_fn}, **tk)
-        whole, (parts, total) = plain["whole"], reg["parts"]
-        by = fold_parts(parts)
-        s = sum(by.values())
-        ratio = s / whole.ms if whole.ms > 0 else float("nan")
+        retaken = ""
+        for attempt in range(2):
+            inst.seen.clear()
+            # the whole and the instrumented pass in turns: a slow moment hits both alike
+            plain, reg = timing.bench_round_robin({"whole": whole_fn}, {"parts": inst_fn}, **tk)
+            whole, (parts, total) = plain["whole"], reg["parts"]
+            by = fold_parts(parts)
+            s = sum(by.values())
+            ratio = s / whole.ms if whole.ms > 0 else float("nan")
+            if attempt or parts_check(ratio, o["parts_tol"]):
+                break
+            # off by more than the tolerance: measured once more, both said (a moment of contention on the
+            # H100 left one quick run's fwd+bwd at p20..p80 7.8..12.6 ms and 1.58x; the retake is what counts,
+            # and a method that does not add up fails it too)
+            retaken = (f"measured twice: the first sum/whole {ratio:.3f} (whole {whole.ms:.4g} ms, p20 "
+                       f"{whole.p20:.4g} p80 {whole.p80:.4g}, n={whole.n})")
+            log(f"T={T:>6} {pas:>7}: parts add up to {ratio:.3f} x the whole: measured once more")
         row(NSA, "whole", pas, whole, parts_sum_ms=s, parts_ratio=ratio,
-            note=f"instrumented pass {total.ms:.4g} ms")
+            note=f"instrumented pass {total.ms:.4g} ms" + (f"; {retaken}" if retaken else ""))
         for p in PARTS:
             t = parts.get(p), parts.get(p + BWD)
             pt = [x for x in t if x is not None]
@@ -718,7 +728,7 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
                             f"calls other functions than WRAPS lists); their time is in the neighbouring parts")
         if not parts_check(ratio, o["parts_tol"]):
             msg = (f"T={T} {pas}: parts add up to {s:.4g} ms = {ratio:.3f} x the whole ({whole.ms:.4g} ms), "
-                   f"outside 1 +- {o['parts_tol']:g}")
+                   f"outside 1 +- {o['parts_tol']:g}" + (f" ({retaken})" if retaken else ""))
             (problems if o["parts_check"] == "fail" else warnings).append(msg)
         log(f"T={T:>6} {pas:>7}: NSA {whole.ms:.4g} ms (p20 {whole.p20:.4g} p80 {whole.p80:.4g}, n={whole.n}); "
             f"parts " + " ".join(f"{p}={by[p]:.3g}" for p in PARTS) + f" -> sum/whole {ratio:.3f}")

@@ -227,12 +227,48 @@ def test_instrumentation_that_perturbs_the_pass_fails_the_parts_check(tmp_path, 
     res = PrefillBench().run(_ctx(tmp_path, passes=["fwd"], baselines=["sdpa-default"], parts_check="fail",
                                   **SMALL))
     assert res.status == Status.FAIL and "parts add up to" in res.reason and "x the whole" in res.reason
+    assert "measured twice" in res.reason  # a method that does not add up fails the retake too
     df = pd.read_csv(tmp_path / "prefill.csv")
     w = df[(df.path == "nsa") & (df.part == "whole")].iloc[0]
     assert w.parts_ratio > 1.1  # the rows are still written: parity passed, the figures are real
     # the same run with the CPU default (warn) passes and says so
     res = PrefillBench().run(_ctx(tmp_path / "warn", passes=["fwd"], baselines=["sdpa-default"], **SMALL))
     assert res.status == Status.PASS and "warning" in res.reason and "parts add up to" in res.reason
+
+
+def test_a_disturbed_first_measurement_is_taken_again_and_said(tmp_path, monkeypatch):
+    """A moment of contention during one measurement (the H100, 2026-11-26: one quick run's fwd+bwd at 4K
+    had p20..p80 7.8..12.6 ms and its parts 1.58x the whole) is measured once more; the retake counts and
+    the row's note keeps the first figure."""
+    import time
+
+    from nsa_runner.measure import timing
+
+    calls = []
+    real_rr, real_wrap = timing.bench_round_robin, pb.Instrument._wrap
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real_rr(*a, **k)
+
+    def slow_first(self, fn, part):
+        w = real_wrap(self, fn, part)
+
+        def slowed(*a, **k):
+            if self.regions is not None and len(calls) == 1:
+                time.sleep(0.03)
+            return w(*a, **k)
+        return slowed
+
+    monkeypatch.setattr(timing, "bench_round_robin", counted)
+    monkeypatch.setattr(pb.Instrument, "_wrap", slow_first)
+    res = PrefillBench().run(_ctx(tmp_path, passes=["fwd"], baselines=["sdpa-default"], parts_check="fail",
+                                  parts_tol=0.5, **SMALL))  # CPU timings of a tiny shape: a wide tolerance
+    assert res.status == Status.PASS, res.reason
+    assert len(calls) == 2 * len(SMALL.get("T_list", [0]))
+    df = pd.read_csv(tmp_path / "prefill.csv")
+    w = df[(df.path == "nsa") & (df.part == "whole")].iloc[0]
+    assert abs(w.parts_ratio - 1) <= 0.5 and "measured twice: the first sum/whole" in w.note
 
 
 # ---- options ----------------------------------------------------------------------------------
