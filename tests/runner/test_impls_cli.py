@@ -197,8 +197,8 @@ def test_constraints_make_named_skips_and_impls_show_side_by_side(fakes, cli, tm
     rows = [x for x in json.loads(r.stdout)["rows"] if x["source"] == "triton_fwd.csv"]
     keys = {x["key"]: x for x in rows}
     case = df.case.iloc[0]
-    assert case in keys and f"goodk32:{case}" in keys
-    assert keys[f"goodk32:{case}"]["mark"] == "+" and keys[case]["mark"] != "+"
+    assert case in keys and f"{case} [impl=goodk32]" in keys
+    assert keys[f"{case} [impl=goodk32]"]["mark"] == "+" and keys[case]["mark"] != "+"
 
 
 def test_readme_example_adapter_works_as_written(plugins, cli, tmp_path):
