@@ -56,6 +56,10 @@ ENTRIES = {"x": "bd_mod:X", "y": "bd_mod:Y", "z": "bd_mod:Z"}
 
 PINNED = ("import sys; from nsa_runner.commands import _common as c; c.current_run_id = lambda: 'testrun'; "
           "from nsa_runner.cli import app; app(prog_name='nsa-run')")
+# the same through the console entry (``cli.main``: one-line errors, exit codes, the bytecode cache)
+MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
+                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
+assert MAIN != PINNED
 
 
 def make(plugins) -> dict[str, str]:

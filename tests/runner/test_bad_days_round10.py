@@ -26,14 +26,11 @@ import sys
 import pytest
 
 try:
-    from _bad_days import PINNED, cli_cmd, env_with, make
+    from _bad_days import MAIN, cli_cmd, env_with, make
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, cli_cmd, env_with, make
+    from tests.runner._bad_days import MAIN, cli_cmd, env_with, make
 
 # the nsa-run script itself (cli.main: what a terminal or CI job runs), run id pinned
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 # a stage whose StageResult comes from its environment: R10_STATUS, R10_REASON (a Python literal) or
 # R10_REASON_FILE (the reason's text)

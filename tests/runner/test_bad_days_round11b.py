@@ -30,16 +30,13 @@ import xml.etree.ElementTree as ET
 import pytest
 
 try:
-    from _bad_days import PINNED, env_with, wait_for
+    from _bad_days import MAIN, env_with, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, env_with, wait_for
+    from tests.runner._bad_days import MAIN, env_with, wait_for
 
 from nsa_runner.manifest import RunManifest
 
 # the nsa-run script itself (cli.main: what a terminal or CI job runs), run id pinned
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 # stages a, b: each runs $R11B_<X>_CMD (a shell command) in the run folder, then writes <x>.txt and
 # declares it and the names in $R11B_<X>_FILES

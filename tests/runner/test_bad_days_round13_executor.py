@@ -30,13 +30,10 @@ import psutil
 import pytest
 
 try:
-    from _bad_days import PINNED, env_with, wait_for
+    from _bad_days import MAIN, env_with, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, env_with, wait_for
+    from tests.runner._bad_days import MAIN, env_with, wait_for
 
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 RT = """
 import os, signal, subprocess, time

@@ -23,15 +23,11 @@ import time
 import pytest
 
 try:
-    from _bad_days import PINNED, wait_for
+    from _bad_days import MAIN, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, wait_for
+    from tests.runner._bad_days import MAIN, wait_for
 
 from nsa_runner.manifest import RunManifest
-
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 
 def _main(env, *args, timeout=300):

@@ -24,13 +24,10 @@ import sys
 import pytest
 
 try:
-    from _bad_days import PINNED, alive, env_with, gone_within
+    from _bad_days import MAIN, alive, env_with, gone_within
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, alive, env_with, gone_within
+    from tests.runner._bad_days import MAIN, alive, env_with, gone_within
 
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 # a daemon: env cleared, a session of its own; it writes its pid (atomically) once it is detached
 DAEMON = ("(env -i setsid bash -c 'echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; exec sleep 1000' {pidfile} "

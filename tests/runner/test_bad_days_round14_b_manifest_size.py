@@ -17,13 +17,10 @@ import subprocess
 import sys
 
 try:
-    from _bad_days import PINNED, env_with
+    from _bad_days import MAIN, env_with
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, env_with
+    from tests.runner._bad_days import MAIN, env_with
 
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 # every stage declares R14BM_<NAME> long file names (each ~3.3 KB: a chain of 12 folders of 250
 # characters, then a name of 246), all of them real files of the run folder

@@ -24,13 +24,10 @@ import uuid
 import pytest
 
 try:
-    from _bad_days import PINNED, env_with
+    from _bad_days import MAIN, env_with
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, env_with
+    from tests.runner._bad_days import MAIN, env_with
 
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 STAGES = """
 import os, time

@@ -18,14 +18,11 @@ import time
 import pytest
 
 try:
-    from _bad_days import PINNED, cli_cmd, env_with, gone_within, make, manifest, wait_for
+    from _bad_days import MAIN, cli_cmd, env_with, gone_within, make, manifest, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, cli_cmd, env_with, gone_within, make, manifest, wait_for
+    from tests.runner._bad_days import MAIN, cli_cmd, env_with, gone_within, make, manifest, wait_for
 
 # the nsa-run script itself (cli.main: what a terminal or CI job runs), run id pinned
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 
 def main_cmd(*args) -> list[str]:

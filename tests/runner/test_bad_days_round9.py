@@ -22,14 +22,11 @@ import sys
 import pytest
 
 try:
-    from _bad_days import PINNED, cli_cmd, dead_pid, env_with, make, wait_for
+    from _bad_days import MAIN, cli_cmd, dead_pid, env_with, make, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED, cli_cmd, dead_pid, env_with, make, wait_for
+    from tests.runner._bad_days import MAIN, cli_cmd, dead_pid, env_with, make, wait_for
 
 # the nsa-run script itself (cli.main: what a terminal or CI job runs), run id pinned
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 
 def main_cmd(*args) -> list[str]:

@@ -14,13 +14,10 @@ import sys
 import pytest
 
 try:
-    from _bad_days import PINNED
+    from _bad_days import MAIN
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import PINNED
+    from tests.runner._bad_days import MAIN
 
-MAIN = PINNED.replace("from nsa_runner.cli import app; app(prog_name='nsa-run')",
-                      "from nsa_runner.cli import main; sys.argv[0] = 'nsa-run'; main()")
-assert MAIN != PINNED
 
 
 def _env_pairing(tmp_path, **env_over):
