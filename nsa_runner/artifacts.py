@@ -196,21 +196,25 @@ def read_limited(path: str | os.PathLike, limit: int | None = None) -> bytes:
                               f"this reader accepts; refused")
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; refused")
-        chunks, size = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise UnsafeFileError(f"{path}: grew past the {limit / 2**20:.0f} MiB this reader accepts; refused")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_fd_limited(fd, path, limit)
     finally:
         os.close(fd)
+
+
+def read_fd_limited(fd: int, name: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of the open descriptor ``fd`` (``name`` in the messages): a regular file only, checked on
+    the descriptor, and no more than ``limit`` bytes as read (``UnsafeFileError`` otherwise)."""
+    limit = MAX_READ_BYTES if limit is None else limit
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{name}: is {file_kind(st.st_mode)}, not a regular file; refused")
+    chunks, size = [], 0
+    while chunk := os.read(fd, 1 << 20):
+        size += len(chunk)
+        if size > limit:
+            raise UnsafeFileError(f"{name}: grew past the {limit / 2**20:.0f} MiB this reader accepts; refused")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def read_text_limited(path: str | os.PathLike, limit: int | None = None, errors: str = "strict") -> str:

@@ -42,7 +42,6 @@ import nsa_runner
 from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, STARTED, describe_exit, kill_processes, signal_name
 from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import (
-    MAX_READ_BYTES,
     ManifestError,
     UnsafeFileError,
     declared_file_problem,
@@ -52,6 +51,7 @@ from nsa_runner.artifacts import (
     mark_owned,
     now_iso,
     open_log,
+    read_fd_limited,
     stage_allowed,
 )
 from nsa_runner.context import RunContext
@@ -537,16 +537,7 @@ class _TempFolder:
         """``entry``'s bytes: a regular file only (never a symlink's target, never a FIFO's wait)."""
         fd = os.open(entry, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafeFileError(f"{entry} is {file_kind(st.st_mode)}, not a regular file")
-            chunks, size = [], 0
-            while chunk := os.read(fd, 1 << 20):
-                size += len(chunk)
-                if size > MAX_READ_BYTES:
-                    raise UnsafeFileError(f"{entry} is more than {MAX_READ_BYTES >> 20} MiB")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            return read_fd_limited(fd, entry)
         finally:
             os.close(fd)
 
