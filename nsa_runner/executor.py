@@ -338,11 +338,32 @@ SPARE_ENV = "NSA_RUN_SPARE_WORKER"
 PRELOAD_GRACE_S = 120.0
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def spare_on() -> bool:
+    """Whether stages' processes are started ahead as spares (``NSA_RUN_SPARE_WORKER``: unset or blank
+    is on; 1/true/yes/on and 0/false/no/off, any case). Raises ValueError naming the variable and (the
+    start of) its value for anything else (round 14 U4: ``false`` / ``off`` / ``no`` left the spare on,
+    only ``0`` turned it off): the CLI refuses it in one line, exit 2, as NSA_RUN_LOCK_TIMEOUT."""
+    text = os.environ.get(SPARE_ENV, "").strip()
+    if not text or text.lower() in _ON:
+        return True
+    if text.lower() in _OFF:
+        return False
+    raise ValueError(f"{SPARE_ENV}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
+                     + " is not one of 1/true/yes/on, 0/false/no/off")
+
+
 def _spare_for(entry: StageEntry) -> bool:
-    """Whether ``entry``'s process is started ahead as a spare: on unless ``NSA_RUN_SPARE_WORKER=0``,
-    for a stage that loaded and does not say ``preload = False`` (a plugin's odd value: no spare)."""
-    return (os.environ.get(SPARE_ENV, "1").strip() != "0" and entry.stage is not None
-            and getattr(entry.stage, "preload", True) is True)
+    """Whether ``entry``'s process is started ahead as a spare: on unless ``NSA_RUN_SPARE_WORKER`` says
+    off (``spare_on``; a value the CLI did not refuse first counts as off here, never as on), for a stage
+    that loaded and does not say ``preload = False`` (a plugin's odd value: no spare)."""
+    try:
+        on = spare_on()
+    except ValueError:
+        on = False
+    return on and entry.stage is not None and getattr(entry.stage, "preload", True) is True
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -26,7 +26,7 @@ from nsa_runner.artifacts import (
     run_folders,
     run_id,
 )
-from nsa_runner.executor import RunInterrupted, Settings, Terminated, execute, exit_code
+from nsa_runner.executor import SPARE_ENV, RunInterrupted, Settings, Terminated, execute, exit_code, spare_on
 from nsa_runner.manifest import (
     LOCK_TIMEOUT_ENV,
     LOCK_TIMEOUT_S,
@@ -139,6 +139,10 @@ def check_out(out: Path) -> Path:
         lock_timeout()
     except ValueError as e:
         fail(str(e), f"unset it (default {LOCK_TIMEOUT_S:g}s) or give seconds, e.g. {LOCK_TIMEOUT_ENV}=300")
+    try:
+        spare_on()
+    except ValueError as e:
+        fail(str(e), f"unset it (on) or set {SPARE_ENV}=0 to turn the spare worker off")
     if free < MIN_FREE_BYTES:
         fail(f"--out {out}: only {free / 2**20:.1f} MiB free on its disk (a run needs at least "
              f"{MIN_FREE_BYTES / 2**20:.0f} MiB)", "free some space or choose another folder with --out")
