@@ -247,6 +247,23 @@ def _child_env(device: str, cookie: str = "") -> dict[str, str]:
     return env
 
 
+# the signals this process's own handlers received (``note_signal``: the CLI's SIGINT / SIGTERM / SIGHUP
+# handlers call it before they raise): an interrupt of the runner's real classes raised where none was
+# received is not the runner's stop but the code's own (round 14 R2 follow-up: an adapter raising the
+# real ``Terminated`` was taken for the runner's termination; ``impls.stops``)
+RECEIVED: list[int] = []
+
+
+def note_signal(signum: int) -> None:
+    """Say that this process received ``signum`` (its handler runs): ``received()`` is then true."""
+    RECEIVED.append(signum)
+
+
+def received() -> bool:
+    """Did this process's own handler receive an interrupting signal (``note_signal``)?"""
+    return bool(RECEIVED)
+
+
 class Terminated(KeyboardInterrupt):
     """A SIGTERM / SIGHUP the CLI turned into an interrupt: stops the run like Ctrl-C does, and
     the stage's reason names the signal (a cancelled CI job is not a Ctrl-C)."""

@@ -26,7 +26,16 @@ from nsa_runner.artifacts import (
     run_folders,
     run_id,
 )
-from nsa_runner.executor import SPARE_ENV, RunInterrupted, Settings, Terminated, execute, exit_code, spare_on
+from nsa_runner.executor import (
+    SPARE_ENV,
+    RunInterrupted,
+    Settings,
+    Terminated,
+    execute,
+    exit_code,
+    note_signal,
+    spare_on,
+)
 from nsa_runner.manifest import (
     LOCK_TIMEOUT_ENV,
     LOCK_TIMEOUT_S,
@@ -285,6 +294,7 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     previous_hup = signal.getsignal(signal.SIGHUP)
 
     def _term(signum, frame):  # a CI cancel stops the stage like Ctrl-C does (the reason names it)
+        note_signal(signum)
         raise Terminated(signum)
 
     # TERM and HUP (a closed terminal / ssh session) stay handled until this command exits: one
@@ -333,6 +343,7 @@ def catch_interrupts() -> None:
     def stop(signum, frame):
         global STOPPED_BY
         STOPPED_BY = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        note_signal(signum)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(signum)
@@ -375,6 +386,7 @@ class _Closing:
 
     def _note(self, signum, frame) -> None:
         self.late.append(signum)
+        note_signal(signum)
         if self.armed:
             self.armed = False
             if signum == signal.SIGINT:

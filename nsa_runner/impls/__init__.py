@@ -218,10 +218,22 @@ def stops(e: BaseException) -> bool:
     """Does ``e`` stop this process (to re-raise), rather than record an adapter's failure? A
     KeyboardInterrupt after a real SIGINT, or one of the runner's own interrupt classes, by identity
     (round 14 R2: a class of the adapter's own that said ``__module__ = "nsa_runner.executor"`` passed
-    as the runner's, and ended the stage anonymously)."""
+    as the runner's, and ended the stage anonymously), and only when this process's own handlers
+    received a signal (``executor.received``): the real ``Terminated`` raised by an adapter where no
+    signal came is the adapter's failure, not the runner's stop (round 14 R2, left)."""
     if not isinstance(e, KeyboardInterrupt):
         return False
-    return bool(_SIGNALLED) or type(e) in _runner_interrupts()
+    return bool(_SIGNALLED) or (type(e) in _runner_interrupts() and _runner_received())
+
+
+def _runner_received() -> bool:
+    """Whether the runner's handlers in this process received a signal (``executor.received``, from the
+    executor module ``_runner_interrupts`` trusts; none loaded: none received)."""
+    mod = sys.modules.get("nsa_runner.executor")
+    if mod is None or not _runner_interrupts():
+        return False
+    received = mod.__dict__.get("RECEIVED")
+    return type(received) is list and len(received) > 0
 
 
 def text_of(value: Any, limit: int = 300) -> str:
