@@ -4,6 +4,7 @@
     PYTHONPATH=. python bench/bench_decode.py profile --S 65536 --B 16 [--kernel triton]
     PYTHONPATH=. python bench/bench_decode.py table RUN_DIR [RUN_DIR ...]     # the issue-14 table
     PYTHONPATH=. python bench/bench_decode.py sweep-split                     # split step geometry (CUDA)
+    PYTHONPATH=. python bench/bench_decode.py sweep-tune                      # six-launch step's knobs (CUDA)
     PYTHONPATH=. python bench/bench_decode.py warm --S 65536 --B 16           # compile what decode-bench runs
     .venv/bin/python bench/bench_decode.py compile --S 65536 --B 16           # sm_90 regs/spills here, no GPU
 
@@ -195,6 +196,73 @@ def cmd_sweep_split(args) -> int:
             print(f"{S:>6} {B:>3} {'full split-K (Triton)':>26} {'':>4} {'':>5} {'':>3} {'':>3} {'':>3} "
                   f"{bench(fd):8.1f}", flush=True)
             del m, cache
+            torch.cuda.empty_cache()
+    return 0
+
+
+def cmd_sweep_tune(args) -> int:
+    """The six-launch step's knobs (Workspace.TUNE, CONFIG), one at a time from the default: the attention
+    part as a CUDA-graph replay, L2 flushed before each, median, in ``--rounds`` round-robin rounds (the
+    configurations interleaved, so drift hits them alike); the split-K full attention (with and without
+    PDL) of the same context. Every configuration's output is checked against the default's."""
+    import torch
+
+    from nsa_core import NSAAttention, NSAConfig
+    from nsa_runner.measure import timing
+    from nsa_runner.measure.decode_baselines import FullDecode
+
+    def bench(fn):
+        replay = timing.graph_replays({"f": fn})[0]["f"]
+        return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=True).ms * 1e3
+
+    configs = [("default (5 launches, PDL)", {}, {}),
+               ("6 launches, no PDL", {"fuse_append": False, "pdl": False}, {}),
+               ("5 launches, no PDL", {"pdl": False}, {}),
+               ("6 launches, PDL", {"fuse_append": False}, {}),
+               ("programs/SM 4", {"programs_per_sm": 4}, {}),
+               ("programs/SM 8", {"programs_per_sm": 8}, {}),
+               ("programs/SM 8, 32 chunks", {"programs_per_sm": 8, "max_chunks": 32}, {}),
+               ("select warps 1", {}, {"select": 1}),
+               ("select warps 2", {}, {"select": 2}),
+               ("combine warps 2", {}, {"combine": 2}),
+               ("probs warps 2", {}, {"probs": 2}),
+               ("cmp warps 8", {}, {"cmp": 8})]
+    print(f"# sweep-tune: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}, "
+          f"{args.rounds} rounds round-robin")
+    for S in args.S:
+        for B in args.B:
+            torch.manual_seed(0)
+            m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
+            cache = m.new_cache(B, S)
+            cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
+            x = torch.randn(B, 1, 2048, device="cuda", dtype=torch.bfloat16)
+            runs, ref = [], None
+            for name, tune, warps in configs:
+                try:
+                    dec = m.decoder(cache, impl="triton", tune=tune, warps=warps)
+                    dec.x.copy_(x)
+                    dec.pos.fill_(S - 1)
+                    proj = dec.project(dec.x)
+                    out = dec.attn(*proj).clone()
+                    ref = out if ref is None else ref
+                    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+                    runs.append((name, lambda dec=dec, proj=proj: dec.attn(*proj), err, dec._tri))
+                except Exception as e:  # noqa: BLE001 - one configuration failing must not end the sweep
+                    print(f"{S:>6} {B:>3} {name:>28} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            q = proj[0]
+            for pdl in (False, True):
+                runs.append((f"full split-K, PDL {'on' if pdl else 'off'}",
+                             FullDecode(q, cache.K_sel, cache.V_sel, dec.pos, dec.scale, pdl=pdl), float("nan"), None))
+            times = {name: [] for name, *_ in runs}
+            for _ in range(args.rounds):
+                for name, fn, _err, _w in runs:
+                    times[name].append(bench(fn))
+            for name, _fn, err, w in runs:
+                geo = f"NCH {w.NCH:>3} CH {w.CH:>5}" if w is not None else " " * 16
+                ts = " ".join(f"{t:7.1f}" for t in times[name])
+                print(f"{S:>6} {B:>3} {name:>28} {geo}  us: {ts}  min {min(times[name]):7.1f}  rel {err:.1e}",
+                      flush=True)
+            del m, cache, runs
             torch.cuda.empty_cache()
     return 0
 
@@ -458,6 +526,11 @@ def main(argv=None) -> int:
     ws.add_argument("--chunks", type=int, nargs="+", default=[256, 1024, 2048])
     ws.add_argument("--chunks-b1", type=int, nargs="+", default=[128, 256, 512])
     ws.add_argument("--iters", type=int, default=50)
+    wt = sub.add_parser("sweep-tune", help="the six-launch step's knobs (PDL, fused append, split-K, warps) (CUDA)")
+    wt.add_argument("--S", type=int, nargs="+", default=[8192, 65536])
+    wt.add_argument("--B", type=int, nargs="+", default=[1, 16])
+    wt.add_argument("--iters", type=int, default=50)
+    wt.add_argument("--rounds", type=int, default=2)
     wm = sub.add_parser("warm", help="compile the kernels decode-bench will launch (Triton cache), CUDA")
     wm.add_argument("--S", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     wm.add_argument("--B", type=int, nargs="+", default=[1, 16])
@@ -489,6 +562,8 @@ def main(argv=None) -> int:
         return cmd_compile(args)
     if args.cmd == "sweep-split":
         return cmd_sweep_split(args)
+    if args.cmd == "sweep-tune":
+        return cmd_sweep_tune(args)
     if args.cmd == "stage":
         return cmd_stage(args, extra)
     if extra:

@@ -117,6 +117,28 @@ JOB
     setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
     echo "started (profile plan): $(date -u +%T)"; exit 0
   fi
+  if [ "${FINAL_PLAN:-}" = decode15 ]; then  # issue 14: the five-launch step with PDL, measured and tested
+    cat > "$L/job.sh" <<JOB
+cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
+step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
+# compile first, in parallel (the timed runs below then find their kernels in Triton's cache)
+for spec in "--S 4096 8192 --B 1 16" "--S 16384 32768 --B 1 16" "--S 65536 --B 1" "--S 65536 --B 16"; do
+  timeout 200 python3 bench/bench_decode.py warm \$spec --kernels triton split >> "$L/warm.log" 2>&1 &
+done
+step timeout 300 python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/core/test_decode_paged.py \
+  tests/core/test_decode_fused.py tests/core/test_decode_split.py tests/core/test_decode_counters.py > "$L/pytest_decode.log" 2>&1
+wait
+step timeout 400 python3 bench/bench_decode.py sweep-tune > "$L/sweep_tune.txt" 2>&1
+step timeout 300 nsa-run stage decode-bench --profile full --kernel triton,split --out "$L/art_dec" > "$L/decode.log" 2>&1
+python3 bench/bench_decode.py table "$L/art_dec" > "$L/table.md" 2>&1
+step timeout 120 python3 bench/bench_decode.py profile --S 65536 --B 16 > "$L/profile_64k_b16.txt" 2>&1
+step timeout 120 python3 bench/bench_decode.py profile --S 65536 --B 1 > "$L/profile_64k_b1.txt" 2>&1
+step timeout 120 python3 bench/bench_decode.py profile --S 8192 --B 1 > "$L/profile_8k_b1.txt" 2>&1
+touch "$L/done"
+JOB
+    setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
+    echo "started (decode15 plan): $(date -u +%T)"; exit 0
+  fi
   if [ "${FINAL_PLAN:-}" = probe ]; then  # the flash packages' session: no Triton-heavy stages
     cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
@@ -209,6 +231,10 @@ wait)
     grep -hE "passed, [0-9]+ failed" "$L/$f.log" | tail -1
   done
   [ -f "$L/d14/table.md" ] && { echo "== decode14"; cat "$L/d14/log.txt" "$L/d14/table.md"; }
+  [ -f "$L/pytest_decode.log" ] && { echo "== decode tests"; tail -3 "$L/pytest_decode.log"; }
+  [ -f "$L/sweep_tune.txt" ] && { echo "== sweep-tune"; cat "$L/sweep_tune.txt"; }
+  [ -f "$L/table.md" ] && { echo "== decode15 table"; tail -4 "$L/decode.log"; cat "$L/table.md"; }
+  for f in "$L"/profile_*.txt; do [ -f "$f" ] && { echo "== $f"; grep -A12 "partitioned" "$f"; }; done
   [ -f "$L/overhead.txt" ] && cat "$L/overhead.txt"
   [ -f "$L/cli_prof.txt" ] && head -3 "$L/cli_prof.txt"
   for f in ledger ledger_prof ledger_spare ledger_quick1 ledger_quick ledger_nopyc fa2_quick_wall pycache cudnn_build; do [ -f "$L/$f.txt" ] && { echo "== $f"; cat "$L/$f.txt"; }; done

@@ -51,21 +51,13 @@ NEG_INF_ORDERED = tl.constexpr(-2139095041)  # order-preserving int32 of float -
 
 
 @triton.jit
-def _group_query(Q, s_qb, POS, G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                 HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """What a (batch x group)-program (grid axis 0) starts from: b, g, bg (int64), the position t,
-    head / key-dim / value-dim offsets with their masks, and the group's h query rows [HP, BK]."""
-    bg = tl.program_id(0)
-    b = bg // G
-    g = bg % G
-    oh = tl.arange(0, HP)
-    ok = tl.arange(0, BK)
-    ov = tl.arange(0, BV)
-    mh = oh < H
-    mk = ok < DK
-    mv = ov < DV
-    q = tl.load(Q + b * s_qb + (g * H + oh)[:, None] * DK + ok[None, :], mask=mh[:, None] & mk[None, :], other=0.0)
-    return b, g, bg.to(tl.int64), tl.load(POS).to(tl.int64), oh, ok, ov, mh, mk, mv, q
+def _pdl_start(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm_90+, ``launch_pdl=True``): wait until the previous kernel of
+    the stream has finished and its stores are visible (before this program touches global memory),
+    then let the next kernel's programs launch while this one runs (they wait the same way)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -192,7 +184,8 @@ def _append_kernel(POS, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_
                    K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
                    G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
                    STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr,
-                   PAGED: tl.constexpr):
+                   PAGED: tl.constexpr, PDL: tl.constexpr):
+    _pdl_start(PDL)
     bg = tl.program_id(0)
     _append_token(tl.load(POS).to(tl.int64), bg // G, bg % G, bg.to(tl.int64), KC, VC, KS, VS, KW, VW,
                   s_kc, s_vc, s_ks, s_vs, s_kw, s_vw, K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP,
@@ -214,15 +207,81 @@ def _cmp_chunk(q0, q1, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, C
 @triton.jit
 def _cmp_partial_kernel(POS, Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, CCAP, qk_scale,
                         G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                        L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, BT: tl.constexpr, CH, NCH,
-                        DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
+                        L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr,
+                        BK1: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, CH, NCH,
+                        DO_O: tl.constexpr, DO_LOGITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    _pdl_start(PDL)
+    bg = tl.program_id(0)
     c = tl.program_id(1)
-    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
+    b = bg // G
+    g = bg % G
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
     lo = c.to(tl.int64) * CH
-    hi = tl.minimum(lo + CH, _num_cmp(pos, L, STRIDE))
-    _cmp_chunk(q, q, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, CCAP, NCH, qk_scale, oh, ov, mh, mv,
-               DK, DV, HP, BK, 0, BV, BT, DO_O, DO_LOGITS, IEEE)
+    _cmp_program(Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, b, g, bg.to(tl.int64), c, lo,
+                 tl.minimum(lo + CH, nvis), CCAP, NCH, qk_scale, G, H, DK, DV, HP, DK0, BK1, BV, BT, DO_O, DO_LOGITS,
+                 IEEE)
+
+
+@triton.jit
+def _cmp_program(Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, b, g, bg64, c, lo, hi, CCAP, NCH, qk_scale,
+                 G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr,
+                 DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, DO_O: tl.constexpr,
+                 DO_LOGITS: tl.constexpr, IEEE: tl.constexpr):
+    """Chunk c (compressed tokens lo..hi-1) of row bg with the group's query rows (dk in two parts)."""
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    mv = ov < DV
+    q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+    _cmp_chunk(q0, q1, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, CCAP, NCH, qk_scale, oh, ov, mh, mv,
+               DK, DV, HP, DK0, BK1, BV, BT, DO_O, DO_LOGITS, IEEE)
+
+
+@triton.jit
+def _append_in_chunk(pos, b, g, bg64, c, lo, hi, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                     K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                     G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
+                     STRIDE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, AVG: tl.constexpr,
+                     PAGED: tl.constexpr):
+    """The append inside a split-K compressed pass: chunk 0 writes token pos to K_sel/V_sel, the window
+    ring and the raw ring; with AVG the compressed token that completes at pos is written by the chunk
+    whose range holds it, before that chunk reads it (phi from the ring's other slots + the new token,
+    so chunk 0's ring write may run meanwhile)."""
+    if c == 0:
+        _append_token(pos, b, g, bg64, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                      K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                      G, DK, DV, W, L, STRIDE, BK, BV, BL, False, PAGED)
+    if AVG:
+        emit, ci = _emits(pos, L, STRIDE)
+        if emit & (ci >= lo) & (ci < hi):  # the one program that reads row ci in this kernel writes it
+            _store_cmp_token(K_CMP, V_CMP, K_RAW, V_RAW, KC, VC, s_kc, s_vc, b, g, pos, bg64, ci, CCAP, DK, DV, L,
+                             BK, BV, BL)
+            tl.debug_barrier()
+
+
+@triton.jit
+def _append_cmp_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                       K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                       LOGITS, M_P, L_P, ACC_P, qk_scale, CH, NCH,
+                       G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                       L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr,
+                       BK1: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BT: tl.constexpr,
+                       IEEE: tl.constexpr, PAGED: tl.constexpr, PDL: tl.constexpr):
+    """_append_kernel + _cmp_partial_kernel(DO_O, DO_LOGITS) in one launch (phi avg). Grid (B*G, NCH)."""
+    _pdl_start(PDL)
+    bg = tl.program_id(0)
+    c = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    bg64 = bg.to(tl.int64)
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
+    lo = c.to(tl.int64) * CH
+    hi = tl.minimum(lo + CH, nvis)
+    _append_in_chunk(pos, b, g, bg64, c, lo, hi, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                     K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                     G, DK, DV, W, L, STRIDE, BK, BV, BL, True, PAGED)
+    _cmp_program(Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, b, g, bg64, c, lo, hi, CCAP, NCH, qk_scale,
+                 G, H, DK, DV, HP, DK0, BK1, BV, BT, True, True, IEEE)
 
 
 @triton.jit
@@ -261,8 +320,9 @@ def _probs_rows(M_P, L_P, LOGITS, PSUM, bg64, lo, hi, CCAP, NCH, H: tl.constexpr
 @triton.jit
 def _cmp_probs_kernel(POS, M_P, L_P, LOGITS, PSUM, CCAP, CH, NCH,
                       H: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr,
-                      BC: tl.constexpr):
+                      BC: tl.constexpr, PDL: tl.constexpr):
     """P of the tokens of chunk c (one program per (b*g, chunk))."""
+    _pdl_start(PDL)
     c = tl.program_id(1)
     pos, nvis = _cmp_visible(POS, L, STRIDE)
     lo = c.to(tl.int64) * CH
@@ -287,7 +347,8 @@ def _topn(pos, nvis, PSUM, BLK, bg64, CCAP, NB, LSEL: tl.constexpr, NSEL: tl.con
 @triton.jit
 def _select_kernel(POS, PSUM, BLK, CCAP, NB,
                    L: tl.constexpr, STRIDE: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr,
-                   A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr):
+                   A: tl.constexpr, BQ: tl.constexpr, BNB: tl.constexpr, PDL: tl.constexpr):
+    _pdl_start(PDL)
     pos, nvis = _cmp_visible(POS, L, STRIDE)
     _topn(pos, nvis, PSUM, BLK, tl.program_id(0).to(tl.int64), CCAP, NB, LSEL, NSEL, A, BQ, BNB)
 
@@ -330,33 +391,45 @@ def _tile(q0, q1, tile, pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L
 def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl, PS,
                    G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
                    LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
-                   HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
-                   PAGED: tl.constexpr):
-    b, g, bg64, pos, oh, ok, ov, mh, mk, mv, q = _group_query(Q, s_qb, POS, G, H, DK, DV, HP, BK, BV)
-    _tile(q, q, tl.program_id(1), pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
-          TBL, s_tbl, PS, oh, ov, mv, G, DK, DV, W, LSEL, NSEL, NS_SEL, NT, HP, BK, 0, BV, BS, IEEE, PAGED)
+                   HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+                   IEEE: tl.constexpr, PAGED: tl.constexpr, PDL: tl.constexpr):
+    _pdl_start(PDL)
+    bg = tl.program_id(0)
+    b = bg // G
+    g = bg % G
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    q0, q1 = _load_q(Q, s_qb, b, g, oh, oh < H, H, DK, DK0, BK1)
+    _tile(q0, q1, tl.program_id(1), tl.load(POS).to(tl.int64), b, g, bg.to(tl.int64), BLK, K_SEL, V_SEL, K_WIN,
+          V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl, PS, oh, ov, ov < DV, G, DK, DV, W, LSEL, NSEL, NS_SEL,
+          NT, HP, DK0, BK1, BV, BS, IEEE, PAGED)
 
 
 @triton.jit
-def _merge(M_T, L_T, ACC_T, bg64, t0, NT, COUNT, ov, BCNT: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
-           BVS: tl.constexpr):
-    """Merge tiles t0 .. t0+COUNT-1 of row bg (row stride NT) -> normalised o [HP, len(ov)] for the
-    value columns ov (0 where nothing was visible). Reads other programs' results (.cg)."""
+def _merge_rows(M_X, L_X, ACC_X, row0, count, ov, BR: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
+                BO: tl.constexpr):
+    """Merge the partials in rows row0 .. row0+count-1 (count <= BR) of M_X / L_X [*, HP] and ACC_X
+    [*, HP, BV] -> normalised o [HP, BO] for the BO value columns ov (0 where nothing was visible).
+    The rows are loaded in groups of at most 16 whose loads do not depend on each other (an unrolled
+    loop; not one dependent load per row). Reads other programs' results (.cg)."""
     oh = tl.arange(0, HP)
-    ot = tl.arange(0, BCNT)
-    rows = bg64 * NT + t0 + ot
-    mt = ot < COUNT
-    Mt = tl.load(M_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=NEG, cache_modifier=".cg")
-    Lt = tl.load(L_T + rows[:, None] * HP + oh[None, :], mask=mt[:, None], other=0.0, cache_modifier=".cg")
+    orr = tl.arange(0, BR)
+    rows = row0 + orr
+    Mt = tl.load(M_X + rows[:, None] * HP + oh[None, :], mask=(orr < count)[:, None], other=NEG, cache_modifier=".cg")
+    Lt = tl.load(L_X + rows[:, None] * HP + oh[None, :], mask=(orr < count)[:, None], other=0.0, cache_modifier=".cg")
     Mh = tl.max(Mt, 0)
     Z = tl.sum(Lt * tl.exp2(Mt - Mh[None, :]), 0)
-    acc = tl.zeros([HP, BVS], dtype=tl.float32)
-    for i in range(0, COUNT):
-        r = bg64 * NT + t0 + i
-        mrow = tl.load(M_T + r * HP + oh, cache_modifier=".cg")
-        a = tl.load(ACC_T + (r * HP + oh[:, None]) * BV + ov[None, :], cache_modifier=".cg")
-        acc += a * tl.exp2(mrow - Mh)[:, None]
-    return acc / tl.where(Z > 0.0, Z, 1.0)[:, None]
+    RG: tl.constexpr = 16 if BR > 16 else BR
+    og = tl.arange(0, RG)
+    o = tl.zeros([HP, BO], dtype=tl.float32)
+    for r0 in tl.static_range(0, BR, RG):
+        rr = row0 + r0 + og
+        mr = (r0 + og) < count
+        mg = tl.load(M_X + rr[:, None] * HP + oh[None, :], mask=mr[:, None], other=NEG, cache_modifier=".cg")
+        acc = tl.load(ACC_X + (rr[:, None, None] * HP + oh[None, :, None]) * BV + ov[None, None, :],
+                      mask=mr[:, None, None], other=0.0, cache_modifier=".cg")
+        o += tl.sum(acc * tl.exp2(mg - Mh[None, :])[:, :, None], 0)
+    return o / tl.where(Z > 0.0, Z, 1.0)[:, None]
 
 
 @triton.jit
@@ -373,15 +446,15 @@ def _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b,
     gate = GATES + b * s_gb + (g * H + oh) * 3
     o = tl.zeros([HP, BVS], dtype=tl.float32)
     if DO_CMP:
-        oc = _merge(M_P, L_P, ACC_P, bg64, 0, NCH, NCH, ov, BC, HP, BV, BVS)
+        oc = _merge_rows(M_P, L_P, ACC_P, bg64 * NCH, NCH, ov, BC, HP, BV, BVS)
         if GATED:
             oc = tl.load(gate + 0, mask=mh, other=0.0).to(tl.float32)[:, None] * oc
         o += oc
     if NS_SEL > 0:
-        os_ = _merge(M_T, L_T, ACC_T, bg64, 0, NT, NS_SEL, ov, BSEL, HP, BV, BVS)
+        os_ = _merge_rows(M_T, L_T, ACC_T, bg64 * NT, NS_SEL, ov, BSEL, HP, BV, BVS)
         o += tl.load(gate + 1, mask=mh, other=0.0).to(tl.float32)[:, None] * os_
     if NS_WIN > 0:
-        ow = _merge(M_T, L_T, ACC_T, bg64, NS_SEL, NT, NS_WIN, ov, BWIN, HP, BV, BVS)
+        ow = _merge_rows(M_T, L_T, ACC_T, bg64 * NT + NS_SEL, NS_WIN, ov, BWIN, HP, BV, BVS)
         o += tl.load(gate + 2, mask=mh, other=0.0).to(tl.float32)[:, None] * ow
     rows = b.to(tl.int64) * G * H + g * H + oh
     tl.store(O + rows[:, None] * DV + ov[None, :], o.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
@@ -391,8 +464,10 @@ def _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b,
 def _combine_kernel(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT,
                     G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
                     BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
-                    BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
+                    BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr,
+                    PDL: tl.constexpr):
     """One program per (b*g, slice of BVS value columns)."""
+    _pdl_start(PDL)
     bg = tl.program_id(0)
     _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, bg // G, bg % G, bg.to(tl.int64),
                    tl.program_id(1), G, H, DV, HP, BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, DO_CMP, GATED)
@@ -439,16 +514,9 @@ def _fused_cmp_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_
     lo = c.to(tl.int64) * CH
     hi = tl.minimum(lo + CH, nvis)
     if APPEND:
-        if c == 0:
-            _append_token(pos, b, g, bg64, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
-                          K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
-                          G, DK, DV, W, L, STRIDE, BK, BV, BL, False, PAGED)
-        if AVG:
-            emit, ci = _emits(pos, L, STRIDE)
-            if emit & (ci >= lo) & (ci < hi):  # the one program that reads row ci in this kernel writes it
-                _store_cmp_token(K_CMP, V_CMP, K_RAW, V_RAW, KC, VC, s_kc, s_vc, b, g, pos, bg64, ci, CCAP, DK, DV, L,
-                                 BK, BV, BL)
-                tl.debug_barrier()
+        _append_in_chunk(pos, b, g, bg64, c, lo, hi, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
+                         K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
+                         G, DK, DV, W, L, STRIDE, BK, BV, BL, AVG, PAGED)
     oh = tl.arange(0, HP)
     ov = tl.arange(0, BV)
     mh = oh < H
@@ -688,25 +756,6 @@ def _split_cmp_win_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks
 
 
 @triton.jit
-def _merge3(M_X, L_X, ACC_X, bg64, NROW, first, count, ov, BR: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr):
-    """Merge partials first .. first+count-1 of row bg (NROW per row) in ONE load each of m, l and acc
-    [BR, HP, len(ov)] -> normalised o [HP, len(ov)] (0 where nothing was visible). .cg: other programs'."""
-    oh = tl.arange(0, HP)
-    orr = tl.arange(0, BR)
-    mr = (orr >= first) & (orr < first + count)
-    rows = bg64 * NROW + orr
-    Mt = tl.load(M_X + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=NEG, cache_modifier=".cg")
-    Lt = tl.load(L_X + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=0.0, cache_modifier=".cg")
-    Mh = tl.max(Mt, 0)
-    wt = tl.exp2(Mt - Mh[None, :])
-    Z = tl.sum(Lt * wt, 0)
-    acc = tl.load(ACC_X + (rows[:, None, None] * HP + oh[None, :, None]) * BV + ov[None, None, :],
-                  mask=mr[:, None, None], other=0.0, cache_modifier=".cg")
-    o = tl.sum(acc * wt[:, :, None], 0)
-    return o / tl.where(Z > 0.0, Z, 1.0)[:, None]
-
-
-@triton.jit
 def _split_sel_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, CAP, qk_scale, TBL, s_tbl, PS, M_P, L_P, ACC_P, OC,
                       M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, NSP, COUNT, NW, NVS,
                       G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LSEL: tl.constexpr,
@@ -748,7 +797,7 @@ def _split_sel_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, CAP, qk_scale, TBL, s_tbl
         _store_partial(M_T, L_T, ACC_T, bg64 * NT + p, m_i, l_i, acc, oh, HP, BV, True)
     else:  # value columns (p - NSP) * BVC .. of the compressed chunks, merged -> OC
         ovc = (p - NSP) * BVC + tl.arange(0, BVC)
-        oc = _merge3(M_P, L_P, ACC_P, bg64, NCH, 0, NCH, ovc, BC, HP, BV)
+        oc = _merge_rows(M_P, L_P, ACC_P, bg64 * NCH, NCH, ovc, BC, HP, BV, BVC)
         tl.store(OC + (bg64 * HP + oh[:, None]) * BV + ovc[None, :], oc)
     if _last_of_row(COUNT, bg64, NSP + NVS):
         # the selected partials (rows 0..NSP-1) and the window's (NSP..NSP+NW-1), each normalised with its
@@ -797,6 +846,11 @@ def split_dk(dk: int) -> tuple[int, int]:
     return hi, _p2(dk - hi, 16)
 
 
+def pdl_default(device: torch.device) -> bool:
+    """Programmatic dependent launch where the device has it (CUDA, sm_90+); never in the interpreter."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -804,13 +858,14 @@ def _num_sms(device: torch.device) -> int:
 
 
 def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None,
-             max_chunks: int | None = None) -> tuple[int, int, int]:
+             max_chunks: int | None = None, programs_per_sm: int | None = None) -> tuple[int, int, int]:
     """Split-K geometry over n_tokens keys for BG (batch*group) rows -> (BT, CH, NCH).
 
-    Default: about PROGRAMS_PER_SM programs per SM in all, at most ``max_chunks`` (MAX_CHUNKS)
-    chunks per row."""
+    Default: about ``programs_per_sm`` (PROGRAMS_PER_SM) programs per SM in all, at most ``max_chunks``
+    (MAX_CHUNKS) chunks per row."""
     if chunk is None:
-        want = min(max_chunks or MAX_CHUNKS, -(-PROGRAMS_PER_SM * _num_sms(device) // BG))
+        per_sm = programs_per_sm or PROGRAMS_PER_SM
+        want = min(max_chunks or MAX_CHUNKS, -(-per_sm * _num_sms(device) // BG))
         chunk = -(-n_tokens // max(1, want))
     BT = min(64 if BK <= 256 else 32, _p2(chunk, 16))  # keys per tile
     CH = -(-chunk // BT) * BT
@@ -876,23 +931,36 @@ class Workspace:
 
     chunk: compressed tokens per program of the split-K compressed pass (default: ``chunking``).
     warps: num_warps per kernel, overriding CONFIG for this workspace (measurement).
+    tune: the six-launch step's other knobs, overriding TUNE (measurement): "pdl" (programmatic
+    dependent launch between the step's kernels: None = where the device has it, sm_90+),
+    "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg),
+    "programs_per_sm" and "max_chunks" (the compressed pass's split-K, ``chunking``).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
               "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2}
+    TUNE = {"pdl": None, "fuse_append": True, "programs_per_sm": PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS}
 
-    def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None):
+    def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None,
+                 tune: dict | None = None):
         cfg = dec.cfg
         self.dec = dec
         dev = dec.device
         self.CONFIG = {**self.CONFIG, **(warps or {})}
+        unknown = set(tune or {}) - set(self.TUNE)
+        if unknown:
+            raise ValueError(f"Workspace: unknown tune keys {sorted(unknown)}; known: {sorted(self.TUNE)}")
+        self.tune = {**self.TUNE, **(tune or {})}
+        self.PDL = pdl_default(dev) if self.tune["pdl"] is None else bool(self.tune["pdl"])
+        self._pdl = {"launch_pdl": True} if self.PDL else {}  # launch option (not passed at all without PDL)
         self.BG = dec.B * dec.G
         self.HP = _p2(dec.h, 16)
         self.BK = _p2(dec.dk, 16)
         self.BV = _p2(dec.dv, 16)
         self.BVS = min(self.BV, 32)  # value columns per combine program
         ccap = dec.ccap
-        self.BT, self.CH, self.NCH = chunking(ccap, self.BG, self.BK, dev, chunk)
+        self.BT, self.CH, self.NCH = chunking(ccap, self.BG, self.BK, dev, chunk, self.tune["max_chunks"],
+                                              self.tune["programs_per_sm"])
         self.BS = _p2(cfg.l_sel, 16)
         self.NS_WIN = -(-cfg.w // self.BS)
         self.IEEE = dec.dtype == torch.float32
@@ -932,7 +1000,7 @@ class Workspace:
             d.pos, kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0), kw.stride(0),
             vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp, d.cap, d.ccap,
             *self.paging(), G=d.G, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, BK=self.BK, BV=self.BV,
-            BL=_p2(cfg.l), AVG=avg, PAGED=c.paged, num_warps=self.CONFIG["append"])
+            BL=_p2(cfg.l), AVG=avg, PAGED=c.paged, PDL=self.PDL, num_warps=self.CONFIG["append"], **self._pdl)
         if not avg:
             d._compress()
 
@@ -945,19 +1013,21 @@ class Workspace:
         self._check_q(q)
         _cmp_partial_kernel[(self.BG, self.NCH)](
             d.pos, q, q.stride(0), d.cache.K_cmp, d.cache.V_cmp, self.logits, self.m_p, self.l_p, self.acc_p, d.ccap,
-            self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, L=cfg.l, STRIDE=cfg.d, HP=self.HP, BK=self.BK, BV=self.BV,
-            BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=do_o, DO_LOGITS=do_logits, IEEE=self.IEEE,
-            num_warps=self.CONFIG["cmp"])
+            self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, L=cfg.l, STRIDE=cfg.d, HP=self.HP, DK0=self.DK0,
+            BK1=self.BK1, BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=do_o, DO_LOGITS=do_logits,
+            IEEE=self.IEEE, PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._pdl)
 
     def select(self) -> None:
         """Scores and top-n from the logits of the last cmp_partial(do_logits=True) -> dec.blk."""
         d, cfg = self.dec, self.dec.cfg
         _cmp_probs_kernel[(self.BG, self.NCH)](
             d.pos, self.m_p, self.l_p, self.logits, self.psum, d.ccap, self.CH, self.NCH, H=d.h, L=cfg.l,
-            STRIDE=cfg.d, HP=self.HP, BT=self.BT, BC=_p2(self.NCH), num_warps=self.CONFIG["probs"])
+            STRIDE=cfg.d, HP=self.HP, BT=self.BT, BC=_p2(self.NCH), PDL=self.PDL, num_warps=self.CONFIG["probs"],
+            **self._pdl)
         _select_kernel[(self.BG,)](
             d.pos, self.psum, d.blk, d.ccap, d.NB, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
-            A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d, BNB=_p2(d.NB), num_warps=self.CONFIG["select"])
+            A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d, BNB=_p2(d.NB), PDL=self.PDL, num_warps=self.CONFIG["select"],
+            **self._pdl)
 
     def selwin(self, q, do_sel: bool, do_win: bool) -> tuple[int, int]:
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
@@ -968,8 +1038,8 @@ class Workspace:
             _selwin_kernel[(self.BG, ns_sel + ns_win)](
                 d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t,
                 d.cap, self.qk_scale, *self.paging(), G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel,
-                NSEL=cfg.n_sel, NS_SEL=ns_sel, NT=self.NT, HP=self.HP, BK=self.BK, BV=self.BV, BS=self.BS,
-                IEEE=self.IEEE, PAGED=c.paged, num_warps=self.CONFIG["selwin"])
+                NSEL=cfg.n_sel, NS_SEL=ns_sel, NT=self.NT, HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV,
+                BS=self.BS, IEEE=self.IEEE, PAGED=c.paged, PDL=self.PDL, num_warps=self.CONFIG["selwin"], **self._pdl)
         return ns_sel, ns_win
 
     def combine(self, gates, out, do_cmp: bool, ns_sel: int, ns_win: int) -> torch.Tensor:
@@ -982,7 +1052,7 @@ class Workspace:
             self.m_p, self.l_p, self.acc_p, self.m_t, self.l_t, self.acc_t, gates, gates.stride(0), out, self.NCH,
             self.NT, G=d.G, H=d.h, DV=d.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=ns_sel,
             NS_WIN=ns_win, BSEL=_p2(max(ns_sel, 1)), BWIN=_p2(max(ns_win, 1)), DO_CMP=do_cmp, GATED=True,
-            num_warps=self.CONFIG["combine"])
+            PDL=self.PDL, num_warps=self.CONFIG["combine"], **self._pdl)
         return out
 
     def fused(self, q, kc, vc, ks, vs, kw, vw, gates, out) -> torch.Tensor:
@@ -1072,6 +1142,33 @@ class Workspace:
             BC=_p2(s["NCH"]), BVC=s["BVC"], BTT=_p2(s["NT"]), BVF=s["BVF"], IEEE=self.IEEE, PAGED=c.paged,
             num_warps=self.CONFIG["split_sel"])
         return out
+
+    def attn(self, q, kc, vc, ks, vs, kw, vw, gates, out) -> torch.Tensor:
+        """The attention part of a step (append + three branches + gates) -> out [B, HQ, dv]: five launches
+        with tune["fuse_append"] and phi avg (the append inside the compressed pass), else six."""
+        d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
+        if not (self.tune["fuse_append"] and d.m.phi_k is None):
+            with _scope("shared"):
+                self.append(kc, vc, ks, vs, kw, vw)
+            return self.branches(q, gates, out)
+        self._check_q(q)
+        for t in (kc, vc, ks, vs, kw, vw):
+            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+                raise ValueError(f"append: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
+                                 f"{t.stride()}")
+        with _scope("shared"):
+            _append_cmp_kernel[(self.BG, self.NCH)](
+                d.pos, q, q.stride(0), kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0),
+                kw.stride(0), vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp,
+                d.cap, d.ccap, *self.paging(), self.logits, self.m_p, self.l_p, self.acc_p, self.qk_scale, self.CH,
+                self.NCH, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, HP=self.HP, DK0=self.DK0,
+                BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=self.BT, IEEE=self.IEEE, PAGED=c.paged,
+                PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._pdl)
+        with _scope("sel"):
+            self.select()
+        with _scope("shared"):
+            ns_sel, ns_win = self.selwin(q, True, True)
+            return self.combine(gates, out, True, ns_sel, ns_win)
 
     def branches(self, q, gates, out, cmp: bool = True, slc: bool = True, win: bool = True) -> torch.Tensor:
         """Gated sum of the chosen branches for the query q [B, HQ, dk] -> out [B, HQ, dv]."""

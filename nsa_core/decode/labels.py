@@ -16,10 +16,12 @@ from torch.profiler import record_function
 SCOPE = "nsa::"
 BRANCH_LABELS = ("cmp", "sel", "win", "shared")
 
-# The compressed pass also writes the logits the selection scores reuse: it is counted as "cmp".
-KERNEL_LABEL = {"_append_kernel": "shared", "_cmp_partial_kernel": "cmp", "_cmp_probs_kernel": "sel",
-                "_select_kernel": "sel", "_selwin_kernel": "shared", "_combine_kernel": "shared",
-                "_fused_cmp_kernel": "shared", "_fused_tiles_kernel": "shared",
+# The compressed pass also writes the logits the selection scores reuse: it is counted as "cmp". The
+# five-launch step's _append_cmp_kernel is that pass with the append riding in its chunk 0 (a few rows
+# written per (b, g), next to the chunk's reads): "cmp" too.
+KERNEL_LABEL = {"_append_kernel": "shared", "_append_cmp_kernel": "cmp", "_cmp_partial_kernel": "cmp",
+                "_cmp_probs_kernel": "sel", "_select_kernel": "sel", "_selwin_kernel": "shared",
+                "_combine_kernel": "shared", "_fused_cmp_kernel": "shared", "_fused_tiles_kernel": "shared",
                 "_split_cmp_win_kernel": "shared", "_split_sel_kernel": "shared"}
 
 

@@ -72,7 +72,7 @@ class StaticDecoder:
     """
 
     def __init__(self, module, cache: NSACache, *, impl: str = "torch", scale: float | None = None,
-                 chunk: int | None = None, warps: dict | None = None):
+                 chunk: int | None = None, warps: dict | None = None, tune: dict | None = None):
         if impl not in IMPLS:
             raise ValueError(f"StaticDecoder: impl must be one of {IMPLS}, got {impl!r}")
         if impl in TRITON_IMPLS and cache.device.type == "cpu":
@@ -112,7 +112,7 @@ class StaticDecoder:
             from nsa_core.decode import kernels as _decode_triton
 
             self._tri = _decode_triton.Workspace(self, chunk=chunk, warps=warps,
-                                                 split_chunk=chunk if impl == "split" else None)
+                                                 split_chunk=chunk if impl == "split" else None, tune=tune)
 
     def refresh(self) -> None:
         """Re-read the module's projection weights (fused into one GEMM for the step)."""
@@ -299,6 +299,8 @@ class StaticDecoder:
         if self.impl in ("fused", "split"):
             with _scope("shared"):
                 return getattr(self._tri, self.impl)(q, kc, vc, ks, vs, kw, vw, gates, self.o)
+        if self.impl == "triton":  # five launches (the append inside the compressed pass) or six
+            return self._tri.attn(q, kc, vc, ks, vs, kw, vw, gates, self.o)
         self.append(kc, vc, ks, vs, kw, vw)
         return self.branches(q, gates)
 

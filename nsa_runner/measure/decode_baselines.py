@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nsa_core.decode.kernels import LOG2E, _cmp_partial_kernel, _combine_kernel, _p2, chunking
+from nsa_core.decode.kernels import LOG2E, _cmp_partial_kernel, _combine_kernel, _p2, chunking, pdl_default, split_dk
 
 
 class FullDecode:
@@ -19,11 +19,12 @@ class FullDecode:
     decode query, so at small batch it leaves most SMs idle; this is the strong baseline there.
 
     q [B, HQ, dk] (contiguous [HQ, dk]); K/V [B, G, cap, dk|dv] contiguous; pos 0-dim int64.
-    __call__() -> o [B, G, h, dv] in q's dtype (a view of the output buffer).
+    __call__() -> o [B, G, h, dv] in q's dtype (a view of the output buffer). pdl: programmatic
+    dependent launch between its two kernels, as the NSA step has it (None: where the device has it).
     """
 
     def __init__(self, q, K, V, pos, scale: float, chunk: int | None = None, warps: int = 4,
-                 max_chunks: int = 64):
+                 max_chunks: int = 64, pdl: bool | None = None):
         B, HQ, dk = q.shape
         _, G, cap, dv = V.shape
         if q.stride(2) != 1 or q.stride(1) != dk or not K.is_contiguous() or not V.is_contiguous():
@@ -43,15 +44,18 @@ class FullDecode:
         self.qk_scale = scale * LOG2E
         self.ieee = q.dtype == torch.float32
         self.warps = warps
+        self.DK0, self.BK1 = split_dk(dk)
+        self.pdl = pdl_default(q.device) if pdl is None else bool(pdl)
+        self._pdl = {"launch_pdl": True} if self.pdl else {}
 
     def __call__(self) -> torch.Tensor:
         _cmp_partial_kernel[(self.BG, self.NCH)](
             self.pos, self.q, self.q.stride(0), self.K, self.V, self.dummy, self.m_p, self.l_p, self.acc_p, self.cap,
-            self.qk_scale, G=self.G, H=self.h, DK=self.dk, DV=self.dv, L=1, STRIDE=1, HP=self.HP, BK=self.BK,
-            BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=True, DO_LOGITS=False, IEEE=self.ieee,
-            num_warps=self.warps)
+            self.qk_scale, G=self.G, H=self.h, DK=self.dk, DV=self.dv, L=1, STRIDE=1, HP=self.HP, DK0=self.DK0,
+            BK1=self.BK1, BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=True, DO_LOGITS=False,
+            IEEE=self.ieee, PDL=self.pdl, num_warps=self.warps, **self._pdl)
         _combine_kernel[(self.BG, self.BV // self.BVS)](
             self.m_p, self.l_p, self.acc_p, self.dummy, self.dummy, self.dummy, self.gates, 0, self.o, self.NCH, 1,
             G=self.G, H=self.h, DV=self.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=0,
-            NS_WIN=0, BSEL=1, BWIN=1, DO_CMP=True, GATED=False, num_warps=4)
+            NS_WIN=0, BSEL=1, BWIN=1, DO_CMP=True, GATED=False, PDL=self.pdl, num_warps=4, **self._pdl)
         return self.o.view(self.B, self.G, self.h, self.dv)

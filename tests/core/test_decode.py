@@ -195,6 +195,37 @@ def test_triton_decoder_matches_prefill():
             _check(torch.cat(outs, 1), y_full[:, :T + 4], torch.float32, what=f"triton {phi} T={T}")
 
 
+def test_triton_five_launch_step_equals_six():
+    """The default step (the append inside the compressed pass: 5 launches) writes the same caches and
+    returns the same output as the 6-launch step, bit for bit, over steps where compressed tokens complete
+    in a chunk other than chunk 0 (so written by that chunk, not by the appending one) (fp32 and fp16;
+    PDL is off in the interpreter)."""
+    pytest.importorskip("triton", reason="triton not installed")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 90, DIM, dtype=torch.float64, generator=g)
+    for dtype in (torch.float32, torch.float16):
+        m = _model("avg", seed=7).to(device=dev, dtype=dtype)
+        _, c5 = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
+        _, c6 = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
+        five = m.decoder(c5, impl="triton", chunk=8)  # compressed rows in 8-row chunks: ci lands in chunk >= 1
+        six = m.decoder(c6, impl="triton", chunk=8, tune={"fuse_append": False})
+        assert five._tri.NCH >= 2 and five._tri.tune["fuse_append"] and not six._tri.tune["fuse_append"]
+        emitted = 0
+        for k in range(70, 78):
+            t = torch.tensor(k)
+            emitted += int(bool(((t + 1 - CFG["l"]) % CFG["d"] == 0)))
+            y5 = five.step(x[:, k:k + 1].to(device=dev, dtype=dtype)).clone()
+            y6 = six.step(x[:, k:k + 1].to(device=dev, dtype=dtype)).clone()
+            assert torch.isfinite(y5).all() and y5.abs().sum() > 0
+            assert torch.equal(y5, y6), f"{dtype} step {k}: five-launch output differs"
+        assert emitted >= 2  # compressed tokens completed inside the steps compared
+        for name in ("K_sel", "V_sel", "K_win", "V_win", "K_raw", "V_raw", "K_cmp", "V_cmp"):
+            assert torch.equal(getattr(c5, name), getattr(c6, name)), f"{dtype}: cache {name} differs"
+    with pytest.raises(ValueError, match="unknown tune keys"):
+        m.decoder(c5, impl="triton", tune={"pdll": True})
+
+
 def test_triton_full_decode_baseline():
     """The flash-decoding full-attention baseline of decode-bench: all s = pos + 1 keys, split-K merged."""
     pytest.importorskip("triton", reason="triton not installed")
