@@ -491,7 +491,7 @@ class Run:
         except ManifestError:
             return False
         line = still_running({"pending": [p for p in fresh.get("pending") or []
-                                          if isinstance(p, dict) and p.get("stage") == stage]})
+                                          if isinstance(p, dict) and p.get("stage") == stage]}, self.dir)
         if line is not None:
             self._cache["_rerun"] = f"{line} (a rerun: its earlier files are set aside until it ends)"
         return line is not None

@@ -359,7 +359,16 @@ def load_manifest(path: str | os.PathLike) -> dict:
         problem = _pending_problem(p)
         if problem:
             raise ManifestError(f"{path}: pending[{i}]: {problem}")
-    return data
+    return LoadedManifest(data, folder=path.parent)
+
+
+class LoadedManifest(dict):
+    """A manifest read from its run folder (``load_manifest``): the dict, knowing ``folder``, where
+    its owners' locks are (``owner_alive``: whether the runner that wrote it still lives)."""
+
+    def __init__(self, data: dict, folder: Path | None = None):
+        super().__init__(data)
+        self.folder = folder
 
 
 def _pending_problem(p: Any) -> str:
@@ -681,16 +690,71 @@ def pid_alive(pid: Any, started: Any = None) -> bool:
         return False
 
 
-def runner_died(m: dict) -> str | None:
-    """One line when the nsa-run that wrote manifest ``m`` died without finishing (``kill -9``,
-    a closed terminal, power loss): its runner process is gone on this host while the manifest
-    says the run never finished, or a stage it was running is still marked running. None when the
-    run finished, is still running, or was written on another host (nothing can be known)."""
+# the owner of a stage running in a run folder (``pending``), and a run's runner, hold
+# ``.manifest.lock.<token>`` there (flock, exclusive) for as long as they live (``manifest._owner_lock``);
+# its name and inode are in the owner's note. The kernel lets go of it when the process dies, however it
+# dies, whatever PID namespace or host name it has (round 14 A BR-2 for reruns, BR-2b for ``report``)
+OWNER_LOCK_NAME = re.compile(r"\.manifest\.lock\.[0-9a-f]{1,64}")
+
+
+def owner_lock_held(dir: str | os.PathLike | None, owner: Any) -> bool | None:
+    """Whether the owner lock ``owner`` names in run folder ``dir`` is held (its process lives); None
+    when that cannot be told (no lock noted, the file gone or replaced)."""
+    import fcntl
+
+    if not isinstance(owner, dict):
+        return None
+    name, ino = owner.get("lock"), owner.get("lock_ino")
+    if dir is None or not isinstance(name, str) or not OWNER_LOCK_NAME.fullmatch(name) or type(ino) is not int:
+        return None
+    try:
+        fd = os.open(os.path.join(dir, name), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != ino:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return None
+        return False
+    finally:
+        os.close(fd)
+
+
+def owner_alive(owner: Any, dir: str | os.PathLike | None = None) -> bool | None:
+    """Whether the nsa-run of ``owner`` (a ``pending`` note's owner, a manifest's ``runner``) still
+    lives: its lock in the run folder ``dir`` is held (True) or free (False), whatever its PID namespace
+    or host name; where no lock tells (an older nsa-run's note, no folder known), by pid on the same
+    host; None when nothing can be known (another host, no lock)."""
     import socket
 
+    held = owner_lock_held(dir, owner)
+    if held is not None:
+        return held
+    if not isinstance(owner, dict) or owner.get("hostname") != socket.gethostname():
+        return None
+    return pid_alive(owner.get("pid"), owner.get("pid_started"))
+
+
+def _folder_of(m: dict, dir: str | os.PathLike | None) -> str | os.PathLike | None:
+    return dir if dir is not None else getattr(m, "folder", None)
+
+
+def runner_died(m: dict, dir: str | os.PathLike | None = None) -> str | None:
+    """One line when the nsa-run that wrote manifest ``m`` (of run folder ``dir``; ``load_manifest``'s
+    knows its own) died without finishing (``kill -9``, a closed terminal, power loss): its runner is
+    gone while the manifest says the run never finished, or a stage it was running is still marked
+    running. Gone: its lock in the run folder is free (``owner_alive``), else (no lock noted) its pid on
+    this host. None when the run finished, is still running, or nothing can be known."""
+    folder = _folder_of(m, dir)
+
     def dead(owner: Any) -> bool:
-        return (isinstance(owner, dict) and owner.get("hostname") == socket.gethostname()
-                and not pid_alive(owner.get("pid"), owner.get("pid_started")))
+        return owner_alive(owner, folder) is False
 
     running = [p.get("stage") for p in m.get("pending") or [] if isinstance(p, dict) and dead(p.get("owner"))]
     if running:
@@ -702,15 +766,16 @@ def runner_died(m: dict) -> str | None:
     return None
 
 
-def still_running(m: dict) -> str | None:
-    """One line when an nsa-run on this host is still running (part of) the run of manifest ``m``:
-    a stage it runs (``pending``), or the run it never finished. ``report`` of such a run prints it
-    before the counts, which are then of the stages finished so far (not a verdict)."""
-    import socket
+def still_running(m: dict, dir: str | os.PathLike | None = None) -> str | None:
+    """One line when an nsa-run is still running (part of) the run of manifest ``m`` (of run folder
+    ``dir``; ``load_manifest``'s knows its own): a stage it runs (``pending``), or the run it never
+    finished; alive: its lock in the run folder is held (``owner_alive``), whatever its PID namespace
+    or host name. ``report`` of such a run prints it before the counts, which are then of the stages
+    finished so far (not a verdict)."""
+    folder = _folder_of(m, dir)
 
     def live(owner: Any) -> bool:
-        return (isinstance(owner, dict) and owner.get("hostname") == socket.gethostname()
-                and pid_alive(owner.get("pid"), owner.get("pid_started")))
+        return owner_alive(owner, folder) is True
 
     busy = [p for p in m.get("pending") or [] if isinstance(p, dict) and live(p.get("owner"))]
     if busy:
@@ -721,13 +786,13 @@ def still_running(m: dict) -> str | None:
     return None
 
 
-def unfinished(m: dict) -> str | None:
+def unfinished(m: dict, dir: str | os.PathLike | None = None) -> str | None:
     """One line when the run of manifest ``m`` did not finish: the runner stopped it itself
     (``incomplete``: a full disk, a lock held too long) or the runner died (``runner_died``);
     None otherwise. ``report`` prints it, report.html and summary.md show it."""
     if isinstance(m.get("incomplete"), str) and m["incomplete"]:
         return f"incomplete: {m['incomplete']}"
-    return runner_died(m)
+    return runner_died(m, dir)
 
 
 def process_started(pid: int | None = None) -> float:
