@@ -17,6 +17,7 @@ retires it to ``history``. An interrupted rerun (``restore``) or one whose runne
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import os
@@ -119,6 +120,27 @@ def _as_recorded(obj: Any, entry: dict) -> None:
         obj.reason, obj.hint = entry["reason"], entry.get("hint", "")
         obj.files, obj.metrics = [], {}
         obj.traceback = obj.log_tail = ""
+    except (AttributeError, ValueError, TypeError):
+        pass
+
+
+def _overwritten_entry(entry: dict, aside: str) -> dict:
+    """The record of a stage that was running when manifest.json was overwritten (``_overwritten``): an
+    ERROR saying so, what the stage itself said kept in its reason, its files and metrics kept."""
+    was = f"{entry.get('status')}: {entry.get('reason') or ''}".strip().rstrip(":")
+    if len(was) > 200:
+        was = was[:200] + "..."
+    return {**entry, "status": "ERROR",
+            "reason": f"manifest.json was overwritten during this stage (what was there is kept as {aside}; "
+                      f"the manifest was written again from nsa-run's records; the stage said {was})",
+            "hint": f"a stage must not write manifest.json; look at {aside} and rerun the stage"}
+
+
+def _as_said(obj: Any, entry: dict) -> None:
+    """A stage record object made to say the status, reason and hint its manifest entry says."""
+    try:
+        obj.status = type(obj.status)(entry["status"])
+        obj.reason, obj.hint = entry["reason"], entry.get("hint", "")
     except (AttributeError, ValueError, TypeError):
         pass
 
@@ -551,6 +573,8 @@ class RunManifest:
         self.dir = Path(dir).resolve()  # absolute: stages run with it as cwd and get it as ctx.dir
         self.data = data
         self.token = uuid.uuid4().hex[:12]  # this process's updates / pending entries
+        # a stage this process was running when manifest.json was overwritten -> the name it was kept as
+        self._overwrote: dict[str, str] = {}
 
     @property
     def path(self) -> Path:
@@ -608,13 +632,48 @@ class RunManifest:
             pass
 
     def _read_fresh(self) -> dict:
-        """The manifest as on disk (the caller holds the lock); this process's copy before its first write."""
+        """The manifest as on disk (the caller holds the lock); this process's copy before its first write.
+        One that cannot be read any more (a stage wrote garbage over it): ``_overwritten``."""
         try:
             return load_manifest(self.path)
-        except ManifestError:
+        except ManifestError as e:
             if self.path.exists():
-                raise
+                return self._overwritten(e)
             return self.data  # not written yet
+
+    def _overwritten(self, e: ManifestError) -> dict:
+        """manifest.json cannot be read under the lock, while this process holds a valid copy (it read or
+        wrote the manifest itself): something overwrote it (round 14 A U5: a stage wrote garbage there
+        mid-oneshot, the run ended "incomplete: not valid JSON" and every later command into the --out
+        was refused, "earlier run folder is unusable"). What is there is kept aside as
+        ``manifest.json.corrupt-<n>`` (named on stderr) and the manifest is written again from this
+        copy; the stages this process is running are recorded as ERROR saying so (``record``). Raises
+        ``e`` when nothing can be kept aside (nothing is then lost)."""
+        if not (isinstance(self.data, dict) and isinstance(self.data.get("stages"), list)):
+            raise e
+        aside = None
+        for n in range(1, 1000):
+            name = self.path.with_name(f"{MANIFEST_NAME}.corrupt-{n}")
+            try:
+                os.link(self.path, name, follow_symlinks=False)  # never over an existing name
+            except FileExistsError:
+                continue
+            except OSError:
+                break
+            aside = name
+            break
+        if aside is None:
+            raise e
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        for p in self.data.get("pending") or []:
+            if isinstance(p, dict) and p.get("token") == self.token and isinstance(p.get("stage"), str):
+                self._overwrote.setdefault(p["stage"], aside.name)
+        self._say(f"warning: {self.path} could not be read ({e}); nsa-run kept it as {aside.name} and wrote the "
+                  f"manifest again from its own records")
+        return copy.deepcopy(dict(self.data))
 
     def update(self, change: Callable[[dict], Any], room: int = 0) -> Any:
         """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it.
@@ -1187,7 +1246,13 @@ class RunManifest:
         if size > RECORD_MAX_BYTES:
             cut = _cut(entry, f"{_mib(size)}, more than the {_mib(RECORD_MAX_BYTES)} one stage's record may take")
 
+        said: list[dict] = []
+
         def change(data: dict, entry: dict) -> None:
+            aside = self._overwrote.pop(entry["name"], None)  # found overwritten by this very update's read
+            if aside is not None:
+                entry = _overwritten_entry(entry, aside)
+                said.append(entry)
             stages = data["stages"]
             pending = self._take_pending(data, entry["name"], self.token)
             for i, s in enumerate(stages):
@@ -1209,6 +1274,8 @@ class RunManifest:
             self.update(lambda data: change(data, cut))
             if obj is not None:
                 _as_recorded(obj, cut)
+        if said and obj is not None:
+            _as_said(obj, said[-1])
 
     def set_fields(self, **fields: Any) -> None:
         self.update(lambda data: data.update(fields))
