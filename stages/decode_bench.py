@@ -455,6 +455,10 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[list[dict], list
         nsa_bytes = B * G * total * (dk + dv) * es
         full_bytes = B * G * S * (dk + dv) * es
         shares = part.shares()
+        neg = [f"{p_} {shares[p_]:.1f}%" for p_ in SHARE_PARTS if shares.get(p_, 0.0) < -0.5]
+        if neg:  # a partition charges each instant once; a negative part means it double-counted
+            problems.append(f"{tag} kernel {k}: negative share(s) of the step ({', '.join(neg)}): its parts "
+                            "double-count overlapping kernels")
         row = {
             "S": S, "B": B, "impl": BUILTIN, "kernel": k + (f"/paged{o['page_size']}" if o["page_size"] else ""),
             "fill": fill,

@@ -858,25 +858,29 @@ def _num_sms(device: torch.device) -> int:
 
 
 def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None,
-             max_chunks: int | None = None, programs_per_sm: int | None = None) -> tuple[int, int, int]:
+             max_chunks: int | None = None, programs_per_sm: int | None = None,
+             min_chunk: int = 0) -> tuple[int, int, int]:
     """Split-K geometry over n_tokens keys for BG (batch*group) rows -> (BT, CH, NCH).
 
     Default: about ``programs_per_sm`` (PROGRAMS_PER_SM) programs per SM in all, at most ``max_chunks``
-    (MAX_CHUNKS) chunks per row."""
+    (MAX_CHUNKS) chunks per row, at least ``min_chunk`` keys per chunk."""
     if chunk is None:
         per_sm = programs_per_sm or PROGRAMS_PER_SM
         want = min(max_chunks or MAX_CHUNKS, -(-per_sm * _num_sms(device) // BG))
-        chunk = -(-n_tokens // max(1, want))
+        chunk = max(min_chunk, -(-n_tokens // max(1, want)))
     BT = min(64 if BK <= 256 else 32, _p2(chunk, 16))  # keys per tile
     CH = -(-chunk // BT) * BT
     return BT, CH, -(-n_tokens // CH)
 
 
-# Split-K defaults, chosen from the H100 chunk sweep of the second device run (docs/benchmarks.md,
-# "Decode"); the final run's sweep suggests 16 chunks at B=16, S=64k (139 vs 162 us, not adopted:
-# not re-measured through the stage).
+# Split-K defaults of chunking() (the split-K full-attention baseline keeps them); the NSA step's own
+# compressed pass uses Workspace.TUNE: 4 programs per SM and chunks of at least 128 compressed tokens,
+# from the H100 chunk sweep of 2026-11-26 (docs/benchmarks.md, "stop 28": 64K/B16 133.6 us at 512-token
+# chunks vs 152.5 us at the old 832; B=1 unchanged at 256 / 64 / 32-token chunks within noise).
 PROGRAMS_PER_SM = 2
 MAX_CHUNKS = 16
+STEP_PROGRAMS_PER_SM = 4
+STEP_MIN_CHUNK = 128
 
 
 # Split step (impl="split") defaults: programs per SM of kernel 1 (compressed + window chunks) and of
@@ -934,12 +938,13 @@ class Workspace:
     tune: the six-launch step's other knobs, overriding TUNE (measurement): "pdl" (programmatic
     dependent launch between the step's kernels: None = where the device has it, sm_90+),
     "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg),
-    "programs_per_sm" and "max_chunks" (the compressed pass's split-K, ``chunking``).
+    "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
               "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2}
-    TUNE = {"pdl": None, "fuse_append": True, "programs_per_sm": PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS}
+    TUNE = {"pdl": None, "fuse_append": True, "programs_per_sm": STEP_PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS,
+            "min_chunk": STEP_MIN_CHUNK}
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None,
                  tune: dict | None = None):
@@ -960,7 +965,7 @@ class Workspace:
         self.BVS = min(self.BV, 32)  # value columns per combine program
         ccap = dec.ccap
         self.BT, self.CH, self.NCH = chunking(ccap, self.BG, self.BK, dev, chunk, self.tune["max_chunks"],
-                                              self.tune["programs_per_sm"])
+                                              self.tune["programs_per_sm"], self.tune["min_chunk"])
         self.BS = _p2(cfg.l_sel, 16)
         self.NS_WIN = -(-cfg.w // self.BS)
         self.IEEE = dec.dtype == torch.float32

@@ -480,8 +480,10 @@ def profile_partition(fn: Callable[[], object], classify: Callable[[str], str | 
     """Run ``fn`` ``passes`` times under torch.profiler and split each pass into labelled parts.
 
     CUDA: the intervals are the device activities (kernels, memcpy/memset) the pass ran, each
-    labelled by ``classify(kernel name)`` (None -> "other"); the pass is the span from its first
-    kernel's start to its last kernel's end, and the REMAINDER is the idle time between kernels.
+    labelled by ``classify(kernel name)`` (None -> "other") and cut where they overlap
+    (``cut_overlaps``: kernels under programmatic dependent launch start before the previous one ends);
+    the pass is the span from its first kernel's start to its last kernel's end, and the REMAINDER is
+    the idle time between kernels (never negative).
     A pass is one ``fn()`` (e.g. one CUDA-graph replay) between two synchronisations, the L2
     flushed before it (outside the pass). CPU: the pass is one ``fn()`` inside a
     ``record_function(PASS_SCOPE)``; its ops are labelled by their enclosing ``scope_prefix``
@@ -517,6 +519,21 @@ def profile_partition(fn: Callable[[], object], classify: Callable[[str], str | 
         ks = sorted((e for e in dev if start <= e.time_range.start < end), key=lambda e: e.time_range.start)
         if not ks:
             raise RuntimeError("profile_partition: a pass ran no device activity the profiler saw")
-        ivs = [(e.name, classify(e.name) or "other", e.time_range.elapsed_us()) for e in ks]
+        cut = cut_overlaps([(e.name, e.time_range.start, e.time_range.end) for e in ks])
+        ivs = [(name, classify(name) or "other", dur) for name, dur in cut]
         out.append((ks[0].time_range.start, max(e.time_range.end for e in ks), ivs))
-    return partition_intervals(out, "torch.profiler kernel times (CUPTI)")
+    return partition_intervals(out, "torch.profiler kernel times (CUPTI), overlaps cut")
+
+
+def cut_overlaps(spans: list[tuple[str, float, float]]) -> list[tuple[str, float]]:
+    """``(name, start, end)`` device intervals of one pass, sorted by start -> ``(name, duration)`` that
+    do not overlap: each instant belongs to the interval that started first and still runs. Kernels
+    launched with programmatic dependent launch start while the previous kernel runs and wait for it
+    (griddepcontrol.wait), so their raw intervals overlap and summed they exceed the pass (a negative
+    remainder); cut, a waiting kernel is charged from the moment the one it waited for ended. A kernel
+    wholly inside an earlier one is charged 0. Pure function."""
+    out, reached = [], float("-inf")
+    for name, start, end in spans:
+        out.append((name, max(0.0, end - max(start, reached))))
+        reached = max(reached, end)
+    return out

@@ -191,6 +191,22 @@ def test_partition_intervals_add_up_with_an_explicit_remainder():
         partition_intervals([], "x")
 
 
+def test_overlapping_kernels_are_cut_so_the_remainder_is_never_negative():
+    """Programmatic dependent launch: the next kernel starts (and waits) while the previous one runs, so
+    raw kernel times summed exceed the pass. Cut, each instant is charged once: the parts add up to the
+    pass with a remainder >= 0 (the idle gap), and a kernel is charged from when the one it waited for ended."""
+    from nsa_runner.measure.timing import REMAINDER, cut_overlaps, partition_intervals
+
+    spans = [("a", 0.0, 40.0), ("b", 10.0, 70.0), ("c", 65.0, 66.0), ("d", 80.0, 100.0)]
+    cut = cut_overlaps(spans)
+    assert cut == [("a", 40.0), ("b", 30.0), ("c", 0.0), ("d", 20.0)]
+    raw = sum(e - s for _, s, e in spans)
+    assert raw > 100.0  # what the old sum charged: more than the pass
+    p = partition_intervals([(0.0, 100.0, [(n, n, d) for n, d in cut])], "t")
+    assert p.parts[REMAINDER] == pytest.approx(10e-3)  # 70..80 idle, in ms
+    assert sum(p.parts.values()) == pytest.approx(p.total) and min(p.parts.values()) >= 0.0
+
+
 def test_profile_partition_on_cpu_sums_to_100_and_follows_the_scopes():
     import torch
     from torch.profiler import record_function

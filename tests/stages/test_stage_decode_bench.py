@@ -154,6 +154,27 @@ def test_paged_cache_option(tmp_path, fill):
     assert df.parity_rel_err.iloc[0] <= df.parity_tol.iloc[0]
 
 
+def test_a_partition_with_a_negative_part_fails_the_stage(tmp_path, monkeypatch):
+    """Shares that sum to 100% only through a negative remainder (kernels double-counted, as raw PDL kernel
+    times were) are a FAIL naming the part, not a PASS."""
+    from nsa_runner.measure import timing
+
+    real = timing.profile_partition
+
+    def overlapping(*a, **kw):
+        p = real(*a, **kw)
+        extra = p.total  # charge the step twice over to one label: the remainder goes negative
+        parts = {**p.parts, "other": p.parts.get("other", 0.0) + extra,
+                 timing.REMAINDER: p.parts.get(timing.REMAINDER, 0.0) - extra}
+        return timing.Partition(parts, p.total, p.items, p.method, p.passes)
+
+    monkeypatch.setattr(timing, "profile_partition", overlapping)
+    res = DecodeBench().run(_ctx(tmp_path, S_list=[300], batch_list=[1], iters=1, warmup=0, profile_passes=1))
+    assert res.status == Status.FAIL
+    log = (tmp_path / "decode_bench.txt").read_text() + res.reason
+    assert "negative share" in log and "remainder" in log
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU check")
 def test_fused_impl_runs_in_the_interpreter(tmp_path):
     """--kernel fused (two launches) on CPU: parity vs float64, counters, the partition sums to 100%."""
