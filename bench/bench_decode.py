@@ -215,17 +215,15 @@ def cmd_sweep_tune(args) -> int:
         replay = timing.graph_replays({"f": fn})[0]["f"]
         return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=True).ms * 1e3
 
-    configs = [("default (5 launches, PDL)", {}, {}),
+    configs = [("default (4 launches, PDL)", {}, {}),
+               ("5 launches (logits), PDL", {"blocks": False}, {}),
                ("6 launches, no PDL", {"fuse_append": False, "pdl": False}, {}),
-               ("5 launches, no PDL", {"pdl": False}, {}),
-               ("6 launches, PDL", {"fuse_append": False}, {}),
-               ("programs/SM 4", {"programs_per_sm": 4}, {}),
+               ("4 launches, no PDL", {"pdl": False}, {}),
+               ("programs/SM 2, no min chunk", {"programs_per_sm": 2, "min_chunk": 0}, {}),
                ("programs/SM 8", {"programs_per_sm": 8}, {}),
-               ("programs/SM 8, 32 chunks", {"programs_per_sm": 8, "max_chunks": 32}, {}),
-               ("select warps 1", {}, {"select": 1}),
+               ("min chunk 256", {"min_chunk": 256}, {}),
+               ("select warps 8", {}, {"select": 8}),
                ("select warps 2", {}, {"select": 2}),
-               ("combine warps 2", {}, {"combine": 2}),
-               ("probs warps 2", {}, {"probs": 2}),
                ("cmp warps 8", {}, {"cmp": 8})]
     print(f"# sweep-tune: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}, "
           f"{args.rounds} rounds round-robin")

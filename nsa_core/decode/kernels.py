@@ -262,12 +262,16 @@ def _append_in_chunk(pos, b, g, bg64, c, lo, hi, KC, VC, KS, VS, KW, VW, s_kc, s
 @triton.jit
 def _append_cmp_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
                        K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
-                       LOGITS, M_P, L_P, ACC_P, qk_scale, CH, NCH,
+                       LOGITS, M_P, L_P, ACC_P, ABUF, CBUF, TMX, NB, NTILE, qk_scale, CH, NCH,
                        G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
                        L: tl.constexpr, STRIDE: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr,
                        BK1: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BT: tl.constexpr,
+                       A: tl.constexpr, BQ: tl.constexpr, BLOCKS: tl.constexpr, DO_LOGITS: tl.constexpr,
                        IEEE: tl.constexpr, PAGED: tl.constexpr, PDL: tl.constexpr):
-    """_append_kernel + _cmp_partial_kernel(DO_O, DO_LOGITS) in one launch (phi avg). Grid (B*G, NCH)."""
+    """_append_kernel + the split-K compressed pass in one launch (phi avg). Grid (B*G, NCH). For the
+    selection it keeps either the logits (DO_LOGITS: _cmp_probs_kernel + _select_kernel follow) or, with
+    BLOCKS, per BT-tile block partials of Eq. 9 (4x fewer values than logits at a = 4:
+    _scores_topn_kernel follows; see _attend_range)."""
     _pdl_start(PDL)
     bg = tl.program_id(0)
     c = tl.program_id(1)
@@ -280,8 +284,27 @@ def _append_cmp_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s
     _append_in_chunk(pos, b, g, bg64, c, lo, hi, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
                      K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
                      G, DK, DV, W, L, STRIDE, BK, BV, BL, True, PAGED)
-    _cmp_program(Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, b, g, bg64, c, lo, hi, CCAP, NCH, qk_scale,
-                 G, H, DK, DV, HP, DK0, BK1, BV, BT, True, True, IEEE)
+    oh = tl.arange(0, HP)
+    ov = tl.arange(0, BV)
+    mh = oh < H
+    q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
+    m_i, l_i, acc = _attend_range(q0, q1, K_CMP, V_CMP, bg64 * CCAP, lo, hi, hi, qk_scale, oh, ov, mh, ov < DV,
+                                  ABUF, CBUF, TMX, bg64, NB, NTILE, LOGITS, CCAP, DK, DV, HP, DK0, BK1, BV, BT, A, BQ,
+                                  BLOCKS, True, DO_LOGITS, IEEE)
+    _store_partial(M_P, L_P, ACC_P, bg64 * NCH + c, m_i, l_i, acc, oh, HP, BV, True)
+
+
+@triton.jit
+def _scores_topn_kernel(POS, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, NB, NTILE, NCH,
+                        H: tl.constexpr, HP: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr,
+                        LSEL: tl.constexpr, NSEL: tl.constexpr, A: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                        BJ: tl.constexpr, BNB: tl.constexpr, PDL: tl.constexpr):
+    """Block scores (Eqs. 9-10) from the compressed pass's block partials and merged stats, then the top-n
+    (Eq. 11) -> BLK. One program per (b*g) (_block_scores_topn)."""
+    _pdl_start(PDL)
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
+    _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, tl.program_id(0).to(tl.int64), NB, NTILE,
+                       NCH, H, HP, LSEL, NSEL, A, BT, BC, BJ, BNB)
 
 
 @triton.jit
@@ -937,14 +960,15 @@ class Workspace:
     warps: num_warps per kernel, overriding CONFIG for this workspace (measurement).
     tune: the six-launch step's other knobs, overriding TUNE (measurement): "pdl" (programmatic
     dependent launch between the step's kernels: None = where the device has it, sm_90+),
-    "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg),
+    "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg), "blocks"
+    (with it, the selection from per-tile block partials instead of logits: 4 launches),
     "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
               "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2}
-    TUNE = {"pdl": None, "fuse_append": True, "programs_per_sm": STEP_PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS,
-            "min_chunk": STEP_MIN_CHUNK}
+    TUNE = {"pdl": None, "fuse_append": True, "blocks": True, "programs_per_sm": STEP_PROGRAMS_PER_SM,
+            "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK}
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None,
                  tune: dict | None = None):
@@ -985,6 +1009,7 @@ class Workspace:
         self.DK0, self.BK1 = split_dk(dec.dk)
         self.count = torch.zeros(2, self.BG, dtype=torch.int32, device=dev)  # fused: programs done per row
         self._split = None  # impl="split": geometry + buffers (split_geometry)
+        self._blk = None  # tune "blocks": buffers (_blocks)
         self._split_chunk = split_chunk
 
     # ---- launches ------------------------------------------------------------------------------
@@ -1148,9 +1173,27 @@ class Workspace:
             num_warps=self.CONFIG["split_sel"])
         return out
 
+    def _blocks(self) -> dict | None:
+        """Buffers and geometry of the block-partial selection (tune "blocks"), or None where it does not
+        apply (a = l_sel / d not a power of two, or tiles shorter than a block)."""
+        d, cfg = self.dec, self.dec.cfg
+        a = cfg.l_sel // cfg.d
+        if not self.tune["blocks"] or cfg.l_sel % cfg.d or a & (a - 1) or self.BT % a:
+            return None
+        if self._blk is None:
+            f32 = dict(dtype=torch.float32, device=d.device)
+            ntile = -(-d.ccap // self.BT)
+            self._blk = dict(a=a, NTILE=ntile, BJ=max(16, _p2_floor(SPLIT_SCORE_ELEMS // self.HP), self.BT // a),
+                             abuf=torch.empty(self.BG, self.HP, d.NB, **f32),
+                             cbuf=torch.empty(self.BG, self.HP, d.NB, **f32),
+                             tmx=torch.empty(self.BG, ntile, self.HP, **f32), sc=torch.empty(self.BG, d.NB, **f32))
+        return self._blk
+
     def attn(self, q, kc, vc, ks, vs, kw, vw, gates, out) -> torch.Tensor:
-        """The attention part of a step (append + three branches + gates) -> out [B, HQ, dv]: five launches
-        with tune["fuse_append"] and phi avg (the append inside the compressed pass), else six."""
+        """The attention part of a step (append + three branches + gates) -> out [B, HQ, dv]. With phi avg
+        and tune["fuse_append"]: the append inside the compressed pass, and with tune["blocks"] the
+        selection from block partials (_scores_topn_kernel): four launches (five with the logits); else
+        the append, then ``branches`` (six)."""
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
         if not (self.tune["fuse_append"] and d.m.phi_k is None):
             with _scope("shared"):
@@ -1161,16 +1204,27 @@ class Workspace:
             if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
                 raise ValueError(f"append: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
                                  f"{t.stride()}")
+        bk = self._blocks()
+        lg = self.logits
+        part = (bk["abuf"], bk["cbuf"], bk["tmx"], d.NB, bk["NTILE"]) if bk else (lg, lg, lg, 1, 1)
         with _scope("shared"):
             _append_cmp_kernel[(self.BG, self.NCH)](
                 d.pos, q, q.stride(0), kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0),
                 kw.stride(0), vw.stride(0), c.K_sel, c.V_sel, c.K_win, c.V_win, c.K_raw, c.V_raw, c.K_cmp, c.V_cmp,
-                d.cap, d.ccap, *self.paging(), self.logits, self.m_p, self.l_p, self.acc_p, self.qk_scale, self.CH,
+                d.cap, d.ccap, *self.paging(), lg, self.m_p, self.l_p, self.acc_p, *part, self.qk_scale, self.CH,
                 self.NCH, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, HP=self.HP, DK0=self.DK0,
-                BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=self.BT, IEEE=self.IEEE, PAGED=c.paged,
+                BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=self.BT, A=bk["a"] if bk else 1,
+                BQ=cfg.l // cfg.d, BLOCKS=bk is not None, DO_LOGITS=bk is None, IEEE=self.IEEE, PAGED=c.paged,
                 PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._pdl)
         with _scope("sel"):
-            self.select()
+            if bk is None:
+                self.select()
+            else:
+                _scores_topn_kernel[(self.BG,)](
+                    d.pos, self.m_p, self.l_p, bk["abuf"], bk["cbuf"], bk["tmx"], bk["sc"], d.blk, d.NB, bk["NTILE"],
+                    self.NCH, H=d.h, HP=self.HP, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=bk["a"],
+                    BT=self.BT, BC=_p2(self.NCH), BJ=bk["BJ"], BNB=_p2(d.NB), PDL=self.PDL,
+                    num_warps=self.CONFIG["select"], **self._pdl)
         with _scope("shared"):
             ns_sel, ns_win = self.selwin(q, True, True)
             return self.combine(gates, out, True, ns_sel, ns_win)

@@ -20,9 +20,9 @@ BRANCH_LABELS = ("cmp", "sel", "win", "shared")
 # five-launch step's _append_cmp_kernel is that pass with the append riding in its chunk 0 (a few rows
 # written per (b, g), next to the chunk's reads): "cmp" too.
 KERNEL_LABEL = {"_append_kernel": "shared", "_append_cmp_kernel": "cmp", "_cmp_partial_kernel": "cmp",
-                "_cmp_probs_kernel": "sel", "_select_kernel": "sel", "_selwin_kernel": "shared",
-                "_combine_kernel": "shared", "_fused_cmp_kernel": "shared", "_fused_tiles_kernel": "shared",
-                "_split_cmp_win_kernel": "shared", "_split_sel_kernel": "shared"}
+                "_cmp_probs_kernel": "sel", "_select_kernel": "sel", "_scores_topn_kernel": "sel",
+                "_selwin_kernel": "shared", "_combine_kernel": "shared", "_fused_cmp_kernel": "shared",
+                "_fused_tiles_kernel": "shared", "_split_cmp_win_kernel": "shared", "_split_sel_kernel": "shared"}
 
 
 def scope(label: str):

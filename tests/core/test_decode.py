@@ -195,35 +195,39 @@ def test_triton_decoder_matches_prefill():
             _check(torch.cat(outs, 1), y_full[:, :T + 4], torch.float32, what=f"triton {phi} T={T}")
 
 
-def test_triton_five_launch_step_equals_six():
-    """The default step (the append inside the compressed pass: 5 launches) writes the same caches and
-    returns the same output as the 6-launch step, bit for bit, over steps where compressed tokens complete
-    in a chunk other than chunk 0 (so written by that chunk, not by the appending one) (fp32 and fp16;
-    PDL is off in the interpreter)."""
+def test_triton_fused_steps_equal_the_six_launch_step():
+    """The default step (the append inside the compressed pass, the selection from block partials: 4
+    launches) and the 5-launch step (append inside, logits) write the same caches and return the same
+    output as the 6-launch step, bit for bit, over steps where compressed tokens complete in a chunk other
+    than chunk 0 (written by that chunk, not by the appending one) (fp32 and fp16; no PDL in the
+    interpreter)."""
     pytest.importorskip("triton", reason="triton not installed")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(11)
     x = torch.randn(2, 90, DIM, dtype=torch.float64, generator=g)
     for dtype in (torch.float32, torch.float16):
         m = _model("avg", seed=7).to(device=dev, dtype=dtype)
-        _, c5 = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
-        _, c6 = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
-        five = m.decoder(c5, impl="triton", chunk=8)  # compressed rows in 8-row chunks: ci lands in chunk >= 1
-        six = m.decoder(c6, impl="triton", chunk=8, tune={"fuse_append": False})
-        assert five._tri.NCH >= 2 and five._tri.tune["fuse_append"] and not six._tri.tune["fuse_append"]
+        decs, caches = {}, {}
+        for name, tune in (("four", {}), ("five", {"blocks": False}), ("six", {"fuse_append": False})):
+            _, caches[name] = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
+            # compressed rows in 8-row chunks: the completing token lands in chunk >= 1
+            decs[name] = m.decoder(caches[name], impl="triton", chunk=8, tune=tune)
+        assert decs["four"]._tri.NCH >= 2 and decs["four"]._tri._blocks() is not None
+        assert decs["five"]._tri._blocks() is None and not decs["six"]._tri.tune["fuse_append"]
         emitted = 0
         for k in range(70, 78):
-            t = torch.tensor(k)
-            emitted += int(bool(((t + 1 - CFG["l"]) % CFG["d"] == 0)))
-            y5 = five.step(x[:, k:k + 1].to(device=dev, dtype=dtype)).clone()
-            y6 = six.step(x[:, k:k + 1].to(device=dev, dtype=dtype)).clone()
-            assert torch.isfinite(y5).all() and y5.abs().sum() > 0
-            assert torch.equal(y5, y6), f"{dtype} step {k}: five-launch output differs"
+            emitted += int((k + 1 - CFG["l"]) % CFG["d"] == 0)
+            ys = {n: d.step(x[:, k:k + 1].to(device=dev, dtype=dtype)).clone() for n, d in decs.items()}
+            assert torch.isfinite(ys["six"]).all() and ys["six"].abs().sum() > 0
+            for n in ("four", "five"):
+                assert torch.equal(ys[n], ys["six"]), f"{dtype} step {k}: the {n}-launch output differs"
+                assert torch.equal(decs[n].blk, decs["six"].blk), f"{dtype} step {k}: {n}-launch selection differs"
         assert emitted >= 2  # compressed tokens completed inside the steps compared
         for name in ("K_sel", "V_sel", "K_win", "V_win", "K_raw", "V_raw", "K_cmp", "V_cmp"):
-            assert torch.equal(getattr(c5, name), getattr(c6, name)), f"{dtype}: cache {name} differs"
+            for n in ("four", "five"):
+                assert torch.equal(getattr(caches[n], name), getattr(caches["six"], name)), f"{dtype} {n}: {name}"
     with pytest.raises(ValueError, match="unknown tune keys"):
-        m.decoder(c5, impl="triton", tune={"pdll": True})
+        m.decoder(caches["six"], impl="triton", tune={"pdll": True})
 
 
 def test_triton_full_decode_baseline():
