@@ -120,6 +120,28 @@ def main(argv: list[str]) -> int:
     keys = set(req["keys"]) if isinstance(req.get("keys"), list) else None
     paths = set(req["paths"]) if isinstance(req.get("paths"), list) else None
     seen: set[str] = set()
+    folder = req.get("folder")  # [path, st_dev, st_ino] of the parent's temp folder for this pass
+    swapped = False
+
+    def folder_swapped() -> str | None:
+        """What the parent's temp folder's name leads to now, when it is no longer that folder (a
+        plugin's import renamed it and put a symlink / a file / another folder there: round 14 A BR-3d)."""
+        if not (isinstance(folder, list) and len(folder) == 3 and isinstance(folder[0], str)):
+            return None
+        import stat
+
+        try:
+            st = os.lstat(folder[0])
+        except FileNotFoundError:
+            return f"removed nsa-run's plugin discovery temp folder {folder[0]}"
+        except OSError:
+            return None
+        if (st.st_dev, st.st_ino) == (folder[1], folder[2]):
+            return None
+        what = ("a symlink" if stat.S_ISLNK(st.st_mode) else "another folder" if stat.S_ISDIR(st.st_mode)
+                else "a file" if stat.S_ISREG(st.st_mode) else "something else")
+        return f"replaced nsa-run's plugin discovery temp folder {folder[0]} by {what}"
+
     for dist in md.distributions():
         if paths is not None and os.path.realpath(str(getattr(dist, "_path", "") or "")) not in paths:
             continue
@@ -149,6 +171,10 @@ def main(argv: list[str]) -> int:
                     raise
                 rec["error"] = f"failed to import {ep.value}: {type(e).__name__}: {e}".strip()
                 rec["traceback"] = traceback.format_exc()
+                problem = None if swapped else folder_swapped()
+                if problem is not None:
+                    swapped = True
+                    rec["error"] = f"{ep.value}: importing it {problem}; and it {rec['error']}"
                 emit({"entry": rec})
                 continue
             try:
@@ -158,6 +184,12 @@ def main(argv: list[str]) -> int:
                     raise
                 rec["error"] = f"{ep.value}: describing it raised {type(e).__name__}: {e}"
                 rec["traceback"] = traceback.format_exc()
+            problem = None if swapped else folder_swapped()
+            if problem is not None:  # this import (or its description) did it: the entry point is broken
+                swapped = True
+                rec = {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
+                rec["error"] = (f"{ep.value}: importing it {problem} (nsa-run wrote nothing through it and "
+                                f"went on with its own folder)")
             try:
                 emit({"entry": rec})
             except (TypeError, ValueError) as e:

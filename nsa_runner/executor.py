@@ -43,15 +43,16 @@ from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, STARTED, describe_exit, k
 from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import (
     ManifestError,
+    TempFolder,
     UnsafeFileError,
     declared_file_problem,
+    empty_folder,
     entry_forms,
-    file_kind,
+    fd_path,
     load_manifest,
     mark_owned,
     now_iso,
     open_log,
-    read_fd_limited,
     stage_allowed,
 )
 from nsa_runner.context import RunContext
@@ -384,22 +385,8 @@ def _spare_for(entry: StageEntry) -> bool:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_fd_path, _empty, _TempFolder = fd_path, empty_folder, TempFolder  # (artifacts: discovery's folder uses them too)
 RESULT = "result.json"  # the worker's result, beside its job (``_worker.main``)
-
-
-def _fd_path(fd: int) -> str | None:
-    """A name for what this runner's descriptor ``fd`` is open on that no rename, symlink or FIFO put at
-    the original name can redirect: ``/proc/<runner pid>/fd/<fd>`` (Linux: opening it, or a name under
-    it, reaches the very folder or file the runner opened, from the runner's children too). None where
-    there is none (no /proc, or a runner its children may not look into)."""
-    proc = f"/proc/{os.getpid()}"
-    try:
-        if os.stat(proc).st_uid != os.geteuid():  # a non-dumpable runner: its children cannot open it
-            return None
-        name = f"{proc}/fd/{fd}"
-        return name if os.path.samestat(os.stat(name), os.fstat(fd)) else None
-    except OSError:
-        return None
 
 
 class _Spare:
@@ -511,123 +498,6 @@ def _join_all(reapers: list[_Reaper]) -> None:
     while reapers:
         reapers[0].join()
         reapers.pop(0)
-
-
-def _empty(dir_fd: int, depth: int = 0) -> None:
-    """Remove what lies in the folder open as ``dir_fd``, never following a symlink; never raises."""
-    if depth > 64:
-        return
-    try:
-        names = os.listdir(dir_fd)
-    except OSError:
-        return
-    for name in names:
-        try:
-            if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
-                try:
-                    _empty(sub, depth + 1)
-                finally:
-                    os.close(sub)
-                os.rmdir(name, dir_fd=dir_fd)
-            else:
-                os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
-
-
-class _TempFolder:
-    """A stage's temp folder (its job, the ``started`` marker, its result), opened once when it is made
-    (round 14 A BR-3): a stage may rename it and put a symlink, a file or another folder at its name.
-    The runner reads and writes there only through the open folder (never through the name), the
-    worker is given the folder as ``/proc/<runner pid>/fd/<n>`` (``_fd_path``) so its result never goes
-    through a link either, ``problem()`` names what the stage did to it (the stage is ERROR), and
-    ``close()`` removes what is the runner's and nothing else, never raising (a folder that was no
-    folder any more stopped the whole run: "Cannot call rmtree on a symbolic link")."""
-
-    def __init__(self, prefix: str):
-        self.path = tempfile.mkdtemp(prefix=prefix)
-        try:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
-        except OSError:
-            shutil.rmtree(self.path, ignore_errors=True)
-            raise
-        self._stat = os.fstat(self.fd)
-        self.base = _fd_path(self.fd) or self.path
-
-    def name(self, entry: str) -> str:
-        """``entry``'s name for the worker (through the runner's descriptor where there is one)."""
-        return os.path.join(self.base, entry)
-
-    def write(self, entry: str, data: bytes) -> None:
-        fd = os.open(entry, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=self.fd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-
-    def exists(self, entry: str) -> bool:
-        try:
-            os.stat(entry, dir_fd=self.fd, follow_symlinks=False)
-            return True
-        except OSError:
-            return False
-
-    def read(self, entry: str) -> bytes:
-        """``entry``'s bytes: a regular file only (never a symlink's target, never a FIFO's wait)."""
-        fd = os.open(entry, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
-        try:
-            return read_fd_limited(fd, entry)
-        finally:
-            os.close(fd)
-
-    def problem(self) -> str | None:
-        """What the stage did to the folder's name (removed it, put a symlink or something else
-        there), or None while the name is still this folder."""
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return f"nsa-run's temp folder of the stage, {self.path}, was removed while the stage ran"
-        except OSError as e:
-            return f"nsa-run's temp folder of the stage, {self.path}, cannot be looked at ({e.strerror or e})"
-        if os.path.samestat(st, self._stat):
-            return None
-        if stat.S_ISLNK(st.st_mode):
-            try:
-                what = f"a symlink (to {os.readlink(self.path)})"
-            except OSError:
-                what = "a symlink"
-        elif stat.S_ISDIR(st.st_mode):
-            what = "another folder"
-        elif stat.S_ISREG(st.st_mode):
-            what = "a file"
-        else:
-            what = file_kind(st.st_mode)
-        return (f"nsa-run's temp folder of the stage, {self.path}, was replaced by {what} while the stage "
-                "ran (nothing was read through it)")
-
-    def close(self) -> None:
-        """Remove the folder and what is in it; when its name no longer leads to it (a stage moved it),
-        empty it through its descriptor, remove it where it lies now, and remove what was put at its
-        name (a symlink is unlinked, never followed). Never raises."""
-        try:
-            if self.problem() is None:
-                shutil.rmtree(self.path, ignore_errors=True)
-                return
-            _empty(self.fd)
-            try:  # where the stage moved it (Linux): removed there when it is still this, empty, folder
-                where = os.readlink(f"/proc/self/fd/{self.fd}")
-                if os.path.samestat(os.lstat(where), self._stat):
-                    os.rmdir(where)
-            except OSError:
-                pass
-            try:  # what the stage put at the runner's own name
-                if stat.S_ISDIR(os.lstat(self.path).st_mode):
-                    shutil.rmtree(self.path, ignore_errors=True)
-                else:
-                    os.unlink(self.path)
-            except OSError:
-                pass
-        finally:
-            os.close(self.fd)
 
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,

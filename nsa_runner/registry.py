@@ -612,28 +612,31 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
     limit = _timeout()
     for _ in range(MAX_CHILDREN):
         base = temp_folder()
-        try:
-            holder = tempfile.TemporaryDirectory(prefix=f"nsa-run-discover-{os.getpid()}-")
+        from nsa_runner.artifacts import TempFolder, mark_owned
+
+        try:  # opened once, used through its descriptor (round 14 A BR-3d: a plugin's import swapped it for a
+            # link: the child wrote its result outside through it, and `list` ended "Cannot call rmtree on a
+            # symbolic link")
+            holder = TempFolder(prefix=f"nsa-run-discover-{os.getpid()}-", what="plugin discovery")
         except OSError as e:
             if _temp_full(e):
                 raise TempFolderFull(base, e, "nsa-run cannot make its plugin discovery folder there") from None
             raise
-        with holder as tmp:
-            from nsa_runner.artifacts import mark_owned
-
-            result = os.path.join(tmp, "result.jsonl")
-            log = os.path.join(tmp, "child.log")
+        try:
+            tmp, dir_fd = holder.path, holder.fd
+            result = holder.name("result.jsonl")  # the child's name for it: through this process's descriptor
             try:  # every file of the pass made here: the child only appends (it needs no inode of its own)
                 mark_owned(tmp)
-                open(result, "wb").close()
-                open(log, "wb").close()
+                holder.write("result.jsonl", b"")
+                holder.write("child.log", b"")
             except OSError as e:
                 if _temp_full(e):
                     raise TempFolderFull(base, e, "nsa-run cannot make its plugin discovery files there") from None
                 raise
             nonce = uuid.uuid4().hex  # the child's "done" carries it: a plugin's stray lines cannot end the pass
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
-                   "only": only, "parse": parse, "nonce": nonce, "keys": keys, "paths": paths}
+                   "only": only, "parse": parse, "nonce": nonce, "keys": keys, "paths": paths,
+                   "folder": [tmp, holder._stat.st_dev, holder._stat.st_ino]}
             from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
@@ -642,7 +645,8 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             # the child dies with this process (PR_SET_PDEATHSIG) and a watchdog cleans up after kill -9
             cookie = uuid.uuid4().hex
             env[COOKIE_ENV], env[PARENT_ENV] = cookie, str(os.getpid())
-            with open(log, "ab") as logf:
+            logfd = os.open("child.log", os.O_WRONLY | os.O_APPEND | _NOFOLLOW, dir_fd=dir_fd)
+            with open(logfd, "ab") as logf:
                 proc = subprocess.Popen([sys.executable, "-m", "nsa_runner._discover", result],
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
@@ -658,7 +662,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             try:
                 while True:
                     exited = proc.poll() is not None
-                    pos, lines = _read_new(result, pos)
+                    pos, lines = _read_new(dir_fd, "result.jsonl", pos)
                     for line in lines:
                         last, talked = time.monotonic(), True
                         if isinstance(line.get("loading"), str):
@@ -684,13 +688,29 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             finally:
                 _stop(proc, cookie)
                 guard.done()
+            swapped = holder.problem()
+            if swapped is not None and not any(tmp in str(records.get(k, {}).get("error") or "") for k in order):
+                # the child names the entry point whose import did it; where it could not: said here
+                key = loading if (loading is not None and not done) else DISCOVERY_FAILED
+                records[key] = {"key": key, "name": "invalid:discovery", "value": "nsa_runner._discover",
+                                "dist": "nsa-run", "version": "?", "traceback": "",
+                                "dist_path": next(iter(sorted(own_dist_paths())), ""), "error": swapped}
+                if key == loading:
+                    dist, ep_name, value = (loading.split("\t") + ["?", "?", "?"])[:3]
+                    records[key].update(name=ep_name, value=value, dist=dist, dist_path=loading_path,
+                                        error=f"{value}: {swapped}")
+                    skip.add(loading)
+                order.append(key)
+                if key == DISCOVERY_FAILED or only is not None:
+                    break
+                continue
             if done:
                 break
             rc = ended if ended is not None else proc.returncode
-            if rc == EXIT_TEMP_FULL and not timed_out and _folder_full(tmp):  # the child could not write its
+            if rc == EXIT_TEMP_FULL and not timed_out and _folder_full(holder.base):  # the child could not write its
                 raise TempFolderFull(base, None, "the plugin discovery process cannot write its result there")
             if loading is None:  # died outside any plugin's import: nothing to blame, nothing to retry
-                tail = _tail(log)
+                tail = _tail(dir_fd, "child.log")
                 key = DISCOVERY_FAILED
                 records[key] = {"key": key, "name": "invalid:discovery", "value": "nsa_runner._discover",
                                 "dist": "nsa-run", "version": "?", "traceback": tail,
@@ -703,11 +723,13 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             records[loading] = {"key": loading, "name": ep_name, "value": value, "dist": dist, "version": "?",
                                 "dist_path": loading_path,
                                 "error": f"{value}: {_describe_end(proc, timed_out, limit, ended)}",
-                                "traceback": _tail(log)}
+                                "traceback": _tail(dir_fd, "child.log")}
             order.append(loading)
             skip.add(loading)
             if only is not None:
                 break
+        finally:
+            holder.close()  # never through a link, never raising (a swapped folder: said above)
     return [records[k] for k in dict.fromkeys(order)]
 
 
@@ -717,13 +739,28 @@ def _pkg_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(nsa_runner.__file__)))
 
 
-def _read_new(path: str, pos: int) -> tuple[int, list[dict]]:
-    """Complete JSON lines appended to ``path`` since byte ``pos``."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _open_in(dir_fd: int, name: str) -> int:
+    """``name`` in the folder open as ``dir_fd``, for reading: a regular file only (never through a
+    symlink, never a FIFO's wait). Raises OSError."""
+    import stat
+
+    fd = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(name)
+    return fd
+
+
+def _read_new(dir_fd: int, name: str, pos: int) -> tuple[int, list[dict]]:
+    """Complete JSON lines appended to ``name`` (in the folder open as ``dir_fd``) since byte ``pos``."""
     try:
-        with open(path, "rb") as f:
+        with open(_open_in(dir_fd, name), "rb") as f:
             f.seek(pos)
             data = f.read()
-    except FileNotFoundError:
+    except OSError:
         return pos, []
     end = data.rfind(b"\n") + 1
     out = []
@@ -737,9 +774,9 @@ def _read_new(path: str, pos: int) -> tuple[int, list[dict]]:
     return pos + end, out
 
 
-def _tail(path: str, n: int = 4000) -> str:
+def _tail(dir_fd: int, name: str, n: int = 4000) -> str:
     try:
-        with open(path, "rb") as f:
+        with open(_open_in(dir_fd, name), "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - n))
             return f.read().decode("utf-8", errors="replace")
