@@ -215,16 +215,19 @@ def cmd_sweep_tune(args) -> int:
         replay = timing.graph_replays({"f": fn})[0]["f"]
         return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=True).ms * 1e3
 
-    configs = [("default (4 launches, PDL)", {}, {}),
-               ("5 launches (logits), PDL", {"blocks": False}, {}),
+    configs = [("default", {}, {}),
+               ("selection logits", {"selection": "logits"}, {}),
+               ("selection blocks", {"selection": "blocks"}, {}),
+               ("selection blocks-row", {"selection": "blocks-row"}, {}),
                ("6 launches, no PDL", {"fuse_append": False, "pdl": False}, {}),
-               ("4 launches, no PDL", {"pdl": False}, {}),
-               ("programs/SM 2, no min chunk", {"programs_per_sm": 2, "min_chunk": 0}, {}),
-               ("programs/SM 8", {"programs_per_sm": 8}, {}),
-               ("min chunk 256", {"min_chunk": 256}, {}),
-               ("select warps 8", {}, {"select": 8}),
-               ("select warps 2", {}, {"select": 2}),
-               ("cmp warps 8", {}, {"cmp": 8})]
+               ("no PDL", {"pdl": False}, {}),
+               ("cmp tiles of 128 keys", {"cmp_bt": 128}, {}),
+               ("cmp tiles of 32 keys", {"cmp_bt": 32}, {}),
+               ("cmp stages 2", {}, {"cmp_stages": 2}),
+               ("cmp stages 4", {}, {"cmp_stages": 4}),
+               ("selwin warps 2", {}, {"selwin": 2}),
+               ("selwin warps 8", {}, {"selwin": 8}),
+               ("combine warps 8", {}, {"combine": 8})]
     print(f"# sweep-tune: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}, "
           f"{args.rounds} rounds round-robin")
     for S in args.S:

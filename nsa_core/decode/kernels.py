@@ -308,6 +308,33 @@ def _scores_topn_kernel(POS, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, NB, NTILE, NCH,
 
 
 @triton.jit
+def _block_scores_kernel(POS, M_P, L_P, ABUF, CBUF, TMX, SC, NB, NTILE, NCH,
+                         H: tl.constexpr, HP: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr,
+                         LSEL: tl.constexpr, A: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr,
+                         PDL: tl.constexpr):
+    """Block scores of blocks s*BJ .. (s+1)*BJ - 1 of row bg -> SC (_block_scores_slice). Grid (B*G, NB / BJ)."""
+    _pdl_start(PDL)
+    bg64 = tl.program_id(0).to(tl.int64)
+    j0 = tl.program_id(1) * BJ
+    pos, nvis = _cmp_visible(POS, L, STRIDE)
+    cur = pos // LSEL
+    if j0 <= cur:
+        Mh, invZ = _merged_stats(M_P, L_P, bg64, NCH, H, HP, BC)
+        _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, NTILE, H, HP, A, BT, BJ)
+
+
+@triton.jit
+def _topn_kernel(POS, SC, BLK, NB, LSEL: tl.constexpr, NSEL: tl.constexpr, BNB: tl.constexpr, PDL: tl.constexpr):
+    """Top-n (Eq. 11) of row bg's block scores SC -> BLK. One program per (b*g)."""
+    _pdl_start(PDL)
+    bg64 = tl.program_id(0).to(tl.int64)
+    cur = tl.load(POS).to(tl.int64) // LSEL
+    oj = tl.arange(0, BNB)
+    sc = tl.load(SC + bg64 * NB + oj, mask=(oj <= cur) & (oj < NB), other=0.0)
+    _pick_topn(sc, oj, cur, BLK, bg64, NSEL, BNB)
+
+
+@triton.jit
 def _merged_stats(M_P, L_P, bg64, NCH, H: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr):
     """The softmax stats of row bg merged over its NCH split-K chunks -> (max M_h, 1 / Z_h) per head
     (1 / Z = 0 for padding heads and where nothing was visible). Reads other programs' results (.cg)."""
@@ -540,13 +567,8 @@ def _fused_cmp_kernel(POS, Q, s_qb, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_
         _append_in_chunk(pos, b, g, bg64, c, lo, hi, KC, VC, KS, VS, KW, VW, s_kc, s_vc, s_ks, s_vs, s_kw, s_vw,
                          K_SEL, V_SEL, K_WIN, V_WIN, K_RAW, V_RAW, K_CMP, V_CMP, CAP, CCAP, TBL, s_tbl, PS,
                          G, DK, DV, W, L, STRIDE, BK, BV, BL, AVG, PAGED)
-    oh = tl.arange(0, HP)
-    ov = tl.arange(0, BV)
-    mh = oh < H
-    mv = ov < DV
-    q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
-    _cmp_chunk(q0, q1, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, bg64, c, lo, hi, CCAP, NCH, qk_scale, oh, ov, mh, mv,
-               DK, DV, HP, DK0, BK1, BV, BT, True, True, IEEE)
+    _cmp_program(Q, s_qb, K_CMP, V_CMP, LOGITS, M_P, L_P, ACC_P, b, g, bg64, c, lo, hi, CCAP, NCH, qk_scale,
+                 G, H, DK, DV, HP, DK0, BK1, BV, BT, True, True, IEEE)
     if _last_of_row(COUNT, bg64, NCH):
         _probs_rows(M_P, L_P, LOGITS, PSUM, bg64, 0, nvis, CCAP, NCH, H, HP, BT, BC)
         tl.debug_barrier()
@@ -670,45 +692,51 @@ def _pick_topn(sc, oj, cur, BLK, bg64, NSEL: tl.constexpr, BNB: tl.constexpr):
 
 
 @triton.jit
+def _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, NTILE, H: tl.constexpr,
+                        HP: tl.constexpr, A: tl.constexpr, BT: tl.constexpr, BJ: tl.constexpr):
+    """Scores (Eqs. 9-10) of blocks j0 .. j0+BJ-1 (those <= cur) of row bg from the tiles' block partials and
+    the merged stats (Mh, invZ): score[j] = sum_h (A[h, j] w[h, tile(j a)] + C[h, j-1] w[h, tile((j-1) a)]),
+    w = 2^(m_tile - M_h) / Z_h -> SC[bg, j]. [HP, BJ] of A and of C (two loads) and the [HP, BJ / (BT / a)]
+    tile weights, broadcast over each tile's blocks by a reshape (no gather). Reads other programs' results
+    (.cg)."""
+    oh = tl.arange(0, HP)
+    mh = oh < H
+    BPT: tl.constexpr = BT // A  # blocks per tile
+    TPI: tl.constexpr = BJ // BPT  # tiles per slice (BJ is a multiple of BPT)
+    ob = tl.arange(0, BPT)
+    ot = j0 // BPT + tl.arange(0, TPI)
+    vt = mh[:, None] & (ot * BT < nvis)[None, :]  # the tile ran (it holds visible tokens)
+    vp = mh[:, None] & ((ot >= 1) & ((ot - 1) * BT < nvis))[None, :]
+    tm = tl.load(TMX + (bg64 * NTILE + ot[None, :]) * HP + oh[:, None], mask=vt, other=0.0, cache_modifier=".cg")
+    tmp = tl.load(TMX + (bg64 * NTILE + ot[None, :] - 1) * HP + oh[:, None], mask=vp, other=0.0,
+                  cache_modifier=".cg")
+    w = tl.where(vt, tl.exp2(tm - Mh[:, None]) * invZ[:, None], 0.0)
+    wp = tl.where(vp, tl.exp2(tmp - Mh[:, None]) * invZ[:, None], 0.0)  # of the previous tile
+    j = j0 + tl.arange(0, BJ)
+    mj = (j <= cur) & (j < NB)
+    ran = ((j // BPT) * BT < nvis)
+    av = tl.load(ABUF + (bg64 * HP + oh[:, None]) * NB + j[None, :], mask=mh[:, None] & (mj & ran)[None, :],
+                 other=0.0, cache_modifier=".cg")
+    jc = j - 1  # C[j-1]: the previous block's tokens that overlap block j
+    ranc = (jc >= 0) & ((jc // BPT) * BT < nvis)
+    cv = tl.load(CBUF + (bg64 * HP + oh[:, None]) * NB + jc[None, :], mask=mh[:, None] & (mj & ranc)[None, :],
+                 other=0.0, cache_modifier=".cg")
+    a3 = tl.reshape(av, [HP, TPI, BPT])
+    c3 = tl.reshape(cv, [HP, TPI, BPT])
+    wc = tl.where((ob == 0)[None, None, :], wp[:, :, None], w[:, :, None])  # block 0 of a tile: C from before
+    s = tl.reshape(tl.sum(a3 * w[:, :, None] + c3 * wc, 0), [BJ])
+    tl.store(SC + bg64 * NB + j, s, mask=mj)
+
+
+@triton.jit
 def _block_scores_topn(pos, nvis, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, bg64, NB, NTILE, NCH,
                        H: tl.constexpr, HP: tl.constexpr, LSEL: tl.constexpr, NSEL: tl.constexpr, A: tl.constexpr,
                        BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr, BNB: tl.constexpr):
-    """Scores of blocks 0..t // l' (Eqs. 9-10) from the chunks' stats and the tiles' block partials:
-    score[j] = sum_h (A[h, j] w[h, tile(j a)] + C[h, j-1] w[h, tile((j-1) a)]), w = 2^(m_tile - M_h) / Z_h;
-    -> SC[bg, :], then the top-n -> BLK. Per iteration: [HP, BJ] of A and of C (two loads) and the
-    [HP, BJ / (BT / a)] tile weights, broadcast over each tile's blocks by a reshape (no gather).
-    Reads other programs' results (.cg)."""
-    oh = tl.arange(0, HP)
-    mh = oh < H
+    """Scores of blocks 0..t // l' (_block_scores_slice, BJ at a time) -> SC[bg, :], then the top-n -> BLK."""
     Mh, invZ = _merged_stats(M_P, L_P, bg64, NCH, H, HP, BC)
     cur = pos // LSEL
-    BPT: tl.constexpr = BT // A  # blocks per tile
-    TPI: tl.constexpr = BJ // BPT  # tiles per iteration (BJ is a multiple of BPT)
-    ob = tl.arange(0, BPT)
     for j0 in range(0, cur + 1, BJ):
-        # the tiles' weights w[h, tile] = 2^(m_tile - M_h) / Z_h, broadcast over each tile's blocks (no gather)
-        ot = j0 // BPT + tl.arange(0, TPI)
-        vt = mh[:, None] & (ot * BT < nvis)[None, :]  # the tile ran (it holds visible tokens)
-        vp = mh[:, None] & ((ot >= 1) & ((ot - 1) * BT < nvis))[None, :]
-        tm = tl.load(TMX + (bg64 * NTILE + ot[None, :]) * HP + oh[:, None], mask=vt, other=0.0, cache_modifier=".cg")
-        tmp = tl.load(TMX + (bg64 * NTILE + ot[None, :] - 1) * HP + oh[:, None], mask=vp, other=0.0,
-                      cache_modifier=".cg")
-        w = tl.where(vt, tl.exp2(tm - Mh[:, None]) * invZ[:, None], 0.0)
-        wp = tl.where(vp, tl.exp2(tmp - Mh[:, None]) * invZ[:, None], 0.0)  # of the previous tile
-        j = j0 + tl.arange(0, BJ)
-        mj = (j <= cur) & (j < NB)
-        ran = ((j // BPT) * BT < nvis)
-        av = tl.load(ABUF + (bg64 * HP + oh[:, None]) * NB + j[None, :], mask=mh[:, None] & (mj & ran)[None, :],
-                     other=0.0, cache_modifier=".cg")
-        jc = j - 1  # C[j-1]: the previous block's tokens that overlap block j
-        ranc = (jc >= 0) & ((jc // BPT) * BT < nvis)
-        cv = tl.load(CBUF + (bg64 * HP + oh[:, None]) * NB + jc[None, :], mask=mh[:, None] & (mj & ranc)[None, :],
-                     other=0.0, cache_modifier=".cg")
-        a3 = tl.reshape(av, [HP, TPI, BPT])
-        c3 = tl.reshape(cv, [HP, TPI, BPT])
-        wc = tl.where((ob == 0)[None, None, :], wp[:, :, None], w[:, :, None])  # block 0 of a tile: C from before
-        s = tl.reshape(tl.sum(a3 * w[:, :, None] + c3 * wc, 0), [BJ])
-        tl.store(SC + bg64 * NB + j, s, mask=mj)
+        _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, NTILE, H, HP, A, BT, BJ)
     tl.debug_barrier()  # this program's score stores precede its loads below
     oj = tl.arange(0, BNB)
     sc = tl.load(SC + bg64 * NB + oj, mask=(oj <= cur) & (oj < NB), other=0.0, cache_modifier=".cg")
@@ -882,16 +910,16 @@ def _num_sms(device: torch.device) -> int:
 
 def chunking(n_tokens: int, BG: int, BK: int, device, chunk: int | None = None,
              max_chunks: int | None = None, programs_per_sm: int | None = None,
-             min_chunk: int = 0) -> tuple[int, int, int]:
+             min_chunk: int = 0, max_bt: int = 64) -> tuple[int, int, int]:
     """Split-K geometry over n_tokens keys for BG (batch*group) rows -> (BT, CH, NCH).
 
     Default: about ``programs_per_sm`` (PROGRAMS_PER_SM) programs per SM in all, at most ``max_chunks``
-    (MAX_CHUNKS) chunks per row, at least ``min_chunk`` keys per chunk."""
+    (MAX_CHUNKS) chunks per row, at least ``min_chunk`` keys per chunk; tiles of at most ``max_bt`` keys."""
     if chunk is None:
         per_sm = programs_per_sm or PROGRAMS_PER_SM
         want = min(max_chunks or MAX_CHUNKS, -(-per_sm * _num_sms(device) // BG))
         chunk = max(min_chunk, -(-n_tokens // max(1, want)))
-    BT = min(64 if BK <= 256 else 32, _p2(chunk, 16))  # keys per tile
+    BT = min(max_bt if BK <= 256 else max_bt // 2, _p2(chunk, 16))  # keys per tile
     CH = -(-chunk // BT) * BT
     return BT, CH, -(-n_tokens // CH)
 
@@ -960,15 +988,19 @@ class Workspace:
     warps: num_warps per kernel, overriding CONFIG for this workspace (measurement).
     tune: the six-launch step's other knobs, overriding TUNE (measurement): "pdl" (programmatic
     dependent launch between the step's kernels: None = where the device has it, sm_90+),
-    "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg), "blocks"
-    (with it, the selection from per-tile block partials instead of logits: 4 launches),
+    "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg), "selection"
+    (with it: "logits" = logits, probabilities, top-n; "blocks" = per-tile block partials of Eq. 9 instead of
+    logits (4x fewer values at a = 4), block scores in parallel, top-n; "blocks-row" = the same partials,
+    scores and top-n in one program per row: 4 launches), "cmp_bt" (keys per tile of the compressed pass),
     "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
-              "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2}
-    TUNE = {"pdl": None, "fuse_append": True, "blocks": True, "programs_per_sm": STEP_PROGRAMS_PER_SM,
-            "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK}
+              "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2,
+              "cmp_stages": 0}  # num_stages of the six-launch compressed pass (0: Triton's default)
+    TUNE = {"pdl": None, "fuse_append": True, "selection": "logits", "programs_per_sm": STEP_PROGRAMS_PER_SM,
+            "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK, "cmp_bt": 64}
+    SELECTIONS = ("logits", "blocks", "blocks-row")
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None,
                  tune: dict | None = None):
@@ -980,6 +1012,9 @@ class Workspace:
         if unknown:
             raise ValueError(f"Workspace: unknown tune keys {sorted(unknown)}; known: {sorted(self.TUNE)}")
         self.tune = {**self.TUNE, **(tune or {})}
+        if self.tune["selection"] not in self.SELECTIONS:
+            raise ValueError(f"Workspace: tune selection must be one of {self.SELECTIONS}, "
+                             f"got {self.tune['selection']!r}")
         self.PDL = pdl_default(dev) if self.tune["pdl"] is None else bool(self.tune["pdl"])
         self._pdl = {"launch_pdl": True} if self.PDL else {}  # launch option (not passed at all without PDL)
         self.BG = dec.B * dec.G
@@ -989,7 +1024,8 @@ class Workspace:
         self.BVS = min(self.BV, 32)  # value columns per combine program
         ccap = dec.ccap
         self.BT, self.CH, self.NCH = chunking(ccap, self.BG, self.BK, dev, chunk, self.tune["max_chunks"],
-                                              self.tune["programs_per_sm"], self.tune["min_chunk"])
+                                              self.tune["programs_per_sm"], self.tune["min_chunk"],
+                                              self.tune["cmp_bt"])
         self.BS = _p2(cfg.l_sel, 16)
         self.NS_WIN = -(-cfg.w // self.BS)
         self.IEEE = dec.dtype == torch.float32
@@ -1034,6 +1070,11 @@ class Workspace:
         if not avg:
             d._compress()
 
+    def _cmp_launch(self) -> dict:
+        """Launch options of the compressed pass: PDL, and num_stages when CONFIG["cmp_stages"] sets it."""
+        st = self.CONFIG["cmp_stages"]
+        return {**self._pdl, **({"num_stages": st} if st else {})}
+
     def _check_q(self, q):
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             raise ValueError(f"q must be [B, HQ, dk] with contiguous [HQ, dk], got strides {q.stride()}")
@@ -1045,7 +1086,7 @@ class Workspace:
             d.pos, q, q.stride(0), d.cache.K_cmp, d.cache.V_cmp, self.logits, self.m_p, self.l_p, self.acc_p, d.ccap,
             self.qk_scale, G=d.G, H=d.h, DK=d.dk, DV=d.dv, L=cfg.l, STRIDE=cfg.d, HP=self.HP, DK0=self.DK0,
             BK1=self.BK1, BV=self.BV, BT=self.BT, CH=self.CH, NCH=self.NCH, DO_O=do_o, DO_LOGITS=do_logits,
-            IEEE=self.IEEE, PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._pdl)
+            IEEE=self.IEEE, PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._cmp_launch())
 
     def select(self) -> None:
         """Scores and top-n from the logits of the last cmp_partial(do_logits=True) -> dec.blk."""
@@ -1178,7 +1219,7 @@ class Workspace:
         apply (a = l_sel / d not a power of two, or tiles shorter than a block)."""
         d, cfg = self.dec, self.dec.cfg
         a = cfg.l_sel // cfg.d
-        if not self.tune["blocks"] or cfg.l_sel % cfg.d or a & (a - 1) or self.BT % a:
+        if self.tune["selection"] == "logits" or cfg.l_sel % cfg.d or a & (a - 1) or self.BT % a:
             return None
         if self._blk is None:
             f32 = dict(dtype=torch.float32, device=d.device)
@@ -1215,16 +1256,23 @@ class Workspace:
                 self.NCH, G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, L=cfg.l, STRIDE=cfg.d, HP=self.HP, DK0=self.DK0,
                 BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=self.BT, A=bk["a"] if bk else 1,
                 BQ=cfg.l // cfg.d, BLOCKS=bk is not None, DO_LOGITS=bk is None, IEEE=self.IEEE, PAGED=c.paged,
-                PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._pdl)
+                PDL=self.PDL, num_warps=self.CONFIG["cmp"], **self._cmp_launch())
         with _scope("sel"):
             if bk is None:
                 self.select()
-            else:
+            elif self.tune["selection"] == "blocks-row":
                 _scores_topn_kernel[(self.BG,)](
                     d.pos, self.m_p, self.l_p, bk["abuf"], bk["cbuf"], bk["tmx"], bk["sc"], d.blk, d.NB, bk["NTILE"],
                     self.NCH, H=d.h, HP=self.HP, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=bk["a"],
                     BT=self.BT, BC=_p2(self.NCH), BJ=bk["BJ"], BNB=_p2(d.NB), PDL=self.PDL,
                     num_warps=self.CONFIG["select"], **self._pdl)
+            else:
+                _block_scores_kernel[(self.BG, -(-d.NB // bk["BJ"]))](
+                    d.pos, self.m_p, self.l_p, bk["abuf"], bk["cbuf"], bk["tmx"], bk["sc"], d.NB, bk["NTILE"],
+                    self.NCH, H=d.h, HP=self.HP, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, A=bk["a"], BT=self.BT,
+                    BC=_p2(self.NCH), BJ=bk["BJ"], PDL=self.PDL, num_warps=self.CONFIG["probs"], **self._pdl)
+                _topn_kernel[(self.BG,)](d.pos, bk["sc"], d.blk, d.NB, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
+                                         BNB=_p2(d.NB), PDL=self.PDL, num_warps=self.CONFIG["select"], **self._pdl)
         with _scope("shared"):
             ns_sel, ns_win = self.selwin(q, True, True)
             return self.combine(gates, out, True, ns_sel, ns_win)

@@ -21,6 +21,7 @@ BRANCH_LABELS = ("cmp", "sel", "win", "shared")
 # written per (b, g), next to the chunk's reads): "cmp" too.
 KERNEL_LABEL = {"_append_kernel": "shared", "_append_cmp_kernel": "cmp", "_cmp_partial_kernel": "cmp",
                 "_cmp_probs_kernel": "sel", "_select_kernel": "sel", "_scores_topn_kernel": "sel",
+                "_block_scores_kernel": "sel", "_topn_kernel": "sel",
                 "_selwin_kernel": "shared", "_combine_kernel": "shared", "_fused_cmp_kernel": "shared",
                 "_fused_tiles_kernel": "shared", "_split_cmp_win_kernel": "shared", "_split_sel_kernel": "shared"}
 

@@ -195,12 +195,13 @@ def test_triton_decoder_matches_prefill():
             _check(torch.cat(outs, 1), y_full[:, :T + 4], torch.float32, what=f"triton {phi} T={T}")
 
 
-def test_triton_fused_steps_equal_the_six_launch_step():
-    """The default step (the append inside the compressed pass, the selection from block partials: 4
-    launches) and the 5-launch step (append inside, logits) write the same caches and return the same
-    output as the 6-launch step, bit for bit, over steps where compressed tokens complete in a chunk other
-    than chunk 0 (written by that chunk, not by the appending one) (fp32 and fp16; no PDL in the
-    interpreter)."""
+@pytest.mark.parametrize("selection", ["logits", "blocks", "blocks-row"])
+def test_triton_fused_steps_equal_the_six_launch_step(selection):
+    """The step with the append inside the compressed pass (tune fuse_append, the default) writes the same
+    caches, picks the same blocks and returns the same output as the 6-launch step, bit for bit, whichever
+    way it selects: from logits (5 launches), from per-tile block partials with the scores in parallel (5)
+    or in one program per row (4); over steps where compressed tokens complete in a chunk other than chunk
+    0 (written by that chunk, not by the appending one); fp32 and fp16; no PDL in the interpreter."""
     pytest.importorskip("triton", reason="triton not installed")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(11)
@@ -208,26 +209,26 @@ def test_triton_fused_steps_equal_the_six_launch_step():
     for dtype in (torch.float32, torch.float16):
         m = _model("avg", seed=7).to(device=dev, dtype=dtype)
         decs, caches = {}, {}
-        for name, tune in (("four", {}), ("five", {"blocks": False}), ("six", {"fuse_append": False})):
+        for name, tune in (("fused", {"selection": selection}), ("six", {"fuse_append": False})):
             _, caches[name] = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
             # compressed rows in 8-row chunks: the completing token lands in chunk >= 1
             decs[name] = m.decoder(caches[name], impl="triton", chunk=8, tune=tune)
-        assert decs["four"]._tri.NCH >= 2 and decs["four"]._tri._blocks() is not None
-        assert decs["five"]._tri._blocks() is None and not decs["six"]._tri.tune["fuse_append"]
+        assert decs["fused"]._tri.NCH >= 2 and not decs["six"]._tri.tune["fuse_append"]
+        assert (decs["fused"]._tri._blocks() is None) == (selection == "logits")
         emitted = 0
         for k in range(70, 78):
             emitted += int((k + 1 - CFG["l"]) % CFG["d"] == 0)
             ys = {n: d.step(x[:, k:k + 1].to(device=dev, dtype=dtype)).clone() for n, d in decs.items()}
             assert torch.isfinite(ys["six"]).all() and ys["six"].abs().sum() > 0
-            for n in ("four", "five"):
-                assert torch.equal(ys[n], ys["six"]), f"{dtype} step {k}: the {n}-launch output differs"
-                assert torch.equal(decs[n].blk, decs["six"].blk), f"{dtype} step {k}: {n}-launch selection differs"
+            assert torch.equal(decs["fused"].blk, decs["six"].blk), f"{dtype} step {k}: the selection differs"
+            assert torch.equal(ys["fused"], ys["six"]), f"{dtype} step {k}: the output differs"
         assert emitted >= 2  # compressed tokens completed inside the steps compared
         for name in ("K_sel", "V_sel", "K_win", "V_win", "K_raw", "V_raw", "K_cmp", "V_cmp"):
-            for n in ("four", "five"):
-                assert torch.equal(getattr(caches[n], name), getattr(caches["six"], name)), f"{dtype} {n}: {name}"
+            assert torch.equal(getattr(caches["fused"], name), getattr(caches["six"], name)), f"{dtype}: {name}"
     with pytest.raises(ValueError, match="unknown tune keys"):
         m.decoder(caches["six"], impl="triton", tune={"pdll": True})
+    with pytest.raises(ValueError, match="selection must be one of"):
+        m.decoder(caches["six"], impl="triton", tune={"selection": "magic"})
 
 
 def test_triton_full_decode_baseline():
