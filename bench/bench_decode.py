@@ -217,17 +217,13 @@ def cmd_sweep_tune(args) -> int:
 
     configs = [("default", {}, {}),
                ("selection logits", {"selection": "logits"}, {}),
-               ("selection blocks", {"selection": "blocks"}, {}),
                ("selection blocks-row", {"selection": "blocks-row"}, {}),
+               ("tiles merged", {"tiles": "merged"}, {}),
+               ("tiles merged, blocks-row", {"tiles": "merged", "selection": "blocks-row"}, {}),
+               ("tiles merged, warps 8", {"tiles": "merged"}, {"fused_tiles": 8}),
                ("6 launches, no PDL", {"fuse_append": False, "pdl": False}, {}),
                ("no PDL", {"pdl": False}, {}),
-               ("cmp tiles of 128 keys", {"cmp_bt": 128}, {}),
-               ("cmp tiles of 32 keys", {"cmp_bt": 32}, {}),
-               ("cmp stages 2", {}, {"cmp_stages": 2}),
-               ("cmp stages 4", {}, {"cmp_stages": 4}),
-               ("selwin warps 2", {}, {"selwin": 2}),
-               ("selwin warps 8", {}, {"selwin": 8}),
-               ("combine warps 8", {}, {"combine": 8})]
+               ("programs/SM 2, no min chunk", {"programs_per_sm": 2, "min_chunk": 0}, {})]
     print(f"# sweep-tune: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}, "
           f"{args.rounds} rounds round-robin")
     for S in args.S:

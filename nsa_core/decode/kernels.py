@@ -582,9 +582,10 @@ def _fused_tiles_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T,
                         LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
                         NT: tl.constexpr, HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr,
                         BVS: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr, BSEL: tl.constexpr,
-                        BWIN: tl.constexpr, IEEE: tl.constexpr, PAGED: tl.constexpr):
+                        BWIN: tl.constexpr, IEEE: tl.constexpr, PAGED: tl.constexpr, PDL: tl.constexpr):
     """The selected-block and window tiles, and in the row's last program the merge of every chunk and
     tile with the gates (Eq. 5) -> O. Grid (B*G, NS_SEL + NS_WIN)."""
+    _pdl_start(PDL)
     bg = tl.program_id(0)
     b = bg // G
     g = bg % G
@@ -991,16 +992,20 @@ class Workspace:
     "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg), "selection"
     (with it: "logits" = logits, probabilities, top-n; "blocks" = per-tile block partials of Eq. 9 instead of
     logits (4x fewer values at a = 4), block scores in parallel, top-n; "blocks-row" = the same partials,
-    scores and top-n in one program per row: 4 launches), "cmp_bt" (keys per tile of the compressed pass),
+    scores and top-n in one program per row: 4 launches), "tiles" ("separate" = the sel/win tile kernel,
+    then the combine; "merged" = both in one launch, each row's last tile program merging), "cmp_bt" (keys
+    per tile of the compressed pass),
     "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
               "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2,
               "cmp_stages": 0}  # num_stages of the six-launch compressed pass (0: Triton's default)
-    TUNE = {"pdl": None, "fuse_append": True, "selection": "logits", "programs_per_sm": STEP_PROGRAMS_PER_SM,
-            "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK, "cmp_bt": 64}
+    TUNE = {"pdl": None, "fuse_append": True, "selection": "blocks", "tiles": "separate",
+            "programs_per_sm": STEP_PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK,
+            "cmp_bt": 64}
     SELECTIONS = ("logits", "blocks", "blocks-row")
+    TILES = ("separate", "merged")
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None,
                  tune: dict | None = None):
@@ -1012,6 +1017,8 @@ class Workspace:
         if unknown:
             raise ValueError(f"Workspace: unknown tune keys {sorted(unknown)}; known: {sorted(self.TUNE)}")
         self.tune = {**self.TUNE, **(tune or {})}
+        if self.tune["tiles"] not in self.TILES:
+            raise ValueError(f"Workspace: tune tiles must be one of {self.TILES}, got {self.tune['tiles']!r}")
         if self.tune["selection"] not in self.SELECTIONS:
             raise ValueError(f"Workspace: tune selection must be one of {self.SELECTIONS}, "
                              f"got {self.tune['selection']!r}")
@@ -1148,14 +1155,20 @@ class Workspace:
             LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=cfg.l_sel // cfg.d, BQ=cfg.l // cfg.d, BNB=_p2(d.NB), HP=self.HP,
             DK0=self.DK0, BK1=self.BK1, BK=self.BK, BV=self.BV, BL=_p2(cfg.l), BT=self.BT, BC=_p2(self.NCH),
             APPEND=avg, AVG=avg, IEEE=self.IEEE, PAGED=c.paged, num_warps=self.CONFIG["fused_cmp"])
+        return self._tiles_merged(q, gates, out, pdl=False)
+
+    def _tiles_merged(self, q, gates, out, pdl: bool) -> torch.Tensor:
+        """The selected-block and window tiles and, in each row's last tile program, the merge + gates: one
+        launch (_fused_tiles_kernel) instead of _selwin_kernel + _combine_kernel."""
+        d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
         ns_sel, ns_win = cfg.n_sel, self.NS_WIN
         _fused_tiles_kernel[(self.BG, ns_sel + ns_win)](
             d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t, d.cap,
             self.qk_scale, *self.paging(), self.m_p, self.l_p, self.acc_p, gates, gates.stride(0), out, self.NCH,
             self.count[1], G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel, NSEL=cfg.n_sel, NS_SEL=ns_sel,
             NS_WIN=ns_win, NT=self.NT, HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV, BVS=self.BVS, BS=self.BS,
-            BC=_p2(self.NCH), BSEL=_p2(ns_sel), BWIN=_p2(ns_win), IEEE=self.IEEE, PAGED=c.paged,
-            num_warps=self.CONFIG["fused_tiles"])
+            BC=_p2(self.NCH), BSEL=_p2(ns_sel), BWIN=_p2(ns_win), IEEE=self.IEEE, PAGED=c.paged, PDL=pdl,
+            num_warps=self.CONFIG["fused_tiles"], **(self._pdl if pdl else {}))
         return out
 
     # ---- the split step (impl="split"): two launches, split-K sized from the SM count ----------------
@@ -1274,6 +1287,10 @@ class Workspace:
                 _topn_kernel[(self.BG,)](d.pos, bk["sc"], d.blk, d.NB, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
                                          BNB=_p2(d.NB), PDL=self.PDL, num_warps=self.CONFIG["select"], **self._pdl)
         with _scope("shared"):
+            if self.tune["tiles"] == "merged":
+                if gates.stride(2) != 1 or gates.stride(1) != 3:
+                    raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
+                return self._tiles_merged(q, gates, out, pdl=self.PDL)
             ns_sel, ns_win = self.selwin(q, True, True)
             return self.combine(gates, out, True, ns_sel, ns_win)
 

@@ -195,12 +195,14 @@ def test_triton_decoder_matches_prefill():
             _check(torch.cat(outs, 1), y_full[:, :T + 4], torch.float32, what=f"triton {phi} T={T}")
 
 
-@pytest.mark.parametrize("selection", ["logits", "blocks", "blocks-row"])
-def test_triton_fused_steps_equal_the_six_launch_step(selection):
+@pytest.mark.parametrize("selection,tiles", [("logits", "separate"), ("blocks", "separate"),
+                                             ("blocks-row", "separate"), ("blocks", "merged")])
+def test_triton_fused_steps_equal_the_six_launch_step(selection, tiles):
     """The step with the append inside the compressed pass (tune fuse_append, the default) writes the same
     caches, picks the same blocks and returns the same output as the 6-launch step, bit for bit, whichever
     way it selects: from logits (5 launches), from per-tile block partials with the scores in parallel (5)
-    or in one program per row (4); over steps where compressed tokens complete in a chunk other than chunk
+    or in one program per row (4), and with the tiles and the merge in one launch (tiles="merged": one
+    fewer); over steps where compressed tokens complete in a chunk other than chunk
     0 (written by that chunk, not by the appending one); fp32 and fp16; no PDL in the interpreter."""
     pytest.importorskip("triton", reason="triton not installed")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -209,7 +211,7 @@ def test_triton_fused_steps_equal_the_six_launch_step(selection):
     for dtype in (torch.float32, torch.float16):
         m = _model("avg", seed=7).to(device=dev, dtype=dtype)
         decs, caches = {}, {}
-        for name, tune in (("fused", {"selection": selection}), ("six", {"fuse_append": False})):
+        for name, tune in (("fused", {"selection": selection, "tiles": tiles}), ("six", {"fuse_append": False})):
             _, caches[name] = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
             # compressed rows in 8-row chunks: the completing token lands in chunk >= 1
             decs[name] = m.decoder(caches[name], impl="triton", chunk=8, tune=tune)
@@ -229,6 +231,8 @@ def test_triton_fused_steps_equal_the_six_launch_step(selection):
         m.decoder(caches["six"], impl="triton", tune={"pdll": True})
     with pytest.raises(ValueError, match="selection must be one of"):
         m.decoder(caches["six"], impl="triton", tune={"selection": "magic"})
+    with pytest.raises(ValueError, match="tiles must be one of"):
+        m.decoder(caches["six"], impl="triton", tune={"tiles": "magic"})
 
 
 def test_triton_full_decode_baseline():
