@@ -5,7 +5,8 @@ For each cached length S and batch B: an NSA layer (``NSAAttention``) gets a con
 tokens (``--fill``: a real prefill through the module, or a direct fill of every cache with
 random data for long S — the output says which), then the step that decodes token S-1 (cached
 length S during the step) is measured with the static decoder (``nsa_core.decode.static``;
-``--kernel``: torch, triton = 6 launches, fused = the attention part in 2 launches, split = 2 launches
+``--kernel``: torch, triton = 5 launches with PDL on sm_90+ (six with phi mlp), fused = the attention part in 2
+launches, split = 2 launches
 with split-K in both sized from the SM count; a comma list (``--kernel split,triton``) measures each
 kernel as its own row with the same layer, context, float64 reference and full-attention baselines, all
 timed round-robin in one set of replays; ``--page-size``: the raw KV cache in pages behind a block table):
@@ -824,7 +825,7 @@ class DecodeBench(Stage):
         Option("--nsa", parse_nsa, None, "geometry, e.g. l=32,d=16,l_sel=64,n_sel=16,w=512 (default CUDA: paper; "
                "CPU: l=16,d=8,l_sel=32,n_sel=8,w=128)"),
         Option("--kernel", _kernel_list, "auto", "nsa_core's decode step kernel, or several comma-separated (one row "
-               "each, same layer, context and baselines, timed round-robin): torch, triton (6 launches), fused (2 "
+               "each, same layer, context and baselines, timed round-robin): torch, triton (5 launches, PDL), fused (2 "
                "launches), split (2 launches, split-K sized from the SM count); auto: triton on CUDA, torch on CPU"),
         Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
                f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),

@@ -1,27 +1,32 @@
 """Fused Triton kernels for the static NSA decode step (``StaticDecoder(impl="triton")``).
 
-Six launches per step, all reading the position from a device scalar (graph capturable):
+The default step (``Workspace.attn``, phi avg) is five launches, each reading the position from a
+device scalar (graph capturable) and, on sm_90+, launched with programmatic dependent launch (PDL:
+the next kernel's programs start while the previous kernel runs and wait for it, ``_pdl_start``):
 
-  _append_kernel      token t -> K_sel/V_sel row t, window ring slot t % w, raw compression
-                      ring slot t % l; with phi="avg" also the compressed token that completes
-                      at t (mean of the ring, masked by the emit condition). phi="mlp" runs the
-                      torch phi after it (StaticDecoder._compress).
-  _cmp_partial_kernel split-K over the compressed cache, one program per (b*g, chunk): the h
-                      heads of the group against the chunk's visible compressed keys; online
-                      softmax stats (m, l) per head, the partial o_cmp (DO_O) and the logits
-                      (DO_LOGITS, log2 domain) for the selection scores.
-  _cmp_probs_kernel   one program per (b*g, chunk): p_cmp normalised with the merged stats and
-                      summed over the group's heads (Eq. 10) -> P [b*g, token].
-  _select_kernel      one program per (b*g): block scores with the overlap weights (Eq. 9, as
-                      sum_{m<a} sum_{n<b} P[j*a + m - n]), top-n with block 0 and the two local
-                      blocks forced, ties to the lower block id (one max-reduction per pick over
-                      a packed (score, -id) key) -> block ids [b*g, n] (-1 = unused).
-  _selwin_kernel      one program per (b*g, tile): tiles 0..n-1 are the selected blocks (raw
-                      tokens <= t), the next ceil(w / BS) tiles the window ring (slots <= t);
-                      partial (m, l, o) per tile.
-  _combine_kernel     one program per (b*g, slice of value columns): merges the compressed chunks
-                      and the tiles of each branch, applies the gates (Eq. 5) -> o [B, HQ, dv] in
-                      the cache dtype.
+  _append_cmp_kernel  split-K over the compressed cache, one program per (b*g, chunk): chunk 0 first
+                      writes token t to K_sel/V_sel, the window ring and the raw ring; the chunk whose
+                      range holds the compressed token completing at t writes it before reading it;
+                      then the h heads of the group against the chunk's visible compressed keys: stats
+                      (m, l), the partial o_cmp, and per 64-key tile the block partials of Eq. 9 (A to a
+                      token's own selection block, C to the next; tune selection="blocks") or the logits
+                      (selection="logits").
+  _block_scores_kernel one program per (b*g, slice of blocks): block scores from the partials and the
+                      merged stats (Eqs. 9-10).  [logits: _cmp_probs_kernel, p normalised and summed over
+                      the heads (Eq. 10) per (b*g, chunk)]
+  _topn_kernel        one program per (b*g): top-n with block 0 and the two local blocks forced, ties to
+                      the lower block id (one max-reduction per pick over a packed (score, -id) key) ->
+                      block ids [b*g, n] (-1 = unused).  [logits: _select_kernel, scores + top-n]
+  _selwin_kernel      one program per (b*g, tile): tiles 0..n-1 are the selected blocks (raw tokens <= t),
+                      the next ceil(w / BS) tiles the window ring (slots <= t); partial (m, l, o) per tile.
+  _combine_kernel     one program per (b*g, slice of value columns): merges the compressed chunks and the
+                      tiles of each branch (grouped independent loads, _merge_rows), applies the gates
+                      (Eq. 5) -> o [B, HQ, dv] in the cache dtype.
+
+Other arrangements (``Workspace.tune``, measured in docs/benchmarks.md): six launches (_append_kernel +
+_cmp_partial_kernel, as ``branches`` runs them and phi="mlp" needs), selection="blocks-row" (scores and
+top-n in one program per row, _scores_topn_kernel), tiles="merged" (_fused_tiles_kernel: tiles and merge
+in one launch, the row's last program merging).
 
 Two-launch variants: ``impl="fused"`` (append + split-K compressed pass with logits, probabilities and
 top-n in each row's last program; tiles + merge) and ``impl="split"`` (issue 14: split-K in both launches
