@@ -125,6 +125,27 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _paper_point(S: int, B: int):
+    """(module, cache filled at random to S - 1 tokens, x) at the paper shapes, bf16 on CUDA (the sweeps)."""
+    import torch
+
+    from nsa_core import NSAAttention, NSAConfig
+
+    torch.manual_seed(0)
+    m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
+    cache = m.new_cache(B, S)
+    cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
+    return m, cache, torch.randn(B, 1, 2048, device="cuda", dtype=torch.bfloat16)
+
+
+def _replay_us(fn, iters: int) -> float:
+    """Median CUDA-graph replay time of fn in µs, L2 flushed before each."""
+    from nsa_runner.measure import timing
+
+    replay = timing.graph_replays({"f": fn})[0]["f"]
+    return timing.bench(replay, device="cuda", warmup=10, iters=iters, flush_l2=True).ms * 1e3
+
+
 def cmd_sweep_split(args) -> int:
     """Split step (impl="split") geometry sweep, one factor at a time from the default: the attention
     part (append + branches + gates) as a CUDA-graph replay, L2 flushed before each, median; the
@@ -132,25 +153,18 @@ def cmd_sweep_split(args) -> int:
     Every configuration's output is checked against the default configuration's (same selection)."""
     import torch
 
-    from nsa_core import NSAAttention, NSAConfig
     from nsa_core.decode import kernels as K
-    from nsa_runner.measure import timing
     from nsa_runner.measure.decode_baselines import FullDecode
 
     def bench(fn):
-        replay = timing.graph_replays({"f": fn})[0]["f"]
-        return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=True).ms * 1e3
+        return _replay_us(fn, args.iters)
 
     print(f"# sweep-split: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}")
     print(f"{'S':>6} {'B':>3} {'config':>26} {'NCH':>4} {'CH':>5} {'NW':>3} {'NSP':>3} {'SPB':>3} {'us':>8}  check")
     base_consts = {k: getattr(K, k) for k in ("SPLIT_PROGRAMS_PER_SM", "SPLIT_SEL_PROGRAMS_PER_SM", "SPLIT_MAX_WIN")}
     for S in args.S:
         for B in args.B:
-            torch.manual_seed(0)
-            m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
-            cache = m.new_cache(B, S)
-            cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
-            x = torch.randn(B, 1, 2048, device="cuda", dtype=torch.bfloat16)
+            m, cache, x = _paper_point(S, B)
             ref = None
             configs = [("default", {}, None, {})]
             chunks = args.chunks_b1 if B == 1 else args.chunks
@@ -207,13 +221,10 @@ def cmd_sweep_tune(args) -> int:
     PDL) of the same context. Every configuration's output is checked against the default's."""
     import torch
 
-    from nsa_core import NSAAttention, NSAConfig
-    from nsa_runner.measure import timing
     from nsa_runner.measure.decode_baselines import FullDecode
 
     def bench(fn):
-        replay = timing.graph_replays({"f": fn})[0]["f"]
-        return timing.bench(replay, device="cuda", warmup=10, iters=args.iters, flush_l2=True).ms * 1e3
+        return _replay_us(fn, args.iters)
 
     configs = [("default", {}, {}),
                ("selection logits", {"selection": "logits"}, {}),
@@ -228,11 +239,7 @@ def cmd_sweep_tune(args) -> int:
           f"{args.rounds} rounds round-robin")
     for S in args.S:
         for B in args.B:
-            torch.manual_seed(0)
-            m = NSAAttention(2048, 64, 4, 192, 128, NSAConfig()).cuda().to(torch.bfloat16).eval()
-            cache = m.new_cache(B, S)
-            cache.fill_random_(S - 1, generator=torch.Generator("cuda").manual_seed(0))
-            x = torch.randn(B, 1, 2048, device="cuda", dtype=torch.bfloat16)
+            m, cache, x = _paper_point(S, B)
             runs, ref = [], None
             for name, tune, warps in configs:
                 try:
