@@ -221,60 +221,65 @@ def stage_processes(cookie: str, root: int | None = None) -> list:
     return [p for pid, p in found.items() if pid != me]
 
 
-def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
-    """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
-    processes), wait up to ``grace_s``, then SIGKILL what is left.
+class StageTree:
+    """The processes of one stage, found as ``stage_processes`` finds them (the tree below the worker
+    ``root``, and every process of this user carrying ``cookie``) and never forgotten: each process
+    found is kept as (pid, create time) — psutil refuses to signal a pid that was reused.
 
-    The tree is known before anything is signalled and never forgotten: each process found is kept
-    as (pid, create time) — psutil refuses to signal a pid that was reused — and the tree is frozen
-    (SIGSTOP, looked at again until nothing new shows) before each signal. Once SIGTERM ends the
-    worker (the subreaper), a TERM-ignoring daemon that cleared its environment is re-parented to
-    init and carries no cookie: only the earlier look still knows it, so its SIGKILL comes from
-    there, as does that of any child such a survivor forks meanwhile (its descendants are looked
-    at too)."""
-    import psutil
+    ``freeze`` stops them all (SIGSTOP, looked at again until nothing new shows: a stopped process
+    neither forks nor writes); ``kill`` ends them. The executor freezes a finished stage before it
+    reads its result and checks its files, and kills it (SIGKILL) beside the next stage (round 15
+    A1: a stage's TERM-ignoring helper, alive for the 3 s grace beside the next stage, forged that
+    stage's result)."""
 
-    known: dict[tuple[int, float], psutil.Process] = {}
+    def __init__(self, cookie: str, root: int | None):
+        import psutil
 
-    def live() -> list:
+        self._psutil = psutil
+        self.cookie, self.root = cookie, root
+        self.known: dict[tuple[int, float], psutil.Process] = {}
+
+    def live(self) -> list:
         out = []
-        for p in known.values():
+        for p in self.known.values():
             try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                if p.is_running() and p.status() != self._psutil.STATUS_ZOMBIE:
                     out.append(p)
-            except psutil.Error:
+            except self._psutil.Error:
                 pass
         return out
 
-    def look() -> bool:  # True when a process not known before was found
-        found = stage_processes(cookie, root)
-        for p in live():
+    def look(self) -> bool:
+        """Find the stage's processes again; True when one not known before was found."""
+        found = stage_processes(self.cookie, self.root)
+        for p in self.live():
             try:
                 found += p.children(recursive=True)
-            except psutil.Error:
+            except self._psutil.Error:
                 pass
         new = False
         for p in found:
             try:
                 key = (p.pid, p.create_time())
-            except psutil.Error:
+            except self._psutil.Error:
                 continue
-            if key not in known and p.pid != os.getpid():
-                known[key] = p
+            if key not in self.known and p.pid != os.getpid():
+                self.known[key] = p
                 new = True
         return new
 
+    @staticmethod
     def send(procs: list, sig: int) -> None:
         for p in procs:
             try:
                 p.send_signal(sig)
-            except psutil.Error:
+            except Exception:  # noqa: BLE001 - psutil.Error: gone, or a pid reused (never signalled)
                 pass
 
-    def groups(procs: list) -> list[int]:
+    def groups(self, procs: list) -> list[int]:
         """The worker's process group and those of the stage's processes (the stage's work runs in a
         group of its own: ``keep_orphans``), never this process's own group."""
-        out = [] if root is None else [root]
+        out = [] if self.root is None else [self.root]
         for p in procs:
             try:
                 out.append(os.getpgid(p.pid))
@@ -283,27 +288,53 @@ def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
         own = os.getpgrp()
         return [g for g in dict.fromkeys(out) if g > 1 and g != own]
 
-    def freeze() -> None:  # a stopped process neither forks nor lets a child slip away
+    def freeze(self) -> None:
+        """SIGSTOP every process of the stage, looked at again until no new one shows (20 rounds at
+        most). SIGSTOP cannot be caught nor ignored."""
         for _ in range(20):
-            new = look()
-            send(live(), signal.SIGSTOP)
+            new = self.look()
+            self.send(self.live(), signal.SIGSTOP)
             if not new:
                 return
 
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        freeze()
-        procs = live()
-        if not procs:
-            return
-        for group in groups(procs):
-            try:
-                os.killpg(group, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        send(procs, sig)
-        send(procs, signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs again
-        if wait > 0:
-            psutil.wait_procs(procs, timeout=wait)
+    def kill(self, grace_s: float, term: bool = True) -> None:
+        """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
+        processes), wait up to ``grace_s``, then SIGKILL what is left (``term=False``: SIGKILL at
+        once).
+
+        Once SIGTERM ends the worker (the subreaper), a TERM-ignoring daemon that cleared its
+        environment is re-parented to init and carries no cookie: only the earlier look still knows
+        it, so its SIGKILL comes from there, as does that of any child such a survivor forks
+        meanwhile (its descendants are looked at too)."""
+        phases = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if term else ((signal.SIGKILL, 5.0),)
+        for sig, wait in phases:
+            self.freeze()
+            procs = self.live()
+            if not procs:
+                return
+            for group in self.groups(procs):
+                try:
+                    os.killpg(group, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.send(procs, sig)
+            self.send(procs, signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs again
+            if wait > 0:
+                self._psutil.wait_procs(procs, timeout=wait)
+
+
+def freeze_processes(cookie: str, root: int | None) -> StageTree:
+    """Stop every process of the stage now (``StageTree.freeze``); ``.kill(...)`` ends them later."""
+    tree = StageTree(cookie, root)
+    tree.freeze()
+    return tree
+
+
+def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
+    """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
+    processes), wait up to ``grace_s``, then SIGKILL what is left (``StageTree.kill``: the tree is
+    known before anything is signalled, frozen before each signal)."""
+    StageTree(cookie, root).kill(grace_s)
 
 
 def _above_std(fd: int) -> int:

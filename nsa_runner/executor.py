@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import nsa_runner
-from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, STARTED, describe_exit, kill_processes, signal_name
+from nsa_runner._worker import (
+    COOKIE_ENV,
+    PARENT_ENV,
+    STARTED,
+    describe_exit,
+    freeze_processes,
+    kill_processes,
+    signal_name,
+)
 from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import (
     ManifestError,
@@ -457,23 +465,42 @@ class _Spare:
 
 
 class _Reaper:
-    """The tree kill of a stage that finished (its result is written), in a thread of the runner: the
-    worker's exit (the kernel freeing its CUDA context: ~0.6 s per stage on the H100, 4.9 s of a quick
-    oneshot's 66 s, cProfile 2026-11-26) overlaps the next stage instead of holding it up. The same kill
-    as ever (``_stop_stage``: SIGTERM, the grace period, SIGKILL, the cookie's processes), then the
-    stage's watchdog is ended, so a runner killed meanwhile still leaves nothing running. ``execute``
-    waits for each reaper before the stage after next and before it returns: nothing outlives the run.
-    A non-daemon thread: even an interpreter leaving on an exception waits for it."""
+    """The tree kill of a stage that finished (its result is written). The stage's processes are
+    frozen first, here (``_worker.freeze_processes``: SIGSTOP, looked at again until nothing new
+    shows), before the runner reads the result, checks the declared files and starts the next stage:
+    nothing of the stage acts any more (round 15 A1: a TERM-ignoring helper, alive for the 3 s grace
+    beside the next stage, forged that stage's result.json, turned a declared file into a folder after
+    the check, overwrote the next stage's file).
+
+    The kill itself (SIGKILL at once: the stage has returned, a frozen process has nothing to clean
+    up) runs in a thread of the runner: the worker's exit (the kernel freeing its CUDA context: ~0.6 s
+    per stage on the H100, 4.9 s of a quick oneshot's 66 s, cProfile 2026-11-26) overlaps the next
+    stage instead of holding it up.
+    Then the stage's watchdog is ended, so a runner killed meanwhile still leaves nothing running.
+    ``execute`` waits for each reaper before the stage after next and before it returns: nothing
+    outlives the run. A non-daemon thread: even an interpreter leaving on an exception waits for it."""
 
     def __init__(self, proc: subprocess.Popen, cookie: str, guard, folder: _TempFolder | None = None):
         self._proc, self._cookie, self._guard = proc, cookie, guard
         self._folder = folder  # the stage's temp folder: removed once nothing of the stage can write there
+        self._tree = None
+        try:
+            self._tree = freeze_processes(cookie, proc.pid)
+        except Exception:  # noqa: BLE001 - psutil missing or broken: the thread kills as before
+            pass
         self._thread = threading.Thread(target=self._run, name=f"nsa-run-reaper-{proc.pid}", daemon=False)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread can be started: the kill is done here, before the next stage
+            self._run()
 
     def _run(self) -> None:
         try:
-            _stop_stage(self._proc, self._cookie)
+            if self._tree is not None:
+                self._tree.kill(0.0, term=False)
+                self._proc.wait(timeout=10)
+            else:
+                _stop_stage(self._proc, self._cookie)
         except Exception:  # noqa: BLE001 - never a thread's traceback on the terminal: the worker is killed plainly
             try:
                 self._proc.kill()

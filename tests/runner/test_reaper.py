@@ -1,7 +1,8 @@
 """The tree kill of a finished stage runs beside the next stage (``executor._Reaper``; issue 13): the
 worker's exit (the kernel freeing a CUDA context: ~0.6 s per stage on the H100) no longer holds the
-next stage up. The kill itself is the same (SIGTERM, the grace period, SIGKILL), and nothing of any
-stage outlives the run."""
+next stage up. The stage's processes are frozen (SIGSTOP) before its result is read and killed
+(SIGKILL) beside the next stage (round 15 A1: nothing of it acts beside the next one), and nothing of
+any stage outlives the run."""
 
 from __future__ import annotations
 
@@ -30,20 +31,20 @@ class Y(Stage):
     preload = False  # a fresh worker: starts in well under the 3 s x takes to die
     def run(self, ctx):
         x = json.loads((ctx.dir / "x.json").read_text())["pid"]
-        try:
-            os.kill(x, 0)
-            x_alive = True
-        except ProcessLookupError:
-            x_alive = False
-        (ctx.dir / "y.json").write_text(json.dumps({"x_alive_at_start": x_alive}))
+        try:  # T: frozen (round 15 A1: never running beside y), Z: killed, "": gone
+            with open(f"/proc/{x}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0].decode()
+        except OSError:
+            state = ""
+        (ctx.dir / "y.json").write_text(json.dumps({"x_state_at_start": state}))
         return StageResult(Status.PASS, "y ok", files=["y.json"])
 """
 
 
 def test_the_next_stage_starts_while_the_finished_one_is_still_dying_and_nothing_outlives_the_run(plugins, tmp_path):
-    """Before: y began only once x's process was gone (its exit takes 3 s: the SIGKILL after the grace
-    period): x_alive_at_start was False. Now y begins at once; x is still killed (its record PASS), and
-    gone when nsa-run returns."""
+    """Before the reaper: y began only once x's process was gone (its exit took 3 s: the SIGKILL after
+    the grace period). Now y begins at once, x frozen (or killed already), never running beside y; x is
+    killed (its record PASS), and gone when nsa-run returns."""
     plugins.make("reap-plugin", "reap_mod", SOURCE, {"x": "reap_mod:X", "y": "reap_mod:Y"})
     out = tmp_path / "out"
     r = subprocess.run(cli_cmd("oneshot", "--out", out, "--only", "x,y", "--device", "cpu"), env=plugins.env(),
@@ -51,5 +52,6 @@ def test_the_next_stage_starts_while_the_finished_one_is_still_dying_and_nothing
     assert r.returncode == 0, r.stderr[-2000:]
     assert [s["status"] for s in manifest(out)["stages"]] == ["PASS", "PASS"]
     run = out / "testrun"
-    assert json.loads((run / "y.json").read_text())["x_alive_at_start"] is True
+    # x is frozen before its result is read (SIGSTOP), killed beside y: never running while y runs
+    assert json.loads((run / "y.json").read_text())["x_state_at_start"] in ("T", "Z", ""), (run / "y.json").read_text()
     assert not alive(json.loads((run / "x.json").read_text())["pid"])
