@@ -477,12 +477,14 @@ class _Reaper:
     per stage on the H100, 4.9 s of a quick oneshot's 66 s, cProfile 2026-11-26) overlaps the next
     stage instead of holding it up.
     Then the stage's watchdog is ended, so a runner killed meanwhile still leaves nothing running.
-    ``execute`` waits for each reaper before the stage after next and before it returns: nothing
-    outlives the run. A non-daemon thread: even an interpreter leaving on an exception waits for it."""
+    ``execute`` waits for each reaper (``join``: on an Event the thread sets at its very end, waited for
+    again after an interrupt, round 15 A5) before the stage after next and before it returns, whatever
+    way it leaves: nothing outlives the run."""
 
     def __init__(self, proc: subprocess.Popen, cookie: str, guard, folder: _TempFolder | None = None):
         self._proc, self._cookie, self._guard = proc, cookie, guard
         self._folder = folder  # the stage's temp folder: removed once nothing of the stage can write there
+        self._finished = threading.Event()
         self._tree = None
         try:
             self._tree = freeze_processes(cookie, proc.pid)
@@ -512,19 +514,40 @@ class _Reaper:
                 _done(self._guard)
             except Exception:  # noqa: BLE001 - Watchdog.done kills it itself when it does not end
                 pass
-            if self._folder is not None:
-                self._folder.close()
+            try:
+                if self._folder is not None:
+                    self._folder.close()
+            finally:
+                self._finished.set()
 
     def join(self) -> None:
-        """Wait until the stage's processes and its watchdog are gone (a Ctrl-C meanwhile is raised;
-        the thread still finishes its kill)."""
-        self._thread.join()
+        """Wait until the stage's processes and its watchdog are gone. An interrupt (Ctrl-C, SIGTERM)
+        meanwhile is raised once the reaper has finished, never before: ``Thread.join`` interrupted by
+        a signal handler marks the thread stopped (CPython 3.11, bpo-45274), and nothing waited for it
+        any more (the runner exited 130 with the stage's processes alive)."""
+        interrupted: KeyboardInterrupt | None = None
+        while True:
+            try:
+                self._finished.wait()
+                break
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
 
 
-def _join_all(reapers: list[_Reaper]) -> None:
+def _join_all(reapers: list[_Reaper], quiet: bool = False) -> None:
+    """Wait for every reaper (an interrupt meanwhile is raised once all are done; ``quiet``: dropped,
+    the run is leaving already)."""
+    interrupted: KeyboardInterrupt | None = None
     while reapers:
-        reapers[0].join()
+        try:
+            reapers[0].join()
+        except KeyboardInterrupt as e:
+            interrupted = interrupted or e
         reapers.pop(0)
+    if interrupted is not None and not quiet:
+        raise interrupted
 
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
@@ -899,7 +922,8 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     try:
         for i, (entry, options) in enumerate(entries):
             while len(reapers) > 1:  # the stage before the last one: its processes are gone before this one starts
-                reapers.pop(0).join()
+                reapers[0].join()  # (waits to the end even when interrupted)
+                reapers.pop(0)
             ctx = RunContext(manifest.dir, settings.device, settings.profile, options, run_id, entry.name)
             timeout = settings.timeout_s
             if timeout is None:
@@ -950,7 +974,9 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 observer.on_finish(entry, rec)
         # inside the try: a signal while the manifest is finished (after the last record) is an
         # interrupt of the run like any other (it escaped as a bare KeyboardInterrupt: exit 130
-        # without a word, the closing summaries never written)
+        # without a word, the closing summaries never written); the last stages' kills are waited
+        # for first (an interrupt meanwhile: the run's interrupt, once they are done)
+        _join_all(reapers)
         manifest.finish()
     except KeyboardInterrupt:
         with signals_deferred(deliver=False):  # one more Ctrl-C while the run is finished: noted only
@@ -959,7 +985,9 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     finally:
         if ready is not None:
             ready.close()
-        _join_all(reapers)  # nothing of any stage outlives the run (a Ctrl-C meanwhile: the thread still ends)
+        # nothing of any stage outlives the run: waited for on every way out (a Ctrl-C meanwhile: noted
+        # only, the run is leaving already)
+        _join_all(reapers, quiet=True)
     return records
 
 

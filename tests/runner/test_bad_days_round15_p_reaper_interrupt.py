@@ -1,0 +1,188 @@
+"""Bad days, red-team round 15 (part A) A5: the reaper of a finished stage (``executor._Reaper``).
+
+A5: an interrupt (one SIGTERM, a double Ctrl-C) while the runner waited for the last stage's reaper:
+``Thread.join`` interrupted by a signal handler marks the thread stopped (CPython 3.11, bpo-45274), so
+nothing waited for it any more and nsa-run exited 130 with the finished stage's helper still alive
+(a TERM-ignoring daemon, env cleared, ``setsid``). Now the runner waits on an Event the reaper sets at
+its very end, again after an interrupt, on every way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+try:
+    from _bad_days import MAIN, alive, env_with
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import MAIN, alive, env_with
+
+from nsa_runner import executor
+
+STAGES = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+from nsa_runner import Stage, StageResult, Status
+
+DAEMON = '''
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.setsid()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(1000)
+'''
+
+def _kill_watchdog():
+    cookie = os.environ["NSA_RUN_STAGE_COOKIE"].encode()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+            except OSError:
+                continue
+            if b"--watchdog" in cmd and cookie in cmd:
+                os.kill(int(pid), signal.SIGKILL)
+                return int(pid)
+    raise RuntimeError("no watchdog found")
+
+def _act(ctx, name):
+    (ctx.dir / f"{name}.txt").write_text(name)
+    pidfile = os.environ.get("P15_DAEMON_" + name.upper())
+    if pidfile:  # a TERM-ignoring daemon: env cleared, a session of its own
+        subprocess.Popen([sys.executable, "-c", DAEMON, pidfile], env={"PATH": "/usr/bin:/bin"},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not os.path.exists(pidfile):
+            time.sleep(0.01)
+    if os.environ.get("P15_KILL_WATCHDOG") == name:
+        Path(os.environ["P15_WATCHDOG"]).write_text(str(_kill_watchdog()))
+    started = os.environ.get("P15_STARTED_" + name.upper())
+    if started:
+        Path(started).write_text(str(os.getpid()))
+    time.sleep(float(os.environ.get("P15_SLEEP_" + name.upper(), "0")))
+    return StageResult(Status.PASS, name, files=[f"{name}.txt"])
+
+class A(Stage):
+    name, order, timeout_s = "a", 10, 120.0
+    def run(self, ctx):
+        return _act(ctx, "a")
+
+class B(Stage):
+    name, order, timeout_s = "b", 11, 120.0
+    def run(self, ctx):
+        return _act(ctx, "b")
+"""
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """The daemon's pid file; a daemon still alive at the end is killed (never left behind)."""
+    pidfile = tmp_path / "daemon.pid"
+    yield pidfile
+    if pidfile.is_file() and pidfile.read_text().strip() and alive(int(pidfile.read_text())):
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def _start(plugins, tmp_path, only: str, **env) -> tuple[subprocess.Popen, object]:
+    plugins.make("p15r-plugin", "p15r_mod", STAGES, {"a": "p15r_mod:A", "b": "p15r_mod:B"})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", MAIN, "oneshot", "--only", only, "--out", out, "--device", "cpu"],
+                            env=env_with(plugins.env(), **env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, out / "testrun" / "manifest.json"
+
+
+def _finished(manifest, proc) -> None:
+    """Until the run's manifest says it finished (before the fix: then the runner waited for the last
+    stage's reaper, in its 3 s grace) or nsa-run ended."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if json.loads(manifest.read_text()).get("finished"):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    assert proc.poll() is not None, "the run never finished"
+
+
+def test_sigterm_while_the_last_stages_tree_is_killed_waits_for_it(plugins, tmp_path, daemon):
+    """Before: exit 130 at once, a's daemon still alive (running, then stopped) when nsa-run had exited.
+    (Now the manifest is finished once the reapers are done; the interrupted wait itself is the unit
+    test below.)"""
+    proc, manifest = _start(plugins, tmp_path, "a", P15_DAEMON_A=daemon)
+    try:
+        _finished(manifest, proc)  # a's result is in (before the fix: its tree was still being killed)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    pid = int(daemon.read_text())
+    assert not alive(pid), f"a's daemon {pid} outlived nsa-run (rc {proc.returncode}): {out[-2000:]}"
+    assert proc.returncode in (0, 130), out
+    assert json.loads(manifest.read_text())["stages"][0]["status"] == "PASS"
+
+
+class _SlowTree:
+    """A stage tree whose kill takes until ``release`` is set (as a worker freeing its CUDA context)."""
+
+    def __init__(self, log: list[str], stage: subprocess.Popen):
+        self.release = threading.Event()
+        self.log, self.stage = log, stage
+
+    def kill(self, grace_s, term=True):
+        self.release.wait(30)
+        self.stage.kill()
+        self.log.append("killed")
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def test_reaper_join_interrupted_still_waits_for_the_kill(monkeypatch):
+    """The runner's wait for a reaper, interrupted (the CLI's handlers raise KeyboardInterrupt), goes on
+    until the reaper's kill is done, then raises. Before: ``join`` raised at once, the kill unfinished."""
+    log: list[str] = []
+    stage = _sleeper()
+    tree = _SlowTree(log, stage)
+    monkeypatch.setattr(executor, "freeze_processes", lambda cookie, root: tree)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        reaper = executor._Reaper(stage, uuid.uuid4().hex, None)
+
+        def later():
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGUSR1)  # the interrupt lands while join waits
+            time.sleep(0.5)
+            log.append("released")
+            tree.release.set()
+
+        t = threading.Thread(target=later)
+        t.start()
+        with pytest.raises(KeyboardInterrupt):
+            executor._join_all([reaper])
+        log.append("joined")
+        t.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        tree.release.set()
+        stage.kill()
+        stage.wait()
+    assert log == ["released", "killed", "joined"], log
