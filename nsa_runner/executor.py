@@ -470,7 +470,8 @@ class _Reaper:
     shows), before the runner reads the result, checks the declared files and starts the next stage:
     nothing of the stage acts any more (round 15 A1: a TERM-ignoring helper, alive for the 3 s grace
     beside the next stage, forged that stage's result.json, turned a declared file into a folder after
-    the check, overwrote the next stage's file).
+    the check, overwrote the next stage's file). The stage's watchdog is checked (and replaced when the
+    stage killed it: round 15 A3) once the tree is frozen and while it is killed.
 
     The kill itself (SIGKILL at once: the stage has returned, a frozen process has nothing to clean
     up) runs in a thread of the runner: the worker's exit (the kernel freeing its CUDA context: ~0.6 s
@@ -490,16 +491,27 @@ class _Reaper:
             self._tree = freeze_processes(cookie, proc.pid)
         except Exception:  # noqa: BLE001 - psutil missing or broken: the thread kills as before
             pass
+        self._watch()
         self._thread = threading.Thread(target=self._run, name=f"nsa-run-reaper-{proc.pid}", daemon=False)
         try:
             self._thread.start()
         except RuntimeError:  # no thread can be started: the kill is done here, before the next stage
             self._run()
 
+    def _watch(self) -> None:
+        """The stage's watchdog alive (a killed one replaced, a stopped one continued) while its
+        processes are still there: a runner killed meanwhile leaves nothing running."""
+        try:
+            if self._guard is not None:
+                self._guard.alive()
+        except Exception:  # noqa: BLE001 - no new watchdog can be started: the parent-death signal remains
+            pass
+
     def _run(self) -> None:
         try:
             if self._tree is not None:
                 self._tree.kill(0.0, term=False)
+                self._watch()
                 self._proc.wait(timeout=10)
             else:
                 _stop_stage(self._proc, self._cookie)
