@@ -40,6 +40,33 @@ def entry_key(dist_name: str, ep: md.EntryPoint) -> str:
     return "\t".join((dist_name.lower().replace("_", "-").replace(".", "-"), ep.name, ep.value))
 
 
+ERROR_CHARS = 4000  # a failed import's message as the child records it (the parent clips it again)
+TRACEBACK_CHARS = 20_000  # the end of its traceback
+
+
+def _why(e: BaseException) -> str:
+    """``TYPE: message`` of what a plugin's import raised, clipped (round 15 B-R6: a 20 MB message went
+    whole into every record); its ``__str__`` is plugin code: never raising here."""
+    try:
+        text = str(e)
+        text = text if type(text) is str else str.__getitem__(text, slice(0, None))
+        name = type(e).__name__
+        name = name if type(name) is str else "object"
+    except BaseException:  # noqa: BLE001 - a hostile __str__ (even SystemExit)
+        text, name = "<unprintable>", "object"
+    line = " ".join(text[:2 * ERROR_CHARS].split())
+    if len(line) > ERROR_CHARS or len(text) > 2 * ERROR_CHARS:
+        line = f"{line[:ERROR_CHARS]}… (of {len(text)} characters)"
+    return f"{name}: {line}" if line else name
+
+
+def _traceback() -> str:
+    try:
+        return traceback.format_exc()[-TRACEBACK_CHARS:]
+    except BaseException:  # noqa: BLE001 - formatting runs the plugin's __str__ / __repr__
+        return ""
+
+
 def _resolve(spec: str):
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -169,8 +196,8 @@ def main(argv: list[str]) -> int:
             except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
                 if isinstance(e, KeyboardInterrupt):
                     raise
-                rec["error"] = f"failed to import {ep.value}: {type(e).__name__}: {e}".strip()
-                rec["traceback"] = traceback.format_exc()
+                rec["error"] = f"failed to import {ep.value}: {_why(e)}"
+                rec["traceback"] = _traceback()
                 problem = None if swapped else folder_swapped()
                 if problem is not None:
                     swapped = True
@@ -182,8 +209,8 @@ def main(argv: list[str]) -> int:
             except BaseException as e:  # noqa: BLE001
                 if isinstance(e, KeyboardInterrupt):
                     raise
-                rec["error"] = f"{ep.value}: describing it raised {type(e).__name__}: {e}"
-                rec["traceback"] = traceback.format_exc()
+                rec["error"] = f"{ep.value}: describing it raised {_why(e)}"
+                rec["traceback"] = _traceback()
             problem = None if swapped else folder_swapped()
             if problem is not None:  # this import (or its description) did it: the entry point is broken
                 swapped = True

@@ -24,7 +24,7 @@ import traceback
 from dataclasses import dataclass
 
 from nsa_runner._text import clip
-from nsa_runner.impls import BUILTIN, GROUP, PARTS, Impl
+from nsa_runner.impls import BUILTIN, GROUP, PARTS, TEXT_CHARS, Impl, plain_impl, stops, type_name
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 BUILTIN_DIST = "nsa-run"
@@ -42,6 +42,15 @@ class ImplEntry:
     traceback: str = ""
     dist_path: str = ""  # the distribution's metadata folder: decides built-in-ness (not its Name)
 
+    def __setattr__(self, name: str, value) -> None:
+        # round 15 B-R6: a broken adapter's import error (20 MB) was kept whole and every stage wrote it into
+        # each case row (an 84 MB triton_fwd.csv; sanity's result too large to record): whatever sets it
+        # (the import check in a child, the import here, the checks, a duplicate), it is one plain line,
+        # clipped; the traceback keeps the rest
+        if name == "error":
+            value = one_line(value)
+        object.__setattr__(self, name, value)
+
     @property
     def builtin(self) -> bool:
         return _builtin(self.dist, self.dist_path, self.value)
@@ -49,6 +58,51 @@ class ImplEntry:
     @property
     def source(self) -> str:
         return "built-in" if self.builtin else f"plugin {self.dist} {self.dist_version}"
+
+
+def _plain(text) -> str:
+    """``text`` as a plain ``str`` (never a plugin's subclass: its methods may be hostile); never raises."""
+    try:
+        if not isinstance(text, str):
+            text = str(text)
+        return text if type(text) is str else str.__getitem__(text, slice(0, None))
+    except BaseException as e:  # noqa: BLE001 - a plugin's __str__
+        if stops(e):
+            raise
+        return f"<unprintable {type_name(text)}>"
+
+
+def one_line(text) -> str:
+    """``text`` as a broken entry's error: a plain ``str``, its whitespace folded to one line, at most
+    ``TEXT_CHARS`` characters (what is left out counted); never raises."""
+    text = _plain(text)
+    line = " ".join(text[:2 * TEXT_CHARS].split())
+    if len(line) <= TEXT_CHARS and len(text) <= 2 * TEXT_CHARS:
+        return line
+    return f"{line[:TEXT_CHARS]}… (of {len(text)} characters)"
+
+
+def _format_exc(limit: int = 20_000) -> str:
+    """The traceback being handled, its last ``limit`` characters; never raises."""
+    try:
+        return traceback.format_exc()[-limit:]
+    except BaseException as e:  # noqa: BLE001 - formatting runs the plugin's __str__ / __repr__
+        if stops(e):
+            raise
+        return ""
+
+
+def _failure(e: BaseException) -> str:
+    """``TYPE: message`` of what a plugin raised, clipped (its ``__str__`` may raise or return megabytes)."""
+    try:
+        text = str(e)
+        if type(text) is not str:
+            text = str.__getitem__(text, slice(0, None))
+    except BaseException as e2:  # noqa: BLE001 - its __str__ is the plugin's code
+        if stops(e2):
+            raise
+        text = "<unprintable>"
+    return one_line(f"{type_name(e)}: {text}")
 
 
 def _builtin(dist: str, dist_path: str, value: str) -> bool:
@@ -109,22 +163,10 @@ def _check(obj, ep: md.EntryPoint) -> tuple[Impl | None, str, str]:
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
         if isinstance(e, KeyboardInterrupt):
             raise
-        return None, f"failed to load {ep.value}: {type(e).__name__}: {e}".strip(), traceback.format_exc()
-    if not isinstance(impl, Impl):
-        return None, f"{ep.value} gives a {type(impl).__name__}, not an nsa_runner.impls.Impl", ""
-    try:
-        problems = impl.problems()
-        if impl.name != ep.name:
-            problems.append(f"is named {impl.name!r} but registered as {ep.name!r}")
-    except Exception as e:  # noqa: BLE001 - hostile attributes
-        problems = [f"attributes cannot be read: {type(e).__name__}: {e}"]
-    if problems:
-        return None, f"{ep.value}: " + "; ".join(problems), ""
-    try:
-        impl.clip_texts()  # round 14 R3: an adapter's texts never recorded whole
-    except Exception as e:  # noqa: BLE001 - hostile attributes
-        return None, f"{ep.value}: attributes cannot be read: {type(e).__name__}: {e}", ""
-    return impl, "", ""
+        return None, one_line(f"failed to load {ep.value}: {_failure(e)}"), _format_exc()
+    # round 15 B-R1: the runner keeps a plain copy (texts clipped, types checked), made in the adapter guard
+    plain, error = plain_impl(impl, ep.name)
+    return (plain, "", "") if plain is not None else (None, one_line(f"{ep.value}: {error}"), "")
 
 
 def _load_one(ep: md.EntryPoint, dist: str, version: str, dist_path: str = "") -> ImplEntry:
@@ -139,8 +181,8 @@ def _load_one(ep: md.EntryPoint, dist: str, version: str, dist_path: str = "") -
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
         if isinstance(e, KeyboardInterrupt):
             raise
-        entry.error = f"failed to load {ep.value}: {type(e).__name__}: {e}".strip()
-        entry.traceback = traceback.format_exc()
+        entry.error = f"failed to load {ep.value}: {_failure(e)}"
+        entry.traceback = _format_exc()
         return entry
     entry.impl, entry.error, entry.traceback = _check(obj, ep)
     return entry
@@ -164,7 +206,7 @@ def import_problem(ep: md.EntryPoint, dist: str) -> str:
         rec = recs[0] if recs else {"error": f"{ep.value}: the import check in a child process did not find "
                                              "this entry point again"}
         if rec.get("error"):
-            _CHECKED[key] = str(rec["error"])
+            _CHECKED[key] = one_line(rec["error"]) or f"{ep.value}: broken"
         elif isinstance(rec.get("impl"), dict):
             _CHECKED[key] = ""
         else:
