@@ -50,6 +50,8 @@ MAX_CHOICES = 256  # choices of one option
 CHOICE_CHARS = 200  # one choice as listed (the stage's own parse checks the whole one, in its child)
 DEFAULTS_CHARS = 256 << 10  # a stage's option defaults together, as JSON (each one is recorded in the manifest)
 MAX_ORDER = 10**9  # |order|
+MAX_REQUIRES = 8  # entries of a stage's requires (each one of KNOWN_REQUIREMENTS; round 15 B-R2: 3 000 000 made
+# `list --json` print 345 MB)
 MAX_DEPTH = 32  # how deep an option's value (its default, what its parse returns) may nest lists / dicts
 BUILTIN_DIST = "nsa-run"
 KNOWN_REQUIREMENTS = ("cuda", "triton")
@@ -272,6 +274,17 @@ FLAG_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]{0,62}")  # 64 characters at mo
 STAGE_ATTRS = ("name", "order", "timeout_s", "description", "requires", "options")
 
 
+def _said(value: Any, limit: int = 200) -> str:
+    """A declared value as a problem names it: its repr, clipped (round 15 B-R2: a problem quoted the
+    plugin's value whole); a container too large to show is named by its size."""
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > 1000:
+        return f"a {type(value).__name__} of {len(value)} entries"
+    try:
+        return clip(repr(value), limit)
+    except Exception:  # noqa: BLE001 - (the child's values are plain; a Stage built in-process may not be)
+        return f"a {type(value).__name__}"
+
+
 def _problems(info: dict, ep_name: str) -> list[str]:
     """What is wrong with a stage's description (plain values: ``STAGE_ATTRS``, options as dicts
     ``{"flag", "default", "help", "choices"}``); empty when it can run.
@@ -285,26 +298,31 @@ def _problems(info: dict, ep_name: str) -> list[str]:
         problems.append("has no name")
     elif not isinstance(name, str) or not NAME_RE.fullmatch(name):
         problems.append(f"name must be letters, digits, '.', '_' or '-' (at most 64, starting with a letter or "
-                        f"digit), got {name!r}")
+                        f"digit), got {_said(name)}")
     elif name != ep_name:
         problems.append(f"is named {name!r} but registered as {ep_name!r}")
     order = info.get("order")
     if isinstance(order, bool) or not isinstance(order, int):
-        problems.append(f"order must be an int, got {clip(repr(order), 100)}")
+        problems.append(f"order must be an int, got {_said(order, 100)}")
     elif abs(order) > MAX_ORDER:  # 10**4000 squeezed the list table to two columns
-        problems.append(f"order must be an int between -{MAX_ORDER} and {MAX_ORDER}, got {clip(str(order), 40)}")
+        problems.append(f"order must be an int between -{MAX_ORDER} and {MAX_ORDER}, got {_said(order, 40)}")
     t = info.get("timeout_s")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-        problems.append(f"timeout_s must be a positive number of seconds, got {t!r}")
+        problems.append(f"timeout_s must be a positive number of seconds, got {_said(t)}")
     if not isinstance(info.get("description"), str):
         problems.append(f"description must be a string, got {type(info.get('description')).__name__}")
     requires = info.get("requires")
-    if not isinstance(requires, (tuple, list)) or not all(isinstance(r, str) for r in requires):
-        problems.append(f"requires must be a tuple of strings, got {requires!r}")
+    if not isinstance(requires, (tuple, list)):
+        problems.append(f"requires must be a tuple of strings, got {_said(requires)}")
+    elif len(requires) > MAX_REQUIRES:  # counted before anything is read of its entries (round 15 B-R2)
+        problems.append(f"requires has {len(requires)} entries (at most {MAX_REQUIRES}, each one of "
+                        f"{', '.join(KNOWN_REQUIREMENTS)})")
+    elif not all(isinstance(r, str) for r in requires):
+        problems.append(f"requires must be a tuple of strings, got {_said(requires)}")
     else:
         unknown = [r for r in requires if r not in KNOWN_REQUIREMENTS]
         if unknown:
-            problems.append(f"unknown requirement(s) {unknown} (known: {', '.join(KNOWN_REQUIREMENTS)})")
+            problems.append(f"unknown requirement(s) {_said(unknown)} (known: {', '.join(KNOWN_REQUIREMENTS)})")
     options = info.get("options")
     if not isinstance(options, (tuple, list)) or any(not isinstance(o, dict) for o in options):
         problems.append("options must be a tuple of nsa_runner.Option instances")
@@ -315,12 +333,12 @@ def _problems(info: dict, ep_name: str) -> list[str]:
     flags = [o.get("flag") for o in options]
     dests = [f.lstrip("-").replace("-", "_") for f in flags if isinstance(f, str)]  # Option.dest
     if any(not isinstance(f, str) or not f.startswith("--") for f in flags) or len(set(map(str, flags))) != len(flags):
-        problems.append(f"option flags must start with '--' and be unique, got {flags}")
+        problems.append(f"option flags must start with '--' and be unique, got {_said(flags)}")
     elif any(not FLAG_RE.fullmatch(f) for f in flags):  # `--x=y` could never be given: `--x=...` splits at '='
         problems.append(f"option flags must be '--' then letters, digits, '-' or '_' (starting with a letter or "
-                        f"digit), got {[f for f in flags if not FLAG_RE.fullmatch(f)]}")
+                        f"digit), got {_said([f for f in flags if not FLAG_RE.fullmatch(f)])}")
     elif len(set(dests)) != len(dests):  # --a-b and --a_b fill one ctx.options key: one would be lost
-        problems.append(f"option flags {flags} name the same ctx.options key twice ('-' and '_' are one)")
+        problems.append(f"option flags {_said(flags)} name the same ctx.options key twice ('-' and '_' are one)")
     elif any(f in RESERVED_FLAGS for f in flags):
         problems.append(f"option flags {[f for f in flags if f in RESERVED_FLAGS]} are reserved by nsa-run")
     elif any(not isinstance(o.get("help"), str) or not isinstance(o.get("choices"), (list, tuple))
@@ -436,6 +454,10 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
     if problems:
         return {"error": f"{ep.value}: stage " + "; ".join(problems)}
     info["requires"], info["timeout_s"] = list(info["requires"]), float(info["timeout_s"])
+    # its display texts sent clipped (the runner clips them again): a plugin's megabytes never travel
+    info["description"] = clip(info["description"], DESCRIPTION_CHARS)
+    info["options"] = [dict(o, help=clip(o["help"], HELP_CHARS), choices=[clip(c, CHOICE_CHARS) for c in o["choices"]])
+                       for o in info["options"]]
     out: dict[str, Any] = {"stage": info}
     if args is not None:
         try:

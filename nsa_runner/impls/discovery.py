@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import math
 import os
 import re
@@ -29,6 +30,13 @@ from nsa_runner.impls import BUILTIN, GROUP, PARTS, TEXT_CHARS, Impl, plain_impl
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 BUILTIN_DIST = "nsa-run"
 DESCRIBE_IMPL = "nsa_runner.impls.discovery:describe_impl"
+# what an adapter's declaration may hold (round 15 B-R2: 50 000 differences keys of 1 000 characters made
+# `list --impls --json` print 51 MB, 100 000 dtypes and a 40 MB check docstring 44 MB): beyond a bound the
+# adapter is broken, the attribute and its size named
+MAX_DIFFERENCES = len(PARTS)  # entries of differences (one per part at most)
+KEY_CHARS = 64  # a differences key (a part's name)
+MAX_DTYPES = 64  # entries of constraints.dtypes
+INFO_CHARS = 64 << 10  # an adapter's whole description as JSON (what `list --impls --json` prints of it)
 
 
 @dataclass
@@ -237,7 +245,10 @@ def describe_impl(obj, ep: md.EntryPoint, args=None) -> dict:
     if impl is None:
         return {"error": error, "traceback": tb}
     c = impl.constraints
-    info = {"parts": [p for p in PARTS if p in impl.parts], "constraints": c.describe(),
+    cons = c.describe()
+    if isinstance(cons, dict) and isinstance(cons.get("more"), str):  # check's docstring: display text, clipped
+        cons["more"] = clip(_plain(cons["more"]), TEXT_CHARS)
+    info = {"parts": [p for p in PARTS if p in impl.parts], "constraints": cons,
             "needs_cuda": bool(c.needs_cuda), "differences": {str(k): str(v) for k, v in impl.differences.items()},
             "description": str(impl.description or ""), "note": str(impl.note or ""),
             "unavailable": str(impl.unavailable or ""), "hint": str(impl.hint or "")}
@@ -287,8 +298,20 @@ def _info_problem(info) -> str:
     diffs = info.get("differences")
     if not isinstance(diffs, dict) or not all(isinstance(v, str) for v in diffs.values()):
         return "differences must be a dict {part: text}"
+    # the child ran plugin code: the bounds checked again (round 15 B-R2)
+    if len(diffs) > MAX_DIFFERENCES:
+        return f"differences has {len(diffs)} entries (at most {MAX_DIFFERENCES}: one per part)"
+    if any(len(k) > KEY_CHARS for k in diffs):
+        return f"differences has a key of {max(map(len, diffs))} characters (at most {KEY_CHARS}: a part's name)"
+    if len(cons.get("dtypes", [])) > MAX_DTYPES:
+        return f"constraints.dtypes has {len(cons['dtypes'])} entries (at most {MAX_DTYPES})"
     bad = [k for k in ("description", "note", "unavailable", "hint") if not isinstance(info.get(k), str)]
-    return f"{', '.join(bad)} must be text" if bad else ""
+    if bad:
+        return f"{', '.join(bad)} must be text"
+    size = len(json.dumps(info))
+    if size > INFO_CHARS:
+        return f"its description is {size} characters as JSON (at most {INFO_CHARS})"
+    return ""
 
 
 def _row(rec: dict, device: str, error: str = "") -> dict:
