@@ -147,8 +147,24 @@ class Constraints:
                 "heads_per_group": ("power of two" if self.heads_per_group_pow2 else "any")
                 + (f" >= {self.min_heads_per_group}" if self.min_heads_per_group > 1 else ""),
                 "varlen": self.varlen, "needs_cuda": self.needs_cuda, "fp32_dots_tf32": self.fp32_dots_tf32,
-                "deterministic_backward": self.deterministic_backward,
-                "more": getattr(self.check, "__doc__", None) or ("yes" if self.check else None)}
+                "deterministic_backward": self.deterministic_backward, "more": self._more()}
+
+    def _more(self) -> str | None:
+        """What ``check`` says of itself (its docstring), plain text clipped to ``TEXT_CHARS`` (round 15
+        B-R2: a 40 MB ``__doc__`` printed whole); reading it is the adapter's code: a failure is "yes"."""
+        if self.check is None:
+            return None
+        try:
+            with adapter_code():
+                doc = getattr(self.check, "__doc__", None)
+                if doc is None or (issubclass(type(doc), str) and not str.__len__(doc)):
+                    return "yes"
+                text = str.__str__(doc) if issubclass(type(doc), str) else text_of(doc, TEXT_CHARS)
+        except BaseException as e:  # noqa: BLE001 - a hostile __doc__ property
+            if stops(e):
+                raise
+            return "yes"
+        return clip(text, TEXT_CHARS)
 
 
 class ImplError(Exception):
@@ -388,5 +404,159 @@ class Impl:
             self.differences = {k: clip(v, TEXT_CHARS) if type(v) is str else v for k, v in self.differences.items()}
 
 
+# ---- the one place an adapter's declaration enters the runner (round 15 B-R1) ----------------------------
+# An adapter's Impl used to be kept as the plugin's own object: its texts clipped only when exactly `str`,
+# their types never checked, and read by the stages outside any guard: a 30 MB str-subclass note was
+# written whole into every parity row (a 126 MB CSV `report` refuses for good), a list note ended
+# triton-fwd in a TypeError naming no adapter, a note whose __bool__ raised SystemExit ended sanity (every
+# implementation's checks lost), a str-subclass name made 20 MB SKIP reasons. Discovery now keeps a plain
+# copy instead, made here inside the adapter guard: each attribute read once, its type checked, converted
+# to built-in values of exactly the expected types (texts plain str, clipped; counts bounded); a value of
+# the wrong type makes the adapter broken with one line naming the attribute. Only its parts (and
+# ``constraints.check``) stay the adapter's own code, and the stages call them inside their guards.
+MAX_DTYPES = 64  # entries of constraints.dtypes read at most (they name at most len(DTYPES) dtypes)
+
+
+class _Refused(Exception):
+    """One line why an adapter's declaration cannot be used (``plain_impl``)."""
+
+
+def _plain_text(value: Any, what: str, limit: int = TEXT_CHARS) -> str:
+    """``value`` (a str of any class, or None for '') as a plain ``str`` copy clipped to ``limit``: none of
+    its class's methods run (``str.__str__`` of a subclass copies its characters)."""
+    if value is None:
+        return ""
+    if not issubclass(type(value), str):
+        raise _Refused(f"{what} must be text (str), got {type_name(value)}")
+    return clip(str.__str__(value), limit)
+
+
+def _plain_int(value: Any) -> int | None:
+    """A plain ``int`` copy of an int (not a bool) of any class, else None."""
+    if issubclass(type(value), int) and type(value) is not bool:
+        return int.__int__(value)
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A plain value for a refusal: its repr when it is a plain scalar, else its type's name."""
+    if value is None or type(value) in (bool, int, float):
+        return clip(repr(value), 60)
+    if issubclass(type(value), str):
+        return repr(clip(str.__str__(value), 60))
+    return f"a {type_name(value)}"
+
+
+def _plain_constraints(c: Any) -> Constraints:
+    if not issubclass(type(c), Constraints):
+        raise _Refused(f"constraints must be an nsa_runner.impls.Constraints, got {type_name(c)}")
+    dtypes = c.dtypes
+    if not issubclass(type(dtypes), (tuple, list)):
+        raise _Refused(f"constraints.dtypes must be a tuple of {DTYPES}, got {_shown(dtypes)}")
+    n = tuple.__len__(dtypes) if issubclass(type(dtypes), tuple) else list.__len__(dtypes)
+    if n > MAX_DTYPES:
+        raise _Refused(f"constraints.dtypes must be a tuple of {DTYPES}, got {n} entries")
+    items = tuple.__iter__(dtypes) if issubclass(type(dtypes), tuple) else list.__iter__(dtypes)
+    plain = [str.__str__(d) if issubclass(type(d), str) else None for d in items]
+    if any(d not in DTYPES for d in plain):
+        bad = next(d for d in plain if d not in DTYPES)
+        raise _Refused(f"constraints.dtypes must be a tuple of {DTYPES}, got {_shown(bad)} in it")
+    fields: dict[str, Any] = {"dtypes": tuple(dict.fromkeys(plain))}
+    mhd = c.max_head_dim
+    if mhd is not None:
+        mhd = _plain_int(mhd)
+        if mhd is None or mhd <= 0:
+            raise _Refused(f"constraints.max_head_dim must be a positive int or None, got {_shown(c.max_head_dim)}")
+    fields["max_head_dim"] = mhd
+    mh = _plain_int(c.min_heads_per_group)
+    if mh is None or mh < 1:
+        raise _Refused(f"constraints.min_heads_per_group must be an int >= 1, got {_shown(c.min_heads_per_group)}")
+    fields["min_heads_per_group"] = mh
+    flags = ("heads_per_group_pow2", "varlen", "needs_cuda", "fp32_dots_tf32", "deterministic_backward")
+    values = {f: getattr(c, f) for f in flags}
+    bad = [f for f, v in values.items() if type(v) is not bool]
+    if bad:
+        raise _Refused(f"constraints.{', '.join(bad)} must be True or False")
+    check = c.check
+    if check is not None and not callable(check):
+        raise _Refused(f"constraints.check must be a function (case, part) -> str | None, got {type_name(check)}")
+    return Constraints(**fields, **values, check=check)
+
+
+def _plain_parts(parts: Any) -> dict[str, Callable]:
+    if not issubclass(type(parts), dict) or not dict.__len__(parts):
+        raise _Refused("parts must be a non-empty dict {part: callable}")
+    if dict.__len__(parts) > len(PARTS):
+        raise _Refused(f"parts has {dict.__len__(parts)} entries; the parts are {', '.join(PARTS)}")
+    out: dict[str, Callable] = {}
+    unknown, bad = [], []
+    for k, f in list(dict.items(parts)):
+        key = str.__str__(k) if issubclass(type(k), str) else f"<{type_name(k)}>"
+        if key not in PARTS:
+            unknown.append(clip(key, 60))
+        elif not callable(f):
+            bad.append(key)
+        else:
+            out[key] = f
+    problems = []
+    if unknown:
+        problems.append(f"unknown part(s) {unknown} (known: {', '.join(PARTS)})")
+    if bad:
+        problems.append(f"part(s) {bad} are not callable")
+    if problems:
+        raise _Refused("; ".join(problems))
+    return out
+
+
+def _plain_differences(diffs: Any) -> dict[str, str]:
+    if diffs is None:
+        return {}
+    what = f"differences must be a dict {{part: text}} (part among {', '.join(PARTS)})"
+    if not issubclass(type(diffs), dict):
+        raise _Refused(f"{what}, got {type_name(diffs)}")
+    if dict.__len__(diffs) > len(PARTS):
+        raise _Refused(f"{what}, got {dict.__len__(diffs)} entries")
+    out = {}
+    for k, v in list(dict.items(diffs)):
+        key = str.__str__(k) if issubclass(type(k), str) else None
+        if key not in PARTS:
+            raise _Refused(f"{what}, got the key {_shown(k)}")
+        out[key] = _plain_text(v, f"differences[{key!r}]")
+    return out
+
+
+def plain_impl(obj: Any, name: str) -> tuple[Impl | None, str]:
+    """(a plain copy of the adapter's Impl ``obj``, '') or (None, one line why it is broken).
+
+    ``name`` is the entry point's name, the one the Impl must carry. Inside the adapter guard every
+    attribute is read once, type-checked and copied as exact built-in values (texts clipped to
+    ``TEXT_CHARS``, counts bounded); an exact :class:`Impl` with an exact :class:`Constraints` is
+    returned, the adapter's parts and ``constraints.check`` its only code left (a subclass's own
+    methods are not kept). Never raises but a real stop (``stops``)."""
+    try:
+        with adapter_code():
+            if not issubclass(type(obj), Impl):
+                return None, f"gives a {type_name(obj)}, not an nsa_runner.impls.Impl"
+            own = obj.name
+            if not issubclass(type(own), str) or not str.__len__(own):
+                return None, f"name must be a non-empty string, got {_shown(own)}"
+            own = clip(str.__str__(own), 200)
+            if own != name:
+                return None, f"is named {own!r} but registered as {name!r}"
+            plain = Impl(name=own, parts=_plain_parts(obj.parts), constraints=_plain_constraints(obj.constraints),
+                         description=_plain_text(obj.description, "description"),
+                         differences=_plain_differences(obj.differences),
+                         unavailable=_plain_text(obj.unavailable, "unavailable"),
+                         hint=_plain_text(obj.hint, "hint"), note=_plain_text(obj.note, "note"))
+    except _Refused as e:
+        return None, str.__str__(e.args[0])
+    except BaseException as e:  # noqa: BLE001 - its attributes' own code (properties, __getattr__) raised
+        if stops(e):
+            raise
+        return None, f"its attributes cannot be read ({describe_failure(e)})"
+    return plain, ""
+
+
 __all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl", "ImplError",
-           "adapter_code", "adapter_failed", "constraint_problems", "describe_failure", "stops", "text_of", "type_name"]
+           "adapter_code", "adapter_failed", "constraint_problems", "describe_failure", "plain_impl", "stops",
+           "text_of", "type_name"]
