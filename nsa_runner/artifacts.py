@@ -476,6 +476,37 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
     return None
 
 
+def declared_type_problem(run_dir: str | os.PathLike, rel: Any, limit: int | None = None) -> str | None:
+    """Why what the declared name ``rel`` leads to in ``run_dir`` is nothing the run's readers can
+    read, else None (also when it is missing: said elsewhere). Looked at by ``lstat`` (and ``stat``
+    through a link, which ``declared_file_problem`` keeps inside the run folder), never opened: a
+    FIFO, a character or block device, a socket (named by type), or a regular file larger than
+    ``limit`` (``MAX_READ_BYTES``, what every reader accepts). A folder is accepted (a declared
+    folder, BR-1's ``d/`` or plain ``d``; its readers pass over what is no file inside it).
+
+    Such a name passed the record-time check: the stage PASSed, report.html was not written and
+    every later ``report`` / ``compare`` of the run exited 2 naming it (round 15 A2)."""
+    if not isinstance(rel, str) or not rel or "\0" in rel:
+        return None
+    limit = MAX_READ_BYTES if limit is None else limit
+    path = os.path.join(run_dir, rel)
+    try:
+        st = os.lstat(path)
+        via = ""
+        if stat.S_ISLNK(st.st_mode):
+            st, via = os.stat(path), f" (through the link {rel} -> {os.readlink(path)})"
+    except (OSError, ValueError):  # missing, a dangling link, a name the system refuses: named elsewhere
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return f"{rel} is {file_kind(st.st_mode)}{via}, not a regular file"
+    if st.st_size > limit:
+        return (f"{rel} is {st.st_size / 2**20:.0f} MiB{via}, more than the {limit / 2**20:.0f} MiB the run's "
+                f"readers accept")
+    return None
+
+
 def outside_problem(run_dir: str | os.PathLike, rel: Any) -> str | None:
     """Why ``rel`` (a name a manifest or a reader gives) does not name something strictly inside
     ``run_dir``: not a relative name, absolute, climbing with ``..``, or resolving (symlinks

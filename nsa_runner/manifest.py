@@ -47,6 +47,7 @@ from nsa_runner.artifacts import (
     ManifestError,
     _runner_name,
     create_run_folder,
+    declared_type_problem,
     entry_forms,
     file_kind,
     load_manifest,
@@ -134,6 +135,55 @@ def _overwritten_entry(entry: dict, aside: str) -> dict:
             "reason": f"manifest.json was overwritten during this stage (what was there is kept as {aside}; "
                       f"the manifest was written again from nsa-run's records; the stage said {was})",
             "hint": f"a stage must not write manifest.json; look at {aside} and rerun the stage"}
+
+
+_UNREADABLE_SHOWN = 20  # refused declared names a reason lists one by one (then how many more)
+
+
+def _unreadable_refused(run_dir: Path, entry: dict) -> dict | None:
+    """``entry`` without its declared names that lead to nothing the run's readers can read (a FIFO,
+    a device, a socket, a regular file over ``artifacts.MAX_READ_BYTES``: ``declared_type_problem``,
+    looked at by type and size, never opened), the stage's ERROR naming each and what it is (a FAIL,
+    ERROR or TIMEOUT keeps its status, the note added); None when there is none. Such a name was
+    recorded as written: the stage PASSed, report.html was not written and every later ``report`` /
+    ``compare`` of the run exited 2 on it (round 15 A2)."""
+    files = entry.get("files")
+    if not isinstance(files, list) or not files:
+        return None
+    refused = {}
+    for rel in files:
+        if isinstance(rel, str) and rel not in refused:
+            why = declared_type_problem(run_dir, rel)
+            if why is not None:
+                refused[rel] = why
+    if not refused:
+        return None
+    whys = list(refused.values())
+    shown = "; ".join(w if len(w) <= 600 else w[:600] + "..." for w in whys[:_UNREADABLE_SHOWN])
+    if len(whys) > _UNREADABLE_SHOWN:
+        shown += f"; and {len(whys) - _UNREADABLE_SHOWN} more"
+    note = f"declared file(s) no reader of the run can read, not recorded: {shown}"
+    out = {**entry, "files": [f for f in files if not (isinstance(f, str) and f in refused)]}
+    if out.get("status") in ("PASS", "SKIP"):
+        out["status"] = "ERROR"
+        out.pop("strict_fail", None)
+        if not out.get("hint"):
+            out["hint"] = ("declare regular files (or folders) of at most "
+                           f"{artifacts.MAX_READ_BYTES >> 20} MiB: a FIFO, device or socket is read by no report")
+    reason = entry.get("reason") if isinstance(entry.get("reason"), str) else ""
+    out["reason"] = f"{reason}; {note}" if reason.strip() else note
+    return out
+
+
+def _as_checked(obj: Any, entry: dict) -> None:
+    """A stage record object made to say the status, reason, hint and files its manifest entry says."""
+    _as_said(obj, entry)
+    try:
+        obj.files = list(entry["files"])
+        if entry["status"] != "SKIP" and hasattr(obj, "strict_fail"):
+            obj.strict_fail = False
+    except (AttributeError, KeyError, TypeError):
+        pass
 
 
 def _as_said(obj: Any, entry: dict) -> None:
@@ -1237,10 +1287,17 @@ class RunManifest:
         larger than RECORD_MAX_BYTES, or one that would bring the manifest within ROOM_BYTES of what
         its readers accept, is recorded as the stage's ERROR saying so, without its files and metrics
         (``_cut``; the object, when given, is made to say the same): the run folder stays usable
-        (round 14 B R8). Should even that not fit, ``ManifestTooLarge`` (nothing written)."""
+        (round 14 B R8). Should even that not fit, ``ManifestTooLarge`` (nothing written). Declared
+        names leading to a FIFO, device, socket or oversize file are dropped first, the stage's ERROR
+        naming each (``_unreadable_refused``; the object too): every reader refused them (round 15 A2)."""
         obj = None
         if not isinstance(entry, dict):
             obj, entry = entry, entry.to_dict()
+        checked = _unreadable_refused(self.dir, entry)  # no FIFO, device, socket, oversize file recorded
+        if checked is not None:
+            entry = checked
+            if obj is not None:
+                _as_checked(obj, entry)
         size = len(to_json_text(entry).encode("utf-8"))
         cut = None
         if size > RECORD_MAX_BYTES:
