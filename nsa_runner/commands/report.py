@@ -1,7 +1,9 @@
 """``nsa-run report RUN``: write report.html (self-contained, plots embedded) into the run folder,
-and summary.md when the run has none (an existing summary.md, written when the run ended, is kept
-while it agrees with manifest.json; summary.md / junit.xml / summary.json that disagree are written
-again from it; a link / folder / special file among them is left as it is and named).
+and whichever of summary.md / junit.xml / summary.json the run has not (an existing summary.md,
+written when the run ended, is kept while it agrees with manifest.json; summary.md / junit.xml /
+summary.json that disagree are written again from it; a link / folder / special file among them is
+left as it is and named; one that is missing and not written, while an nsa-run is still at work in
+the folder, is named too).
 
 RUN is a run id under ``--out`` or the path of a run folder. Exit 0 when the report was
 written (whatever the run's own result), 2 when the run or one of its files is unusable; then
@@ -61,24 +63,34 @@ def report(
         fail(f"cannot write {where}: {e.strerror or e}", f"{done}; {c._disk_hint(e)}")
     stale = plan.rewritten if plan is not None else []
     added = plan.added if plan is not None else []
+    if SUMMARY_MD in added:  # written by the plan, from the manifest, rather than by report_mod
+        info["summary_written"] = True
     odd = odd_reports(folder)
+    # still missing (not written: an nsa-run at work in the folder writes them at its end): said,
+    # never "kept" (round 15 B U1: a deleted junit.xml stayed missing under "summary.md ... kept")
+    left = [n for n in _names() if n not in odd and not os.path.lexists(folder / n)]
     if as_json:
         print(json.dumps({"schema_version": 1, **info, "rewritten": stale + added,
-                          "left_alone": plan.odd if plan is not None else []}, indent=2))
+                          "left_alone": plan.odd if plan is not None else [], "not_written": left}, indent=2))
     else:
         con = out_console()
         con.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
         if SUMMARY_MD in odd:
             kept = "left as it is (not a regular file: a link, folder or special file is not the runner's)"
-        elif stale or added:
+        elif stale:
             kept = "rewritten (" + "; ".join(
-                ([f"{', '.join(stale)} disagreed with manifest.json"] if stale else [])
+                [f"{', '.join(stale)} disagreed with manifest.json"]
                 + ([f"{', '.join(added)} missing, written from it"] if added else [])) + ")"
         elif info["summary_written"]:
             kept = "written (the run had none)"
+        elif SUMMARY_MD in left:
+            kept = "missing, not written"
         else:
             kept = "kept (written when the run ended)"
         con.print(f"summary.md: {plain_text(info['summary'])} {kept}", soft_wrap=True)
+        others = [n for n in added if n != SUMMARY_MD]
+        if others and not stale:  # the run's copies of the others restored; summary.md said above
+            con.print(f"{', '.join(others)}: missing, written from manifest.json", soft_wrap=True)
         # a run that did not finish says so before its counts (0 passed of a dead runner is no verdict)
         if info.get("unfinished"):
             con.print(f"[bold red]UNFINISHED[/]: {plain_text(info['unfinished'])}", soft_wrap=True)
@@ -95,9 +107,24 @@ def report(
                                 "(a link, folder or special file): left as it is, so it may disagree with "
                                 "manifest.json; move it aside and rerun nsa-run report to have it written",
                                 soft_wrap=True)
+    if left:
+        why = _why_not_written(folder)
+        err_console().print(f"[yellow]note:[/] {', '.join(left)} missing, not written ({why})", soft_wrap=True)
     for line in info.get("problems", []):  # sections left out of report.html, each naming its files
         err_console().print(f"[yellow]note:[/] {plain_text(line)}", soft_wrap=True)
     raise typer.Exit(0)
+
+
+def _why_not_written(folder: Path) -> str:
+    """Why ``plan_run_reports`` wrote no missing summary file."""
+    from nsa_runner.artifacts import ManifestError, load_manifest, still_running
+
+    try:
+        if still_running(load_manifest(folder)):
+            return "an nsa-run is still at work in this run folder: its end writes them"
+    except (ManifestError, OSError):
+        pass
+    return "they cannot be rendered from manifest.json"
 
 
 def _target_of(e: OSError, fallback: Path) -> str:
@@ -136,9 +163,10 @@ class ReportsPlan:
     """summary.md / junit.xml / summary.json to write again from the manifest, rendered in memory."""
 
     def __init__(self, folder: Path, m: dict, text: dict[str, str], rewritten: list[str], added: list[str],
-                 odd: list[str]):
+                 odd: list[str], record: bool = True):
         self.folder, self.m, self.text = folder, m, text
         self.rewritten, self.added, self.odd = rewritten, added, odd
+        self.record = record  # note in the manifest that the three now agree with it
 
     def write(self, written: list[str]) -> None:
         from nsa_runner.artifacts import ManifestError, write_text
@@ -147,7 +175,7 @@ class ReportsPlan:
         for name in self.rewritten + self.added:
             write_text(self.folder / name, self.text[name])
             written.append(name)
-        if self.odd:  # not recorded as agreeing: the next report names them again
+        if self.odd or not self.record:  # not recorded as agreeing: the next report names them again
             return
         try:
             RunManifest(self.folder, self.m).set_fields(reports_of=c.reports_digest(self.m))
@@ -163,11 +191,12 @@ def plan_run_reports(folder: Path) -> ReportsPlan | None:
     rendered again from the manifest, to be written by ``ReportsPlan.write`` (nothing is written
     here). Whichever of the three is there as a regular file, or missing, is written; a link /
     folder / special file is left as it is and named (``odd``). The runner records what it wrote
-    them from (``reports_of``); a run folder without that note keeps its files as they are.
-    None while an nsa-run is still at work in the folder (its own end writes them), for a
-    manifest that cannot be read (``report_mod.prepare`` names it), or when they agree."""
+    them from (``reports_of``); while they agree with it (or in a run folder without that note,
+    whose files are kept as they are) only the missing ones are written: a deleted junit.xml or
+    summary.json stayed missing while ``report`` said "kept" (round 15 B U1). None while an nsa-run
+    is still at work in the folder (its own end writes them), for a manifest that cannot be read
+    (``report_mod.prepare`` names it), or when none is missing and they agree."""
     from nsa_runner.artifacts import ManifestError, load_manifest, still_running
-    from nsa_runner.results import SUMMARY_MD
     from nsa_runner.results.reports import render_run_reports
 
     folder = Path(folder)
@@ -176,22 +205,21 @@ def plan_run_reports(folder: Path) -> ReportsPlan | None:
     except (ManifestError, OSError):
         return None
     written_of = m.get("reports_of")
-    if not isinstance(written_of, str) or still_running(m):
+    if still_running(m):
         return None
     try:
-        if written_of == c.reports_digest(m):
-            return None
+        agree = not isinstance(written_of, str) or written_of == c.reports_digest(m)
     except (ValueError, TypeError):
         return None
     odd = odd_reports(folder)
     names = [n for n in _names() if n not in odd]
-    rewritten = [n for n in names if os.path.lexists(folder / n)]
-    added = [n for n in names if n not in rewritten]
-    if not rewritten and not odd:  # none of them there (a run killed before its reports): report writes summary.md
-        return None
-    if SUMMARY_MD in odd:
-        added = [n for n in added if n != SUMMARY_MD]
-    return ReportsPlan(folder, m, render_run_reports(folder, m), rewritten, added, odd)
+    present = [n for n in names if os.path.lexists(folder / n)]
+    missing = [n for n in names if n not in present]
+    if agree:  # those there are kept; the missing ones written (the manifest's note left as it is)
+        if not missing:
+            return None
+        return ReportsPlan(folder, m, render_run_reports(folder, m), [], missing, odd, record=False)
+    return ReportsPlan(folder, m, render_run_reports(folder, m), present, missing, odd)
 
 
 def refresh_run_reports(folder: Path) -> list[str]:
