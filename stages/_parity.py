@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure
+from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure, plain_tensor
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
 from . import _seed
@@ -144,7 +144,10 @@ def kernel_for(entry, case: Case):
     part, cfg = entry.impl.parts["selection_attention"], case.cfg
 
     def call(q, k, v, block_idx, block_count, block_size, **_kw):
-        return part(q, k, v, block_idx, block_count, cfg)
+        # a plain tensor (its autograd history kept for triton-bwd), made in the stage's guard: an adapter's
+        # Tensor subclass never reaches the code after it (round 15 B-R3)
+        return plain_tensor(part(q, k, v, block_idx, block_count, cfg), f"{entry.name}'s selection_attention output",
+                            view=True)
 
     c = entry.impl.constraints
     call.tf32 = bool(getattr(c, "fp32_dots_tf32", False))  # what the measure functions check against

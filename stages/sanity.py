@@ -22,7 +22,16 @@ import math
 from dataclasses import dataclass
 
 from nsa_runner.artifacts import now_iso, write_json, write_text
-from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure, text_of
+from nsa_runner.impls import (
+    BadOutput,
+    ImplError,
+    adapter_code,
+    adapter_failed,
+    describe_failure,
+    plain_tensor,
+    text_of,
+    type_name,
+)
 from nsa_runner.stage import Stage, StageResult, Status
 
 from . import _parity, _seed
@@ -131,9 +140,10 @@ def _check_branch(c: _Checks, F, testing, branch, backend, s: Shape, cfg, gen, d
         if got.grad is None:
             c.add(f"{name} {label}", False, "no gradient reached this input")
             continue
-        g = testing.compare(got.grad, ref.grad, dtype, tf32=tf32)
-        c.add(f"{name} {label} vs fp64 reference", g.ok and tuple(got.grad.shape) == tuple(got.shape),
-              f"{g} shape {tuple(got.grad.shape)}", rel_err=g.rel_err, tol=g.tol)
+        grad = plain_tensor(got.grad, f"{name} {label}", view=True)  # an implementation's backward's (B-R3)
+        g = testing.compare(grad, ref.grad, dtype, tf32=tf32)
+        c.add(f"{name} {label} vs fp64 reference", g.ok and tuple(grad.shape) == tuple(got.shape),
+              f"{g} shape {tuple(grad.shape)}", rel_err=g.rel_err, tol=g.tol)
     # causality: change keys/values after t0; outputs up to t0 must not move
     t0 = s.T // 2 - 1
     with torch.no_grad():
@@ -231,20 +241,25 @@ class _ImplF:
     def select_blocks(self, q, k, cfg):
         return self.F.select_blocks(q, k, cfg)
 
+    def _out(self, part: str, o):
+        """What the part returned, a plain tensor (its autograd history kept): made inside the check's
+        guard, nothing of an adapter's Tensor subclass runs after it (round 15 B-R3)."""
+        return plain_tensor(o, f"{self.impl.name}'s {part} output", view=True)
+
     def compressed_attention(self, q, k, v, cfg, backend):
         if backend == "reference":
             return self.F.compressed_attention(q, k, v, cfg, "reference")
-        return self.impl.parts["compressed_attention"](q, k, v, cfg)
+        return self._out("compressed_attention", self.impl.parts["compressed_attention"](q, k, v, cfg))
 
     def selection_attention(self, q, k, v, idx, cnt, cfg, backend):
         if backend == "reference":
             return self.F.selection_attention(q, k, v, idx, cnt, cfg, "reference")
-        return self.impl.parts["selection_attention"](q, k, v, idx, cnt, cfg)
+        return self._out("selection_attention", self.impl.parts["selection_attention"](q, k, v, idx, cnt, cfg))
 
     def sliding_attention(self, q, k, v, cfg, backend):
         if backend == "reference":
             return self.F.sliding_attention(q, k, v, cfg, "reference")
-        return self.impl.parts["sliding_attention"](q, k, v, cfg)
+        return self._out("sliding_attention", self.impl.parts["sliding_attention"](q, k, v, cfg))
 
 
 def _impl_case(s: Shape, cfg, device: str, dtype: str, **flags):
@@ -322,7 +337,8 @@ def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, d
     gates[..., 2] = 0  # window branch off (see SHARED)
     name = f"{impl.name} nsa_attention (shared K/V, window gate 0)"
     qq, kk, vv = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    o = impl.parts["nsa_attention"](qq, kk, vv, kk, vv, kk, vv, gates, cfg)
+    o = plain_tensor(impl.parts["nsa_attention"](qq, kk, vv, kk, vv, kk, vv, gates, cfg),
+                     f"{impl.name}'s nsa_attention output", view=True)  # round 15 B-R3
     want = (B, T, HQ, v.shape[-1])
     if not c.add(f"{name} shape", tuple(o.shape) == want, f"{tuple(o.shape)} (want {want}) [{shape}]"):
         return
@@ -340,7 +356,7 @@ def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, d
         if got.grad is None:
             c.add(f"{name} {label}", False, "no gradient reached this input")
             continue
-        g = testing.compare(got.grad, want_.grad, dtype, tf32=tf32)
+        g = testing.compare(plain_tensor(got.grad, f"{name} {label}", view=True), want_.grad, dtype, tf32=tf32)
         c.add(f"{name} {label} vs fp64 reference", g.ok, str(g), rel_err=g.rel_err, tol=g.tol)
 
 
@@ -349,7 +365,11 @@ def _select_vs_reference(c: _Checks, impl, F, q, k, cfg, shape):
     (t, group) row accepted only as a near-tie (DESIGN §7: the two sets' reference scores within 1e-5)."""
     from .selection_map import against_reference, check_selection
 
-    idx, cnt = impl.parts["select"](q, k, cfg)
+    got = impl.parts["select"](q, k, cfg)
+    if type(got) not in (tuple, list) or len(got) != 2:
+        raise BadOutput(f"{impl.name}'s select returned a {type_name(got)}, want (block_idx, block_count)")
+    idx, cnt = (plain_tensor(x, f"{impl.name}'s select {w}", integer=True)  # round 15 B-R3
+                for x, w in zip(got, ("block_idx", "block_count"), strict=True))
     rows = check_selection(idx, cnt, cfg)
     bad = [r for r in rows if not r["ok"]]
     c.add(f"{impl.name} select structure", not bad, "; ".join(f"{r['check']}: {r['detail']}" for r in bad)

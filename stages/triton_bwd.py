@@ -9,6 +9,8 @@ tolerance, or not reproducible, -> FAIL naming it. Writes triton_bwd.csv / trito
 
 from __future__ import annotations
 
+from nsa_runner.impls import plain_tensor
+
 from . import _parity
 
 
@@ -21,7 +23,9 @@ def _grads(q, k, v, idx, cnt, do, l_sel, kernel=None):
     for name, x in (("q", qq), ("k", kk), ("v", vv)):
         if x.grad is None:
             raise ValueError(f"no gradient reached {name} (the output is not differentiable in it)")
-    return qq.grad, kk.grad, vv.grad
+    # what the implementation's backward left there, as plain tensors (round 15 B-R3)
+    return tuple(plain_tensor(x.grad, f"d{name}", shape=tuple(x.shape), view=True)
+                 for name, x in (("q", qq), ("k", kk), ("v", vv)))
 
 
 def _measure(case, device, seed, kernel=None):

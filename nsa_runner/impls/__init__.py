@@ -557,6 +557,43 @@ def plain_impl(obj: Any, name: str) -> tuple[Impl | None, str]:
     return plain, ""
 
 
-__all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "Case", "Constraints", "Impl", "ImplError",
-           "adapter_code", "adapter_failed", "constraint_problems", "describe_failure", "plain_impl", "stops",
-           "text_of", "type_name"]
+# ---- what an adapter's part returned (round 15 B-R3) ---------------------------------------------------
+# selection-map guarded the `select` call but used the tensors it returned afterwards: a torch.Tensor
+# subclass passes isinstance, and its __torch_function__ ran (and raised SystemExit) on every later op,
+# ending the stage: nsa_core's results lost, the adapter not named. Every stage now converts what a part
+# returned into a plain torch.Tensor inside its guard (``plain_tensor``): nothing of the adapter's classes
+# reaches the code after it.
+class BadOutput(ValueError):
+    """What an adapter's part returned is not the tensor its contract says (``plain_tensor``)."""
+
+
+def plain_tensor(value: Any, what: str, *, shape: tuple | None = None, integer: bool = False,
+                 view: bool = False):
+    """``value`` (what an adapter's part returned) as a plain, dense ``torch.Tensor``: a subclass is viewed
+    as ``torch.Tensor`` with no ``__torch_function__`` of its class running (its data shared, its autograd
+    history kept); a subclass that dispatches to Python (``__torch_dispatch__``), a sparse / nested / meta
+    tensor, a dtype not of the expected kind (``integer``: an integer dtype, else a floating one) or
+    ``shape`` (when given) not matched raise :class:`BadOutput` naming ``what``. Without ``view`` the
+    result is a detached copy of its own. Call it inside the adapter guard: the checks read the tensor."""
+    import torch
+
+    with torch._C.DisableTorchFunctionSubclass():
+        if not issubclass(type(value), torch.Tensor):
+            raise BadOutput(f"{what} is a {type_name(value)}, not a torch.Tensor")
+        t = value if type(value) is torch.Tensor else torch.Tensor.as_subclass(value, torch.Tensor)
+    if type(t) is not torch.Tensor or torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Python):
+        raise BadOutput(f"{what} is a {type_name(value)} that dispatches to Python, not a plain torch.Tensor")
+    if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
+        raise BadOutput(f"{what} is not a dense tensor with data (layout {t.layout}, device {t.device.type})")
+    kind = (not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool) if integer \
+        else t.is_floating_point()
+    if not kind:
+        raise BadOutput(f"{what} has dtype {t.dtype}, want {'an integer' if integer else 'a floating'} dtype")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise BadOutput(f"{what} has shape {tuple(t.shape)}, want {tuple(shape)}")
+    return t if view else t.detach().clone()
+
+
+__all__ = ["BUILTIN", "DECODE_STEP", "DTYPES", "GROUP", "PARTS", "BadOutput", "Case", "Constraints", "Impl",
+           "ImplError", "adapter_code", "adapter_failed", "constraint_problems", "describe_failure", "plain_impl",
+           "plain_tensor", "stops", "text_of", "type_name"]
