@@ -29,6 +29,7 @@ import importlib.metadata as md
 import json
 import os
 import sys
+import time
 import traceback
 
 # this process's exit status when it cannot write its result file (a full temp folder): the parent
@@ -131,8 +132,9 @@ def main(argv: list[str]) -> int:
         _cannot_write(e)
         raise
 
-    def emit(obj: dict) -> None:
-        text = json.dumps(obj) + "\n"  # (a TypeError / ValueError: the caller's)
+    def emit(obj: dict, fresh_line: bool = False) -> None:
+        # fresh_line: after a line an ended import may have left half-written
+        text = ("\n" if fresh_line else "") + json.dumps(obj) + "\n"  # (a TypeError / ValueError: the caller's)
         try:
             out.write(text)
             out.flush()
@@ -149,6 +151,15 @@ def main(argv: list[str]) -> int:
     seen: set[str] = set()
     folder = req.get("folder")  # [path, st_dev, st_ino] of the parent's temp folder for this pass
     swapped = False
+    # round 15 B-R5: past the parent's limit of children that plugin imports ended, the rest of the entry
+    # points were never reached (a working stage: "unknown stage"). "isolate": each entry point imported in
+    # a fork of its own (one that dies or hangs is named here, the pass goes on), at most ``max_hangs``
+    # hangs; "list": none imported, each listed as broken with ``not_tried`` (nothing left out unsaid)
+    mode = req.get("mode") if req.get("mode") in ("isolate", "list") else "normal"
+    limit = float(req.get("limit") or 60.0)
+    max_hangs = int(req.get("max_hangs") or 32)
+    not_tried = str(req.get("not_tried") or "not imported: too many plugin imports before it failed")
+    hangs = 0
 
     def folder_swapped() -> str | None:
         """What the parent's temp folder's name leads to now, when it is no longer that folder (a
@@ -169,6 +180,112 @@ def main(argv: list[str]) -> int:
                 else "a file" if stat.S_ISREG(st.st_mode) else "something else")
         return f"replaced nsa-run's plugin discovery temp folder {folder[0]} by {what}"
 
+    def base(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> dict:
+        return {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
+                "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
+
+    def one(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:
+        """Import entry point ``ep`` and describe it: its ``loading`` line, then its ``entry``."""
+        nonlocal swapped
+        emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
+        rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
+               "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
+        try:
+            obj = ep.load()
+        except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            rec["error"] = f"failed to import {ep.value}: {_why(e)}"
+            rec["traceback"] = _traceback()
+            problem = None if swapped else folder_swapped()
+            if problem is not None:
+                swapped = True
+                rec["error"] = f"{ep.value}: importing it {problem}; and it {rec['error']}"
+            emit({"entry": rec})
+            return
+        try:
+            rec.update(describe(obj, ep, parse["args"] if parse and parse.get("key") == key else None))
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            rec["error"] = f"{ep.value}: describing it raised {_why(e)}"
+            rec["traceback"] = _traceback()
+        problem = None if swapped else folder_swapped()
+        if problem is not None:  # this import (or its description) did it: the entry point is broken
+            swapped = True
+            rec = {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
+            rec["error"] = (f"{ep.value}: importing it {problem} (nsa-run wrote nothing through it and "
+                            f"went on with its own folder)")
+        try:
+            emit({"entry": rec})
+        except (TypeError, ValueError) as e:
+            emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
+                  | {"error": f"{ep.value}: its description is not JSON ({e})"}})
+
+    def isolated(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:
+        """``one`` in a fork of this process: one that dies or does not end within ``limit`` seconds is
+        named broken here, and the pass goes on (the parent is not needed: no child of its is spent)."""
+        nonlocal swapped, hangs
+        told_r, told_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(told_r)
+            try:
+                os.setpgid(0, 0)  # its own group: killed with what it started when it hangs
+            except OSError:
+                pass
+            try:
+                one(ep, key, dist, dist_name)
+                os.write(told_w, b"s" if swapped else b"e")
+            finally:
+                os._exit(0)
+        os.close(told_w)
+        os.set_blocking(told_r, False)  # (a daemon of the plugin's may hold the pipe's other end)
+        deadline, status, timed_out = time.monotonic() + limit, 0, False
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, 9)
+                    except OSError:
+                        pass
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                break
+            time.sleep(0.02)
+        try:
+            told = os.read(told_r, 1)
+        except OSError:
+            told = b""
+        os.close(told_r)
+        if told == b"s":
+            swapped = True
+        if told and not timed_out:
+            return
+        rec = base(ep, key, dist, dist_name)
+        if timed_out:
+            hangs += 1
+            rec["error"] = f"{ep.value}: its import did not finish within {limit:g}s (hangs?); stopped"
+        else:
+            rc = os.waitstatus_to_exitcode(status)
+            if rc < 0:
+                from nsa_runner._worker import signal_name
+
+                rec["error"] = f"{ep.value}: importing it killed the discovery process ({signal_name(rc)})"
+            else:
+                rec["error"] = (f"{ep.value}: importing it ended the discovery process (exit code {rc}, e.g. "
+                                "os._exit or sys.exit in C)")
+        emit({"entry": rec}, fresh_line=True)
+
     for dist in md.distributions():
         if paths is not None and os.path.realpath(str(getattr(dist, "_path", "") or "")) not in paths:
             continue
@@ -188,40 +305,15 @@ def main(argv: list[str]) -> int:
             seen.add(key)
             if key in skip or (only is not None and key != only) or (keys is not None and key not in keys):
                 continue
-            emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
-            rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
-                   "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
-            try:
-                obj = ep.load()
-            except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
-                if isinstance(e, KeyboardInterrupt):
-                    raise
-                rec["error"] = f"failed to import {ep.value}: {_why(e)}"
-                rec["traceback"] = _traceback()
-                problem = None if swapped else folder_swapped()
-                if problem is not None:
-                    swapped = True
-                    rec["error"] = f"{ep.value}: importing it {problem}; and it {rec['error']}"
-                emit({"entry": rec})
-                continue
-            try:
-                rec.update(describe(obj, ep, parse["args"] if parse and parse.get("key") == key else None))
-            except BaseException as e:  # noqa: BLE001
-                if isinstance(e, KeyboardInterrupt):
-                    raise
-                rec["error"] = f"{ep.value}: describing it raised {_why(e)}"
-                rec["traceback"] = _traceback()
-            problem = None if swapped else folder_swapped()
-            if problem is not None:  # this import (or its description) did it: the entry point is broken
-                swapped = True
-                rec = {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
-                rec["error"] = (f"{ep.value}: importing it {problem} (nsa-run wrote nothing through it and "
-                                f"went on with its own folder)")
-            try:
-                emit({"entry": rec})
-            except (TypeError, ValueError) as e:
-                emit({"entry": {k: rec[k] for k in ("key", "name", "value", "dist", "version", "dist_path")}
-                      | {"error": f"{ep.value}: its description is not JSON ({e})"}})
+            if mode == "list" or (mode == "isolate" and hangs >= max_hangs):
+                why = not_tried if mode == "list" else (
+                    f"not imported: {hangs} plugin imports before it hung (each stopped after {limit:g}s); "
+                    "nsa-run tries no more in one discovery: fix or uninstall those (listed as broken), then rerun")
+                emit({"entry": base(ep, key, dist, dist_name) | {"error": f"{ep.value}: {why}"}})
+            elif mode == "isolate":
+                isolated(ep, key, dist, dist_name)
+            else:
+                one(ep, key, dist, dist_name)
     emit({"done": req.get("nonce", True)})
     try:
         out.close()

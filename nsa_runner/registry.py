@@ -499,7 +499,12 @@ def _timeout() -> float:
 
 DISCOVERY_TIMEOUT_S = 60.0  # one entry point's import (a plugin may import torch on a loaded machine)
 STARTUP_S = 120.0  # the child's own start-up, before it imports any plugin
-MAX_CHILDREN = 32  # a new child per plugin that kills the child; more than this: the rest are broken too
+# a new child per plugin whose import ends or hangs the child, MAX_CHILDREN times; then (round 15 B-R5: the
+# entry points not reached yet vanished: a working stage was an "unknown stage") children that import each
+# of the rest in a fork of its own (one that ends or hangs is named, the others still found), MAX_CHILDREN
+# of them; then one that imports nothing and lists what is left as broken, saying why
+MAX_CHILDREN = 32
+ISOLATE_GRACE_S = 30.0  # an isolating child names a hang itself after the limit: it gets this much longer
 
 
 TEMP_FULL_HINT = ("free some space (and files: inodes) in that folder, or set TMPDIR to another folder with room, "
@@ -632,7 +637,9 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
     order: list[str] = []
     skip = set(skip or ())
     limit = _timeout()
-    for _ in range(MAX_CHILDREN):
+    failed = 0  # entry points whose import ended or hung a child of this pass
+    for attempt in range(2 * MAX_CHILDREN + 1):
+        mode = "normal" if attempt < MAX_CHILDREN else "isolate" if attempt < 2 * MAX_CHILDREN else "list"
         base = temp_folder()
         from nsa_runner.artifacts import TempFolder, mark_owned
 
@@ -658,7 +665,11 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             nonce = uuid.uuid4().hex  # the child's "done" carries it: a plugin's stray lines cannot end the pass
             req = {"group": group, "describe": describe, "sys_path": list(sys.path), "skip": sorted(skip),
                    "only": only, "parse": parse, "nonce": nonce, "keys": keys, "paths": paths,
-                   "folder": [tmp, holder._stat.st_dev, holder._stat.st_ino]}
+                   "folder": [tmp, holder._stat.st_dev, holder._stat.st_ino], "mode": mode, "limit": limit,
+                   "max_hangs": MAX_CHILDREN,
+                   "not_tried": f"not imported: {failed} plugin imports before it ended or hung the discovery "
+                                f"process (nsa-run tries no more in one discovery: they are listed as broken); fix "
+                                "or uninstall them, then rerun"}
             from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
@@ -703,7 +714,8 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                         break
                     # the child's own start-up (python, nsa_runner) may take long on a loaded machine
                     waited = time.monotonic() - last
-                    if waited > (limit if talked else max(limit, STARTUP_S)):
+                    wait = limit + ISOLATE_GRACE_S if mode == "isolate" else limit  # (it names hangs itself)
+                    if waited > (wait if talked else max(wait, STARTUP_S)):
                         timed_out = True
                         break
                     time.sleep(0.02)
@@ -748,7 +760,8 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                                 "traceback": _tail(dir_fd, "child.log")}
             order.append(loading)
             skip.add(loading)
-            if only is not None:
+            failed += 1
+            if only is not None or mode == "list":
                 break
         finally:
             holder.close()  # never through a link, never raising (a swapped folder: said above)
