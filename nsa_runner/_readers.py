@@ -27,6 +27,7 @@ from nsa_runner.artifacts import (
     JsonTextError,
     ManifestError,
     UnsafeFileError,
+    declared_type_problem,
     json_loads,
     load_manifest,
     outside_problem,
@@ -208,6 +209,13 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
     Checks: not empty, ends with a newline (else truncated), every line has the header's number
     of fields, ``required`` columns present, values of ``numeric`` columns (and of every column
     whose name says it is a measurement) are numbers or empty, ``status_col`` values are statuses.
+
+    Every cell is read as the exact text written, and only then typed (:func:`_typed_column`): the
+    text columns (``impl``, ``case``, ``status``, notes...) stay that text, so any implementation or
+    case name comes back as given. pandas' own parsing read ``NA`` / ``None`` / ``nan`` as empty
+    (an empty impl is nsa_core's) and ``1`` / ``1.0`` as one number: an implementation of such a
+    name beside nsa_core (or ``1`` beside ``1.0``) was "appears more than once", and the run could
+    never be reported or compared (round 15 B-R4).
     """
     import pandas as pd
 
@@ -230,29 +238,59 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
     missing = [c for c in required if c not in header]
     if missing:
         raise ArtifactError(f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
-    try:
-        df = pd.read_csv(io.StringIO(text), keep_default_na=True)
-    except (ValueError, pd.errors.ParserError) as e:
-        raise ArtifactError(f"{path}: pandas cannot parse it ({e})") from None
-    cols = set(numeric) | {c for c in df.columns if is_time(c) or is_spread(c) or is_reads(c) or is_speedup(c)}
-    for c in sorted(cols & set(df.columns)):
-        conv = pd.to_numeric(df[c], errors="coerce")
-        bad = df[c].notna() & conv.isna()
-        if bad.any():
-            i = int(bad.idxmax())
-            shown = repr(df[c][i])
-            shown = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"
-            raise ArtifactError(f"{path}: column {c!r} line {i + 2}: {shown} is not a number (or too long "
-                                "to be one)")
-        df[c] = conv
+    rows = [fields for fields in lines[1:] if fields]  # a blank line is no row (as pandas skipped it)
+    lineno = [i for i, fields in enumerate(lines[1:], 2) if fields]
+    measured = set(numeric) | {c for c in header if is_time(c) or is_spread(c) or is_reads(c) or is_speedup(c)}
+    columns = {}
+    for j, c in enumerate(header):
+        values = [r[j] for r in rows]
+        if c in measured:
+            conv = pd.to_numeric(pd.Series([None if v.strip() in _NA_WORDS else v for v in values],
+                                            dtype=object), errors="coerce")
+            bad = [k for k, v in enumerate(values) if v.strip() not in _NA_WORDS and pd.isna(conv[k])]
+            if bad:
+                shown_v = repr(values[bad[0]])
+                shown_v = shown_v if len(shown_v) <= 80 else f"{shown_v[:60]}... ({len(shown_v)} characters)"
+                raise ArtifactError(f"{path}: column {c!r} line {lineno[bad[0]]}: {shown_v} is not a number "
+                                    "(or too long to be one)")
+            columns[c] = conv
+        else:
+            columns[c] = _typed_column(c, values)
+    df = pd.DataFrame(columns, columns=header)
     if status_col is not None:
         vals = df[status_col].astype(str)
         bad = ~vals.isin(STATUSES)
         if bad.any():
             i = int(bad.idxmax())
-            raise ArtifactError(f"{path}: column {status_col!r} line {i + 2}: {vals[i]!r} is not one of "
+            raise ArtifactError(f"{path}: column {status_col!r} line {lineno[i]}: {vals[i]!r} is not one of "
                                 f"{', '.join(STATUSES)}")
     return df
+
+
+# the words pandas reads as "no value": an empty measurement (only in number columns, never in text)
+_NA_WORDS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                       "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+# columns that are text whatever they hold: a row's identity (impl, case) and the runner's words
+_TEXT_COLUMNS = frozenset({"impl", "case", "status", "dtype", "note", "notes", "comment", "error", "reason",
+                           "message", "timer"})
+
+
+def _typed_column(name: str, values: list[str]):
+    """A column that is no measurement, from its exact texts: numbers when every non-empty cell is a
+    number and no two different texts are one number (``1`` and ``1.0``, ``8`` and ``08`` stay text,
+    so two rows never become one), an empty cell then being no value; else the texts as written
+    (an empty cell ''). ``_TEXT_COLUMNS`` are always text."""
+    import pandas as pd
+
+    full = [v for v in values if v != ""]
+    if name not in _TEXT_COLUMNS:
+        if not full:
+            return pd.Series([math.nan] * len(values), dtype="float64")
+        conv = pd.to_numeric(pd.Series([v if v != "" else None for v in values], dtype=object), errors="coerce")
+        numbers = conv[[v != "" for v in values]]
+        if not numbers.isna().any() and numbers.nunique() == len(set(full)):
+            return conv
+    return pd.Series(values, dtype=object)
 
 
 # the types readers rely on in the built-in JSON artifacts: "a.b" is key b of object a; "a.*" is
@@ -468,11 +506,14 @@ class Run:
 
     def _present(self, name: str) -> Path | None:
         p = self.inside(name)
+        owner = self.declared_by(name)
+        if owner is None and declared_type_problem(self.dir, name) is not None:
+            return None  # listed by no stage of this run and unreadable (a FIFO, device, oversize file the
+            # runner refused when the stage was recorded, round 15 A2): not in this run, as a missing file
         if p.is_file():
             return p
         if p.exists():
             raise ArtifactError(f"{p}: expected a file")
-        owner = self.declared_by(name)
         if owner is not None:
             if self._rerunning(owner):  # a live nsa-run set it aside in history/ to rerun the stage
                 return None
