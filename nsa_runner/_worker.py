@@ -177,22 +177,32 @@ def _end_as(rc: int) -> None:
 def linger(max_s: float = 3600.0) -> None:
     """Once a stage (or a plugin import) is done: wait while any descendant still lives, reaping
     zombies, so that the runner's tree kill still finds every one of them (``become_subreaper``).
-    The runner kills this process and its tree as soon as the result is there."""
-    import psutil
+    The runner kills this process and its tree as soon as the result is there.
+
+    The children are read from ``/proc/<pid>/task/*/children`` (one consistent list: a fork chain's
+    live process is always in it, or its successor is), and "none lives" is believed only when a
+    second read, with nothing reaped between, shows no new child: a fork chain whose every process
+    forks its successor and exits within a millisecond (round 15 A4) was missed by psutil's slower
+    look, this process ended, and the chain went to init and outlived the run."""
+    def live(pids: list[int]) -> bool:
+        return any(_proc_state(pid) not in ("", "Z", "X") for pid in pids)
 
     deadline = time.monotonic() + max_s
-    me = psutil.Process()
+    me = os.getpid()
     while time.monotonic() < deadline:
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
         except ChildProcessError:
             pass
-        try:
-            if not [c for c in me.children() if c.status() != psutil.STATUS_ZOMBIE]:
-                return
-        except psutil.Error:
+        first = _children_of(me)
+        if first is None:
             return
+        if not live(first):
+            again = _children_of(me) or []
+            if set(again) <= set(first) and not live(again):
+                return
+            continue
         time.sleep(0.05)
 
 
@@ -219,6 +229,47 @@ def stage_processes(cookie: str, root: int | None = None) -> list:
         except psutil.Error:
             continue
     return [p for pid, p in found.items() if pid != me]
+
+
+def _proc_state(pid: int) -> str:
+    """A process's state letter (``R``, ``S``, ``T``, ``Z``...), "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError):
+        pass
+    import psutil
+
+    try:
+        return {psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_STOPPED: "T", psutil.STATUS_DEAD: "X"}.get(
+            psutil.Process(pid).status(), "R")
+    except psutil.Error:
+        return ""
+
+
+def _children_of(pid: int) -> list[int] | None:
+    """The direct children of ``pid`` (zombies included), None when it is gone. Linux: read from
+    ``/proc/<pid>/task/<tid>/children`` (microseconds: a process that lives a few ms is still seen
+    there); elsewhere psutil."""
+    try:
+        out: list[int] = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        return out
+    except (OSError, ValueError):  # gone, not Linux, or no ``children`` file (CONFIG_PROC_CHILDREN)
+        if os.path.isdir("/proc/self") and not os.path.exists(f"/proc/{pid}"):
+            return None
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return None
+
+
+# how long the keeper's children are killed before the tree kill goes on without them (``StageTree.drain``)
+DRAIN_S = 5.0
 
 
 class StageTree:
@@ -289,18 +340,110 @@ class StageTree:
         return [g for g in dict.fromkeys(out) if g > 1 and g != own]
 
     def freeze(self) -> None:
-        """SIGSTOP every process of the stage, looked at again until no new one shows (20 rounds at
-        most). SIGSTOP cannot be caught nor ignored."""
+        """SIGSTOP every process of the stage: the worker's tree first (``stop_tree``: fast enough for a
+        fork chain), then what the looks find (the cookie's processes too), looked at again until no
+        new one shows (20 rounds at most). SIGSTOP cannot be caught nor ignored."""
+        self.stop_tree()
         for _ in range(20):
             new = self.look()
             self.send(self.live(), signal.SIGSTOP)
+            self.stop_tree()
             if not new:
                 return
+
+    def stop_tree(self, limit_s: float = 2.0) -> None:
+        """SIGSTOP the worker and every process below it, walked through ``/proc/<pid>/task/*/children``
+        (microseconds a process), again until every one is stopped (``limit_s`` at most). A fork chain
+        whose every process forks its successor and exits within a millisecond (round 15 A4, a
+        "comet") is never found alive by the looks (psutil, tens of ms), and ran on beside the next
+        stage; its successors come to the worker (a child subreaper: ``become_subreaper``), and a
+        stopped process forks no more. The stopped worker reaps nothing: a pid read below it is not
+        reused before it is signalled."""
+        root = self.root
+        if root is None:
+            return
+        deadline = time.monotonic() + limit_s
+        dead: set[int] = set()  # zombies seen while the worker stayed stopped (not read again: thousands)
+        while time.monotonic() < deadline:
+            state = _proc_state(root)
+            if state in ("", "Z", "X"):
+                return
+            if state not in ("T", "t"):
+                dead.clear()  # the worker runs: it may reap, a pid may be reused
+            running = [] if state in ("T", "t") else [root]
+            stack, seen = [root], {root}
+            while stack:
+                for kid in _children_of(stack.pop()) or []:
+                    if kid in seen or kid in dead:
+                        continue
+                    seen.add(kid)
+                    kid_state = _proc_state(kid)
+                    if kid_state in ("", "Z", "X"):
+                        dead.add(kid)
+                        continue
+                    if kid_state not in ("T", "t"):
+                        running.append(kid)
+                    stack.append(kid)
+            if not running:
+                return
+            for pid in running:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+
+    def drain(self, limit_s: float = DRAIN_S) -> None:
+        """SIGKILL the worker's children, the worker (a child subreaper: ``become_subreaper``) stopped
+        and kept alive, until none lives (``limit_s`` at most): each one killed hands its own children
+        to the worker, killed at the next round. A fork chain whose every process forks its successor
+        and exits within milliseconds (round 15 A4, a "comet": env cleared, ``setsid``) is never found
+        alive by ``freeze``'s slower looks, and once the worker died it went to init and outlived the
+        run; read from ``/proc/<worker>/task/*/children`` it is seen each time, and it cannot leave the
+        worker's tree while the worker lives. The stopped worker reaps nothing: a pid read there is
+        not reused before it is signalled. Where the worker is gone already (the stage killed it) or
+        cannot be a subreaper (not Linux), this does nothing: the cookie and the looks remain."""
+        root = self.root
+        if root is None:
+            return
+        deadline = time.monotonic() + limit_s
+        signalled: set[int] = set()
+        dead: set[int] = set()  # zombies seen while the worker stayed stopped (not read again: thousands)
+        while time.monotonic() < deadline:
+            state = _proc_state(root)
+            if state in ("", "Z", "X"):
+                return
+            if state != "T":  # continued by someone (a stage's process): stopped again, never reaping
+                dead.clear()
+                try:
+                    os.kill(root, signal.SIGSTOP)
+                except OSError:
+                    return
+            kids = _children_of(root)
+            if kids is None:
+                return
+            live = []
+            for pid in kids:
+                if pid not in dead:
+                    if _proc_state(pid) in ("", "Z", "X"):
+                        dead.add(pid)
+                    else:
+                        live.append(pid)
+            if not live:
+                return
+            fresh = [pid for pid in live if pid not in signalled]
+            for pid in live:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            signalled.update(live)
+            if not fresh:  # only ones already killed, still leaving (a CUDA context being freed)
+                time.sleep(0.002)
 
     def kill(self, grace_s: float, term: bool = True) -> None:
         """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
         processes), wait up to ``grace_s``, then SIGKILL what is left (``term=False``: SIGKILL at
-        once).
+        once). Before the SIGKILL, the worker's children are drained (``drain``) while it lives.
 
         Once SIGTERM ends the worker (the subreaper), a TERM-ignoring daemon that cleared its
         environment is re-parented to init and carries no cookie: only the earlier look still knows
@@ -309,6 +452,8 @@ class StageTree:
         phases = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if term else ((signal.SIGKILL, 5.0),)
         for sig, wait in phases:
             self.freeze()
+            if sig == signal.SIGKILL:
+                self.drain()
             procs = self.live()
             if not procs:
                 return
@@ -333,7 +478,8 @@ def freeze_processes(cookie: str, root: int | None) -> StageTree:
 def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
     """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
     processes), wait up to ``grace_s``, then SIGKILL what is left (``StageTree.kill``: the tree is
-    known before anything is signalled, frozen before each signal)."""
+    known before anything is signalled, frozen before each signal, the worker's children drained
+    before the SIGKILL)."""
     StageTree(cookie, root).kill(grace_s)
 
 

@@ -474,9 +474,9 @@ class _Reaper:
     stage killed it: round 15 A3) once the tree is frozen and while it is killed.
 
     The kill itself (SIGKILL at once: the stage has returned, a frozen process has nothing to clean
-    up) runs in a thread of the runner: the worker's exit (the kernel freeing its CUDA context: ~0.6 s
-    per stage on the H100, 4.9 s of a quick oneshot's 66 s, cProfile 2026-11-26) overlaps the next
-    stage instead of holding it up.
+    up; the worker's children drained while it lives, ``StageTree.drain``) runs in a thread of the
+    runner: the worker's exit (the kernel freeing its CUDA context: ~0.6 s per stage on the H100, 4.9 s
+    of a quick oneshot's 66 s, cProfile 2026-11-26) overlaps the next stage instead of holding it up.
     Then the stage's watchdog is ended, so a runner killed meanwhile still leaves nothing running.
     ``execute`` waits for each reaper (``join``: on an Event the thread sets at its very end, waited for
     again after an interrupt, round 15 A5) before the stage after next and before it returns, whatever
