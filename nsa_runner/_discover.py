@@ -42,7 +42,7 @@ def entry_key(dist_name: str, ep: md.EntryPoint) -> str:
 
 
 ERROR_CHARS = 4000  # a failed import's message as the child records it (the parent clips it again)
-TRACEBACK_CHARS = 20_000  # the end of its traceback
+TRACEBACK_CHARS = 20_000  # its traceback (frames + the clipped message)
 
 
 def _why(e: BaseException) -> str:
@@ -57,15 +57,24 @@ def _why(e: BaseException) -> str:
         text, name = "<unprintable>", "object"
     line = " ".join(text[:2 * ERROR_CHARS].split())
     if len(line) > ERROR_CHARS or len(text) > 2 * ERROR_CHARS:
-        line = f"{line[:ERROR_CHARS]}… (of {len(text)} characters)"
+        line = f"{line[:ERROR_CHARS]}… (clipped by nsa-run, of {len(text)} characters)"
     return f"{name}: {line}" if line else name
 
 
 def _traceback() -> str:
+    """The traceback of the exception being handled: its frames, then ``_why`` (the type and the clipped
+    message, so a 3 MB message never crowds out the type), at most TRACEBACK_CHARS: the first quarter and
+    the end, with a marker saying how much was clipped in between."""
     try:
-        return traceback.format_exc()[-TRACEBACK_CHARS:]
+        e = sys.exc_info()[1]
+        tb = "Traceback (most recent call last):\n" + "".join(traceback.format_tb(e.__traceback__)) + _why(e) + "\n"
     except BaseException:  # noqa: BLE001 - formatting runs the plugin's __str__ / __repr__
         return ""
+    if len(tb) <= TRACEBACK_CHARS:
+        return tb
+    head = TRACEBACK_CHARS // 4
+    tail = TRACEBACK_CHARS - head - 80
+    return f"{tb[:head]} … [{len(tb) - head - tail} characters clipped by nsa-run] … {tb[len(tb) - tail:]}"
 
 
 def _resolve(spec: str):
