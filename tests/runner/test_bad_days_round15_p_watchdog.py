@@ -9,93 +9,22 @@ frozen and while it kills it.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 import uuid
 
-import pytest
+try:
+    from _bad_days import gone_within, wait_for
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import gone_within, wait_for
 
 try:
-    from _bad_days import MAIN, alive, env_with, gone_within, wait_for
+    from _reaper_stages import daemon, start  # noqa: F401 - daemon: a fixture
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import MAIN, alive, env_with, gone_within, wait_for
+    from tests.runner._reaper_stages import daemon, start  # noqa: F401
 
 from nsa_runner import _worker, executor
-
-STAGES = """
-import os, signal, subprocess, sys, time
-from pathlib import Path
-from nsa_runner import Stage, StageResult, Status
-
-DAEMON = '''
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-os.setsid()
-with open(sys.argv[1] + ".tmp", "w") as f:
-    f.write(str(os.getpid()))
-os.rename(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(1000)
-'''
-
-def _kill_watchdog():
-    cookie = os.environ["NSA_RUN_STAGE_COOKIE"].encode()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-            except OSError:
-                continue
-            if b"--watchdog" in cmd and cookie in cmd:
-                os.kill(int(pid), signal.SIGKILL)
-                return int(pid)
-    raise RuntimeError("no watchdog found")
-
-def _act(ctx, name):
-    (ctx.dir / f"{name}.txt").write_text(name)
-    pidfile = os.environ.get("P15_DAEMON_" + name.upper())
-    if pidfile:  # a TERM-ignoring daemon: env cleared, a session of its own
-        subprocess.Popen([sys.executable, "-c", DAEMON, pidfile], env={"PATH": "/usr/bin:/bin"},
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while not os.path.exists(pidfile):
-            time.sleep(0.01)
-    if os.environ.get("P15_KILL_WATCHDOG") == name:
-        Path(os.environ["P15_WATCHDOG"]).write_text(str(_kill_watchdog()))
-    started = os.environ.get("P15_STARTED_" + name.upper())
-    if started:
-        Path(started).write_text(str(os.getpid()))
-    time.sleep(float(os.environ.get("P15_SLEEP_" + name.upper(), "0")))
-    return StageResult(Status.PASS, name, files=[f"{name}.txt"])
-
-class A(Stage):
-    name, order, timeout_s = "a", 10, 120.0
-    def run(self, ctx):
-        return _act(ctx, "a")
-
-class B(Stage):
-    name, order, timeout_s = "b", 11, 120.0
-    def run(self, ctx):
-        return _act(ctx, "b")
-"""
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    """The daemon's pid file; a daemon still alive at the end is killed (never left behind)."""
-    pidfile = tmp_path / "daemon.pid"
-    yield pidfile
-    if pidfile.is_file() and pidfile.read_text().strip() and alive(int(pidfile.read_text())):
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)
-
-
-def _start(plugins, tmp_path, only: str, **env) -> tuple[subprocess.Popen, object]:
-    plugins.make("p15r-plugin", "p15r_mod", STAGES, {"a": "p15r_mod:A", "b": "p15r_mod:B"})
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-c", MAIN, "oneshot", "--only", only, "--out", out, "--device", "cpu"],
-                            env=env_with(plugins.env(), **env), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, out / "testrun" / "manifest.json"
 
 
 class _SlowTree:
@@ -119,7 +48,7 @@ def test_kill_9_of_the_runner_after_a_stage_killed_its_watchdog_leaves_nothing(p
     """Before: b running, a's watchdog killed by a, the runner killed -9 while a's reaper gave a's
     TERM-ignoring daemon its grace: the daemon went to init and stayed (nothing watched it)."""
     started = tmp_path / "b.started"
-    proc, _ = _start(plugins, tmp_path, "a,b", P15_DAEMON_A=daemon, P15_KILL_WATCHDOG="a",
+    proc, _ = start(plugins, tmp_path, "a,b", P15_DAEMON_A=daemon, P15_KILL_WATCHDOG="a",
                      P15_WATCHDOG=tmp_path / "watchdog.pid", P15_STARTED_B=started, P15_SLEEP_B=60,
                      NSA_RUN_SPARE_WORKER="0")
     try:
