@@ -25,6 +25,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -913,7 +914,7 @@ class TempFolder:
         """What the stage did to the folder's name (removed it, put a symlink or something else
         there), or None while the name is still this folder."""
         try:
-            st = os.lstat(self.path)
+            st = self._lstat_settled()
         except FileNotFoundError:
             return f"nsa-run's temp folder of {self.what}, {self.path}, was removed while {self._while}"
         except OSError as e:
@@ -933,6 +934,22 @@ class TempFolder:
             what = file_kind(st.st_mode)
         return (f"nsa-run's temp folder of {self.what}, {self.path}, was replaced by {what} while "
                 f"{self._while} (nothing was read through it)")
+
+    SETTLE_S = 1.0  # a name found missing is looked at again for this long: a swap is a remove, then a put
+
+    def _lstat_settled(self) -> os.stat_result:
+        """lstat of the folder's name; when nothing is there, looked at again for up to SETTLE_S, since a
+        stage swapping the folder (``mv D D.real; ln -s X D``) leaves the name empty in between, and the
+        error should say what the stage put there, not the moment between (raises FileNotFoundError when
+        it stays empty)."""
+        deadline = time.monotonic() + self.SETTLE_S
+        while True:
+            try:
+                return os.lstat(self.path)
+            except FileNotFoundError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     @property
     def _while(self) -> str:

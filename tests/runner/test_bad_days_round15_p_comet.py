@@ -152,6 +152,8 @@ def test_a_fork_chain_does_not_outlive_the_run(plugins, tmp_path, how):
     assert not _comet_alive(lock), f"a fork chain of stage a outlived nsa-run (rc {r.returncode})"
     running = json.loads((out / "testrun" / "b.txt").read_text())
     assert not running, f"stage a's fork chain ran beside stage b: {running}"
-    got = {s["name"]: s["status"] for s in json.loads((out / "testrun" / "manifest.json").read_text())["stages"]}
-    assert got == {"a": "PASS" if how == "finished" else "TIMEOUT", "b": "PASS"}, (got, r.stdout + r.stderr)
+    stages = json.loads((out / "testrun" / "manifest.json").read_text())["stages"]
+    got = {s["name"]: s["status"] for s in stages}
+    why = {s["name"]: s.get("reason", "")[:400] for s in stages}  # the reasons first: pytest clips long messages
+    assert got == {"a": "PASS" if how == "finished" else "TIMEOUT", "b": "PASS"}, (got, why, r.stderr[-1500:])
     assert r.returncode == (0 if how == "finished" else 1), r.stdout + r.stderr
