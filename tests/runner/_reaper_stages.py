@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -88,3 +89,20 @@ def start(plugins, tmp_path, only: str, **env) -> tuple[subprocess.Popen, object
                             env=env_with(plugins.env(), **env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, out / "testrun" / "manifest.json"
+
+
+class SlowTree:
+    """A stage tree whose kill takes until ``release`` is set (as a worker freeing its CUDA context)."""
+
+    def __init__(self, log: list[str], stage: subprocess.Popen):
+        self.release = threading.Event()
+        self.log, self.stage = log, stage
+
+    def kill(self, grace_s, term=True):
+        self.release.wait(30)
+        self.stage.kill()
+        self.log.append("killed")
+
+
+def sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)

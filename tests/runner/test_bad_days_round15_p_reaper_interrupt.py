@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,9 +24,13 @@ except ImportError:  # pragma: no cover - run from the repository root
     from tests.runner._bad_days import alive
 
 try:
+    from _reaper_stages import SlowTree as _SlowTree
     from _reaper_stages import daemon, start  # noqa: F401 - daemon: a fixture
+    from _reaper_stages import sleeper as _sleeper
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._reaper_stages import daemon, start  # noqa: F401
+    from tests.runner._reaper_stages import SlowTree as _SlowTree
+    from tests.runner._reaper_stages import daemon, start  # noqa: F401 - daemon: a fixture
+    from tests.runner._reaper_stages import sleeper as _sleeper
 
 from nsa_runner import executor
 
@@ -65,23 +67,6 @@ def test_sigterm_while_the_last_stages_tree_is_killed_waits_for_it(plugins, tmp_
     assert not alive(pid), f"a's daemon {pid} outlived nsa-run (rc {proc.returncode}): {out[-2000:]}"
     assert proc.returncode in (0, 130), out
     assert json.loads(manifest.read_text())["stages"][0]["status"] == "PASS"
-
-
-class _SlowTree:
-    """A stage tree whose kill takes until ``release`` is set (as a worker freeing its CUDA context)."""
-
-    def __init__(self, log: list[str], stage: subprocess.Popen):
-        self.release = threading.Event()
-        self.log, self.stage = log, stage
-
-    def kill(self, grace_s, term=True):
-        self.release.wait(30)
-        self.stage.kill()
-        self.log.append("killed")
-
-
-def _sleeper() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
 
 
 def test_reaper_join_interrupted_still_waits_for_the_kill(monkeypatch):

@@ -9,9 +9,6 @@ frozen and while it kills it.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import threading
 import uuid
 
 try:
@@ -20,28 +17,15 @@ except ImportError:  # pragma: no cover - run from the repository root
     from tests.runner._bad_days import gone_within, wait_for
 
 try:
+    from _reaper_stages import SlowTree as _SlowTree
     from _reaper_stages import daemon, start  # noqa: F401 - daemon: a fixture
+    from _reaper_stages import sleeper as _sleeper
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._reaper_stages import daemon, start  # noqa: F401
+    from tests.runner._reaper_stages import SlowTree as _SlowTree
+    from tests.runner._reaper_stages import daemon, start  # noqa: F401 - daemon: a fixture
+    from tests.runner._reaper_stages import sleeper as _sleeper
 
 from nsa_runner import _worker, executor
-
-
-class _SlowTree:
-    """A stage tree whose kill takes until ``release`` is set (as a worker freeing its CUDA context)."""
-
-    def __init__(self, log: list[str], stage: subprocess.Popen):
-        self.release = threading.Event()
-        self.log, self.stage = log, stage
-
-    def kill(self, grace_s, term=True):
-        self.release.wait(30)
-        self.stage.kill()
-        self.log.append("killed")
-
-
-def _sleeper() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
 
 
 def test_kill_9_of_the_runner_after_a_stage_killed_its_watchdog_leaves_nothing(plugins, tmp_path, daemon):
