@@ -230,11 +230,14 @@ def cmd_sweep_tune(args) -> int:
                ("selection logits", {"selection": "logits"}, {}),
                ("selection blocks-row", {"selection": "blocks-row"}, {}),
                ("tiles merged", {"tiles": "merged"}, {}),
-               ("tiles merged, blocks-row", {"tiles": "merged", "selection": "blocks-row"}, {}),
-               ("tiles merged, warps 8", {"tiles": "merged"}, {"fused_tiles": 8}),
                ("6 launches, no PDL", {"fuse_append": False, "pdl": False}, {}),
                ("no PDL", {"pdl": False}, {}),
+               ("late loads", {"early_loads": False}, {}),
                ("programs/SM 2, no min chunk", {"programs_per_sm": 2, "min_chunk": 0}, {})]
+    configs += [(f"{what} warps {n}", {}, {key: n}) for what, key, ns in (
+        ("cmp", "cmp", (2, 8)), ("scores", "probs", (2,)), ("top-n", "select", (1, 2)),
+        ("tiles", "selwin", (2, 8)), ("combine", "combine", (2, 8)))
+        for n in ns]
     print(f"# sweep-tune: CUDA graph replays of the attention part, L2 flushed, median of {args.iters}, "
           f"{args.rounds} rounds round-robin")
     for S in args.S:

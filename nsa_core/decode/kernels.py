@@ -316,7 +316,7 @@ def _scores_topn_kernel(POS, M_P, L_P, ABUF, CBUF, TMX, SC, BLK, NB, NTILE, NCH,
 def _block_scores_kernel(POS, M_P, L_P, ABUF, CBUF, TMX, SC, NB, NTILE, NCH,
                          H: tl.constexpr, HP: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr,
                          LSEL: tl.constexpr, A: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr,
-                         PDL: tl.constexpr):
+                         EARLY: tl.constexpr, PDL: tl.constexpr):
     """Block scores of blocks s*BJ .. (s+1)*BJ - 1 of row bg -> SC (_block_scores_slice). Grid (B*G, NB / BJ)."""
     _pdl_start(PDL)
     bg64 = tl.program_id(0).to(tl.int64)
@@ -324,18 +324,31 @@ def _block_scores_kernel(POS, M_P, L_P, ABUF, CBUF, TMX, SC, NB, NTILE, NCH,
     pos, nvis = _cmp_visible(POS, L, STRIDE)
     cur = pos // LSEL
     if j0 <= cur:
-        Mh, invZ = _merged_stats(M_P, L_P, bg64, NCH, H, HP, BC)
-        _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, NTILE, H, HP, A, BT, BJ)
+        if EARLY:  # every load issued before the first reduction (one memory round, not two)
+            Mp, Lp = _stats_load(M_P, L_P, bg64, NCH, HP, BC)
+            tm, tmp, vt, vp, av, cv, j, mj = _bs_load(j0, cur, nvis, ABUF, CBUF, TMX, bg64, NB, NTILE, H, HP, A,
+                                                      BT, BJ)
+            Mh, invZ = _stats_math(Mp, Lp, H, HP)
+            _bs_math(tm, tmp, vt, vp, av, cv, j, mj, Mh, invZ, SC, bg64, NB, HP, A, BT, BJ)
+        else:
+            Mh, invZ = _merged_stats(M_P, L_P, bg64, NCH, H, HP, BC)
+            _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, NTILE, H, HP, A, BT, BJ)
 
 
 @triton.jit
-def _topn_kernel(POS, SC, BLK, NB, LSEL: tl.constexpr, NSEL: tl.constexpr, BNB: tl.constexpr, PDL: tl.constexpr):
-    """Top-n (Eq. 11) of row bg's block scores SC -> BLK. One program per (b*g)."""
+def _topn_kernel(POS, SC, BLK, NB, LSEL: tl.constexpr, NSEL: tl.constexpr, BNB: tl.constexpr, EARLY: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Top-n (Eq. 11) of row bg's block scores SC -> BLK. One program per (b*g). EARLY: the scores are
+    loaded beside the position, not after it (_pick_topn sets every block past cur to -inf)."""
     _pdl_start(PDL)
     bg64 = tl.program_id(0).to(tl.int64)
-    cur = tl.load(POS).to(tl.int64) // LSEL
     oj = tl.arange(0, BNB)
-    sc = tl.load(SC + bg64 * NB + oj, mask=(oj <= cur) & (oj < NB), other=0.0)
+    if EARLY:
+        sc = tl.load(SC + bg64 * NB + oj, mask=oj < NB, other=0.0)
+        cur = tl.load(POS).to(tl.int64) // LSEL
+    else:
+        cur = tl.load(POS).to(tl.int64) // LSEL
+        sc = tl.load(SC + bg64 * NB + oj, mask=(oj <= cur) & (oj < NB), other=0.0)
     _pick_topn(sc, oj, cur, BLK, bg64, NSEL, BNB)
 
 
@@ -343,12 +356,25 @@ def _topn_kernel(POS, SC, BLK, NB, LSEL: tl.constexpr, NSEL: tl.constexpr, BNB: 
 def _merged_stats(M_P, L_P, bg64, NCH, H: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr):
     """The softmax stats of row bg merged over its NCH split-K chunks -> (max M_h, 1 / Z_h) per head
     (1 / Z = 0 for padding heads and where nothing was visible). Reads other programs' results (.cg)."""
+    Mp, Lp = _stats_load(M_P, L_P, bg64, NCH, HP, BC)
+    return _stats_math(Mp, Lp, H, HP)
+
+
+@triton.jit
+def _stats_load(M_P, L_P, bg64, NCH, HP: tl.constexpr, BC: tl.constexpr):
+    """Row bg's per-chunk maxima and sums [BC, HP] (_merged_stats' loads)."""
     oh = tl.arange(0, HP)
     oc = tl.arange(0, BC)
     rows = bg64 * NCH + oc
     mc = oc < NCH
     Mp = tl.load(M_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=NEG, cache_modifier=".cg")
     Lp = tl.load(L_P + rows[:, None] * HP + oh[None, :], mask=mc[:, None], other=0.0, cache_modifier=".cg")
+    return Mp, Lp
+
+
+@triton.jit
+def _stats_math(Mp, Lp, H: tl.constexpr, HP: tl.constexpr):
+    oh = tl.arange(0, HP)
     Mh = tl.max(Mp, 0)
     Z = tl.sum(Lp * tl.exp2(Mp - Mh[None, :]), 0)
     return Mh, tl.where((Z > 0.0) & (oh < H), 1.0 / tl.where(Z > 0.0, Z, 1.0), 0.0)
@@ -413,7 +439,7 @@ def _tile(q0, q1, tile, pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L
           TBL, s_tbl, PS, oh, ov, mv, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
           LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr, HP: tl.constexpr,
           DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
-          PAGED: tl.constexpr):
+          PAGED: tl.constexpr, EARLY: tl.constexpr):
     """Tile ``tile`` of row bg: tiles 0..NS_SEL-1 are the selected blocks (raw tokens <= t), the next
     ones the window ring (slots <= t) -> partial (m, l, o) at M_T / L_T / ACC_T row bg * NT + tile."""
     os_ = tl.arange(0, BS)
@@ -430,11 +456,20 @@ def _tile(q0, q1, tile, pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L
         rows = bg64 * W + kpos
         k_base = K_WIN
         v_base = V_WIN
-    sc = _qk(q0, q1, k_base, rows, m_s, DK, DK0, BK1, IEEE)
-    sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
-    m = tl.maximum(tl.max(sc, 1), NEG)
-    p = tl.exp2(sc - m[:, None])
-    vb = tl.load(v_base + rows[:, None] * DV + ov[None, :], mask=m_s[:, None] & mv[None, :], other=0.0)
+    vptr = v_base + rows[:, None] * DV + ov[None, :]
+    vmask = m_s[:, None] & mv[None, :]
+    if EARLY:  # V is loaded beside K (one memory round), not after the row max
+        vb = tl.load(vptr, mask=vmask, other=0.0)
+        sc = _qk(q0, q1, k_base, rows, m_s, DK, DK0, BK1, IEEE)
+        sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
+        m = tl.maximum(tl.max(sc, 1), NEG)
+        p = tl.exp2(sc - m[:, None])
+    else:
+        sc = _qk(q0, q1, k_base, rows, m_s, DK, DK0, BK1, IEEE)
+        sc = tl.where(m_s[None, :], sc * qk_scale, float("-inf"))
+        m = tl.maximum(tl.max(sc, 1), NEG)
+        p = tl.exp2(sc - m[:, None])
+        vb = tl.load(vptr, mask=vmask, other=0.0)
     acc = _dot(p, vb, IEEE)
     row = bg64 * NT + tile
     tl.store(M_T + row * HP + oh, m)
@@ -447,7 +482,7 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
                    G: tl.constexpr, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
                    LSEL: tl.constexpr, NSEL: tl.constexpr, NS_SEL: tl.constexpr, NT: tl.constexpr,
                    HP: tl.constexpr, DK0: tl.constexpr, BK1: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-                   IEEE: tl.constexpr, PAGED: tl.constexpr, PDL: tl.constexpr):
+                   IEEE: tl.constexpr, PAGED: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     _pdl_start(PDL)
     bg = tl.program_id(0)
     b = bg // G
@@ -457,7 +492,7 @@ def _selwin_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_
     q0, q1 = _load_q(Q, s_qb, b, g, oh, oh < H, H, DK, DK0, BK1)
     _tile(q0, q1, tl.program_id(1), tl.load(POS).to(tl.int64), b, g, bg.to(tl.int64), BLK, K_SEL, V_SEL, K_WIN,
           V_WIN, M_T, L_T, ACC_T, CAP, qk_scale, TBL, s_tbl, PS, oh, ov, ov < DV, G, DK, DV, W, LSEL, NSEL, NS_SEL,
-          NT, HP, DK0, BK1, BV, BS, IEEE, PAGED)
+          NT, HP, DK0, BK1, BV, BS, IEEE, PAGED, EARLY)
 
 
 @triton.jit
@@ -488,18 +523,76 @@ def _merge_rows(M_X, L_X, ACC_X, row0, count, ov, BR: tl.constexpr, HP: tl.const
 
 
 @triton.jit
+def _merge_load(M_X, L_X, ACC_X, row0, count, ov, BR: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr):
+    """_merge_rows' loads for BR <= 16 rows in one group: (M [BR, HP], L [BR, HP], acc [BR, HP, len(ov)])."""
+    oh = tl.arange(0, HP)
+    orr = tl.arange(0, BR)
+    rows = row0 + orr
+    mr = orr < count
+    Mt = tl.load(M_X + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=NEG, cache_modifier=".cg")
+    Lt = tl.load(L_X + rows[:, None] * HP + oh[None, :], mask=mr[:, None], other=0.0, cache_modifier=".cg")
+    acc = tl.load(ACC_X + (rows[:, None, None] * HP + oh[None, :, None]) * BV + ov[None, None, :],
+                  mask=mr[:, None, None], other=0.0, cache_modifier=".cg")
+    return Mt, Lt, acc
+
+
+@triton.jit
+def _merge_math(Mt, Lt, acc, HP: tl.constexpr, BO: tl.constexpr):
+    """_merge_rows' arithmetic on _merge_load's values (the same operations in the same order)."""
+    Mh = tl.max(Mt, 0)
+    Z = tl.sum(Lt * tl.exp2(Mt - Mh[None, :]), 0)
+    o = tl.zeros([HP, BO], dtype=tl.float32)
+    o += tl.sum(acc * tl.exp2(Mt - Mh[None, :])[:, :, None], 0)
+    return o / tl.where(Z > 0.0, Z, 1.0)[:, None]
+
+
+@triton.jit
 def _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b, g, bg64, vs,
                    G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
                    BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
-                   BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
+                   BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr,
+                   EARLY: tl.constexpr):
     """Value columns vs*BVS.. of row bg: merge the compressed chunks (DO_CMP), the selected-block tiles
-    and the window tiles, weight by the gates (GATED; else 1) -> O [B, HQ, dv]."""
+    and the window tiles, weight by the gates (GATED; else 1) -> O [B, HQ, dv]. EARLY (every source of
+    at most 16 rows): all loads first, then the arithmetic; else source by source (_combine_late)."""
     oh = tl.arange(0, HP)
     ov = vs * BVS + tl.arange(0, BVS)
     mh = oh < H
     mv = ov < DV
     gate = GATES + b * s_gb + (g * H + oh) * 3
     o = tl.zeros([HP, BVS], dtype=tl.float32)
+    if EARLY:  # every source's loads issued before the first reduction (one memory round, not six)
+        if DO_CMP:
+            mc, lc, ac = _merge_load(M_P, L_P, ACC_P, bg64 * NCH, NCH, ov, BC, HP, BV)
+            if GATED:
+                g0 = tl.load(gate + 0, mask=mh, other=0.0).to(tl.float32)
+        if NS_SEL > 0:
+            ms, ls, as_ = _merge_load(M_T, L_T, ACC_T, bg64 * NT, NS_SEL, ov, BSEL, HP, BV)
+            g1 = tl.load(gate + 1, mask=mh, other=0.0).to(tl.float32)
+        if NS_WIN > 0:
+            mw, lw, aw = _merge_load(M_T, L_T, ACC_T, bg64 * NT + NS_SEL, NS_WIN, ov, BWIN, HP, BV)
+            g2 = tl.load(gate + 2, mask=mh, other=0.0).to(tl.float32)
+        if DO_CMP:
+            oc = _merge_math(mc, lc, ac, HP, BVS)
+            if GATED:
+                oc = g0[:, None] * oc
+            o += oc
+        if NS_SEL > 0:
+            o += g1[:, None] * _merge_math(ms, ls, as_, HP, BVS)
+        if NS_WIN > 0:
+            o += g2[:, None] * _merge_math(mw, lw, aw, HP, BVS)
+    else:
+        o = _combine_late(o, M_P, L_P, ACC_P, M_T, L_T, ACC_T, gate, NCH, NT, bg64, ov, mh, HP, BV, BVS, BC, NS_SEL,
+                          NS_WIN, BSEL, BWIN, DO_CMP, GATED)
+    rows = b.to(tl.int64) * G * H + g * H + oh
+    tl.store(O + rows[:, None] * DV + ov[None, :], o.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
+
+
+@triton.jit
+def _combine_late(o, M_P, L_P, ACC_P, M_T, L_T, ACC_T, gate, NCH, NT, bg64, ov, mh, HP: tl.constexpr,
+                  BV: tl.constexpr, BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
+                  BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr):
+    """_combine_slice's sources one after another (any row count: _merge_rows loads in groups of 16)."""
     if DO_CMP:
         oc = _merge_rows(M_P, L_P, ACC_P, bg64 * NCH, NCH, ov, BC, HP, BV, BVS)
         if GATED:
@@ -511,8 +604,7 @@ def _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b,
     if NS_WIN > 0:
         ow = _merge_rows(M_T, L_T, ACC_T, bg64 * NT + NS_SEL, NS_WIN, ov, BWIN, HP, BV, BVS)
         o += tl.load(gate + 2, mask=mh, other=0.0).to(tl.float32)[:, None] * ow
-    rows = b.to(tl.int64) * G * H + g * H + oh
-    tl.store(O + rows[:, None] * DV + ov[None, :], o.to(O.dtype.element_ty), mask=mh[:, None] & mv[None, :])
+    return o
 
 
 @triton.jit
@@ -520,12 +612,12 @@ def _combine_kernel(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT,
                     G: tl.constexpr, H: tl.constexpr, DV: tl.constexpr, HP: tl.constexpr, BV: tl.constexpr,
                     BVS: tl.constexpr, BC: tl.constexpr, NS_SEL: tl.constexpr, NS_WIN: tl.constexpr,
                     BSEL: tl.constexpr, BWIN: tl.constexpr, DO_CMP: tl.constexpr, GATED: tl.constexpr,
-                    PDL: tl.constexpr):
+                    EARLY: tl.constexpr, PDL: tl.constexpr):
     """One program per (b*g, slice of BVS value columns)."""
     _pdl_start(PDL)
     bg = tl.program_id(0)
     _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, bg // G, bg % G, bg.to(tl.int64),
-                   tl.program_id(1), G, H, DV, HP, BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, DO_CMP, GATED)
+                   tl.program_id(1), G, H, DV, HP, BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, DO_CMP, GATED, EARLY)
 
 
 # ---- the fused step: two launches (impl="fused") ------------------------------------------------
@@ -602,11 +694,11 @@ def _fused_tiles_kernel(POS, Q, s_qb, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T,
     mv = ov < DV
     q0, q1 = _load_q(Q, s_qb, b, g, oh, mh, H, DK, DK0, BK1)
     _tile(q0, q1, tl.program_id(1), pos, b, g, bg64, BLK, K_SEL, V_SEL, K_WIN, V_WIN, M_T, L_T, ACC_T, CAP, qk_scale,
-          TBL, s_tbl, PS, oh, ov, mv, G, DK, DV, W, LSEL, NSEL, NS_SEL, NT, HP, DK0, BK1, BV, BS, IEEE, PAGED)
+          TBL, s_tbl, PS, oh, ov, mv, G, DK, DV, W, LSEL, NSEL, NS_SEL, NT, HP, DK0, BK1, BV, BS, IEEE, PAGED, False)
     if _last_of_row(COUNT, bg64, NS_SEL + NS_WIN):
         for vs in tl.static_range(BV // BVS):
             _combine_slice(M_P, L_P, ACC_P, M_T, L_T, ACC_T, GATES, s_gb, O, NCH, NT, b, g, bg64, vs, G, H, DV, HP,
-                           BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, True, True)
+                           BV, BVS, BC, NS_SEL, NS_WIN, BSEL, BWIN, True, True, False)
 
 
 # ---- the split step: two launches, split-K everywhere (impl="split", issue 14) ---------------------
@@ -702,22 +794,26 @@ def _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, 
                         HP: tl.constexpr, A: tl.constexpr, BT: tl.constexpr, BJ: tl.constexpr):
     """Scores (Eqs. 9-10) of blocks j0 .. j0+BJ-1 (those <= cur) of row bg from the tiles' block partials and
     the merged stats (Mh, invZ): score[j] = sum_h (A[h, j] w[h, tile(j a)] + C[h, j-1] w[h, tile((j-1) a)]),
-    w = 2^(m_tile - M_h) / Z_h -> SC[bg, j]. [HP, BJ] of A and of C (two loads) and the [HP, BJ / (BT / a)]
-    tile weights, broadcast over each tile's blocks by a reshape (no gather). Reads other programs' results
-    (.cg)."""
+    w = 2^(m_tile - M_h) / Z_h -> SC[bg, j] (_bs_load, then _bs_math)."""
+    tm, tmp, vt, vp, av, cv, j, mj = _bs_load(j0, cur, nvis, ABUF, CBUF, TMX, bg64, NB, NTILE, H, HP, A, BT, BJ)
+    _bs_math(tm, tmp, vt, vp, av, cv, j, mj, Mh, invZ, SC, bg64, NB, HP, A, BT, BJ)
+
+
+@triton.jit
+def _bs_load(j0, cur, nvis, ABUF, CBUF, TMX, bg64, NB, NTILE, H: tl.constexpr, HP: tl.constexpr, A: tl.constexpr,
+             BT: tl.constexpr, BJ: tl.constexpr):
+    """_block_scores_slice's loads: [HP, BJ] of A and of C (two loads) and the [HP, BJ / (BT / a)] tile maxima
+    of each block's tile and of the tile before (reads other programs' results, .cg), with their masks."""
     oh = tl.arange(0, HP)
     mh = oh < H
     BPT: tl.constexpr = BT // A  # blocks per tile
     TPI: tl.constexpr = BJ // BPT  # tiles per slice (BJ is a multiple of BPT)
-    ob = tl.arange(0, BPT)
     ot = j0 // BPT + tl.arange(0, TPI)
     vt = mh[:, None] & (ot * BT < nvis)[None, :]  # the tile ran (it holds visible tokens)
     vp = mh[:, None] & ((ot >= 1) & ((ot - 1) * BT < nvis))[None, :]
     tm = tl.load(TMX + (bg64 * NTILE + ot[None, :]) * HP + oh[:, None], mask=vt, other=0.0, cache_modifier=".cg")
     tmp = tl.load(TMX + (bg64 * NTILE + ot[None, :] - 1) * HP + oh[:, None], mask=vp, other=0.0,
                   cache_modifier=".cg")
-    w = tl.where(vt, tl.exp2(tm - Mh[:, None]) * invZ[:, None], 0.0)
-    wp = tl.where(vp, tl.exp2(tmp - Mh[:, None]) * invZ[:, None], 0.0)  # of the previous tile
     j = j0 + tl.arange(0, BJ)
     mj = (j <= cur) & (j < NB)
     ran = ((j // BPT) * BT < nvis)
@@ -727,6 +823,19 @@ def _block_scores_slice(j0, cur, nvis, Mh, invZ, ABUF, CBUF, TMX, SC, bg64, NB, 
     ranc = (jc >= 0) & ((jc // BPT) * BT < nvis)
     cv = tl.load(CBUF + (bg64 * HP + oh[:, None]) * NB + jc[None, :], mask=mh[:, None] & (mj & ranc)[None, :],
                  other=0.0, cache_modifier=".cg")
+    return tm, tmp, vt, vp, av, cv, j, mj
+
+
+@triton.jit
+def _bs_math(tm, tmp, vt, vp, av, cv, j, mj, Mh, invZ, SC, bg64, NB, HP: tl.constexpr, A: tl.constexpr,
+             BT: tl.constexpr, BJ: tl.constexpr):
+    """_block_scores_slice's arithmetic on _bs_load's values: the tile weights w = 2^(m_tile - M_h) / Z_h
+    broadcast over each tile's blocks by a reshape (no gather), summed over the heads -> SC[bg, j]."""
+    BPT: tl.constexpr = BT // A
+    TPI: tl.constexpr = BJ // BPT
+    ob = tl.arange(0, BPT)
+    w = tl.where(vt, tl.exp2(tm - Mh[:, None]) * invZ[:, None], 0.0)
+    wp = tl.where(vp, tl.exp2(tmp - Mh[:, None]) * invZ[:, None], 0.0)  # of the previous tile
     a3 = tl.reshape(av, [HP, TPI, BPT])
     c3 = tl.reshape(cv, [HP, TPI, BPT])
     wc = tl.where((ob == 0)[None, None, :], wp[:, :, None], w[:, :, None])  # block 0 of a tile: C from before
@@ -1000,7 +1109,11 @@ class Workspace:
     scores and top-n in one program per row: 4 launches), "tiles" ("separate" = the sel/win tile kernel,
     then the combine; "merged" = both in one launch, each row's last tile program merging), "cmp_bt" (keys
     per tile of the compressed pass),
-    "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``).
+    "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``),
+    "early_loads" (block scores, top-n, sel/win tiles and combine issue their loads before their first
+    reduction: one memory round each instead of two to six; the same arithmetic in the same order; more
+    registers. None = in the kernels whose grid fits in one wave, where latency rules: H100, -1.1 us at
+    8K/B1 and 64K/B1, +2.7..4.2 us at B=16 if used there; True / False = everywhere / nowhere).
     """
 
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
@@ -1008,7 +1121,12 @@ class Workspace:
               "cmp_stages": 0}  # num_stages of the six-launch compressed pass (0: Triton's default)
     TUNE = {"pdl": None, "fuse_append": True, "selection": "blocks", "tiles": "separate",
             "programs_per_sm": STEP_PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK,
-            "cmp_bt": 64}
+            "cmp_bt": 64, "early_loads": None}
+    # a kernel whose grid fits in one wave (programs <= SMs) is latency-bound: these warps there (measured,
+    # H100 sweep-tune 2026-11-26: combine -1.0 us at 64K/B1; tiles -0.2..-0.6 us at B=1); top-n over at most
+    # TOPN_ONE_WARP_BLOCKS blocks in one warp (no cross-warp reduction: -0.6 us at 8K/B1, +9 us at 64K/B1)
+    WAVE_WARPS = {"combine": 8, "selwin": 8}
+    TOPN_ONE_WARP_BLOCKS = 128
     SELECTIONS = ("logits", "blocks", "blocks-row")
     TILES = ("separate", "merged")
 
@@ -1018,6 +1136,7 @@ class Workspace:
         self.dec = dec
         dev = dec.device
         self.CONFIG = {**self.CONFIG, **(warps or {})}
+        self._warps_given = set(warps or {})
         unknown = set(tune or {}) - set(self.TUNE)
         if unknown:
             raise ValueError(f"Workspace: unknown tune keys {sorted(unknown)}; known: {sorted(self.TUNE)}")
@@ -1027,6 +1146,10 @@ class Workspace:
         if self.tune["selection"] not in self.SELECTIONS:
             raise ValueError(f"Workspace: tune selection must be one of {self.SELECTIONS}, "
                              f"got {self.tune['selection']!r}")
+        if self.tune["early_loads"] is not None and not isinstance(self.tune["early_loads"], bool):
+            raise ValueError(f"Workspace: tune early_loads must be None, True or False, got "
+                             f"{self.tune['early_loads']!r}")
+        self.SMS = _num_sms(dev)
         self.PDL = pdl_default(dev) if self.tune["pdl"] is None else bool(self.tune["pdl"])
         self._pdl = {"launch_pdl": True} if self.PDL else {}  # launch option (not passed at all without PDL)
         self.BG = dec.B * dec.G
@@ -1122,7 +1245,8 @@ class Workspace:
                 d.pos, q, q.stride(0), d.blk, c.K_sel, c.V_sel, c.K_win, c.V_win, self.m_t, self.l_t, self.acc_t,
                 d.cap, self.qk_scale, *self.paging(), G=d.G, H=d.h, DK=d.dk, DV=d.dv, W=cfg.w, LSEL=cfg.l_sel,
                 NSEL=cfg.n_sel, NS_SEL=ns_sel, NT=self.NT, HP=self.HP, DK0=self.DK0, BK1=self.BK1, BV=self.BV,
-                BS=self.BS, IEEE=self.IEEE, PAGED=c.paged, PDL=self.PDL, num_warps=self.CONFIG["selwin"], **self._pdl)
+                BS=self.BS, IEEE=self.IEEE, PAGED=c.paged, EARLY=self.early(self.BG * (ns_sel + ns_win)),
+                PDL=self.PDL, num_warps=self.warps("selwin", self.BG * (ns_sel + ns_win)), **self._pdl)
         return ns_sel, ns_win
 
     def combine(self, gates, out, do_cmp: bool, ns_sel: int, ns_win: int) -> torch.Tensor:
@@ -1135,7 +1259,8 @@ class Workspace:
             self.m_p, self.l_p, self.acc_p, self.m_t, self.l_t, self.acc_t, gates, gates.stride(0), out, self.NCH,
             self.NT, G=d.G, H=d.h, DV=d.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=ns_sel,
             NS_WIN=ns_win, BSEL=_p2(max(ns_sel, 1)), BWIN=_p2(max(ns_win, 1)), DO_CMP=do_cmp, GATED=True,
-            PDL=self.PDL, num_warps=self.CONFIG["combine"], **self._pdl)
+            EARLY=self.early(self.BG * self.BV // self.BVS) and max(self.NCH, ns_sel, ns_win) <= 16, PDL=self.PDL,
+            num_warps=self.warps("combine", self.BG * self.BV // self.BVS), **self._pdl)
         return out
 
     def fused(self, q, kc, vc, ks, vs, kw, vw, gates, out) -> torch.Tensor:
@@ -1232,6 +1357,26 @@ class Workspace:
             num_warps=self.CONFIG["split_sel"])
         return out
 
+    def early(self, programs: int) -> bool:
+        """Early loads (tune "early_loads") in a kernel of ``programs`` programs: by default where the grid
+        fits in one wave."""
+        e = self.tune["early_loads"]
+        return programs <= self.SMS if e is None else e
+
+    def warps(self, kernel: str, programs: int) -> int:
+        """num_warps of ``kernel``: the one given to this workspace, else WAVE_WARPS where its grid fits in
+        one wave, else CONFIG."""
+        if kernel not in self._warps_given and kernel in self.WAVE_WARPS and programs <= self.SMS:
+            return self.WAVE_WARPS[kernel]
+        return self.CONFIG[kernel]
+
+    def topn_warps(self) -> int:
+        """num_warps of _topn_kernel: the one given ("select"), else one warp for at most
+        TOPN_ONE_WARP_BLOCKS blocks, else CONFIG."""
+        if "select" not in self._warps_given and _p2(self.dec.NB) <= self.TOPN_ONE_WARP_BLOCKS:
+            return 1
+        return self.CONFIG["select"]
+
     def _blocks(self) -> dict | None:
         """Buffers and geometry of the block-partial selection (tune "blocks"), or None where it does not
         apply (a = l_sel / d not a power of two, or tiles shorter than a block)."""
@@ -1288,9 +1433,11 @@ class Workspace:
                 _block_scores_kernel[(self.BG, -(-d.NB // bk["BJ"]))](
                     d.pos, self.m_p, self.l_p, bk["abuf"], bk["cbuf"], bk["tmx"], bk["sc"], d.NB, bk["NTILE"],
                     self.NCH, H=d.h, HP=self.HP, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, A=bk["a"], BT=self.BT,
-                    BC=_p2(self.NCH), BJ=bk["BJ"], PDL=self.PDL, num_warps=self.CONFIG["probs"], **self._pdl)
+                    BC=_p2(self.NCH), BJ=bk["BJ"], EARLY=self.early(self.BG * -(-d.NB // bk["BJ"])), PDL=self.PDL,
+                    num_warps=self.CONFIG["probs"], **self._pdl)
                 _topn_kernel[(self.BG,)](d.pos, bk["sc"], d.blk, d.NB, LSEL=cfg.l_sel, NSEL=cfg.n_sel,
-                                         BNB=_p2(d.NB), PDL=self.PDL, num_warps=self.CONFIG["select"], **self._pdl)
+                                         BNB=_p2(d.NB), EARLY=self.early(self.BG), PDL=self.PDL,
+                                         num_warps=self.topn_warps(), **self._pdl)
         with _scope("shared"):
             if self.tune["tiles"] == "merged":
                 if gates.stride(2) != 1 or gates.stride(1) != 3:

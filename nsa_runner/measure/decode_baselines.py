@@ -57,5 +57,6 @@ class FullDecode:
         _combine_kernel[(self.BG, self.BV // self.BVS)](
             self.m_p, self.l_p, self.acc_p, self.dummy, self.dummy, self.dummy, self.gates, 0, self.o, self.NCH, 1,
             G=self.G, H=self.h, DV=self.dv, HP=self.HP, BV=self.BV, BVS=self.BVS, BC=_p2(self.NCH), NS_SEL=0,
-            NS_WIN=0, BSEL=1, BWIN=1, DO_CMP=True, GATED=False, PDL=self.pdl, num_warps=4, **self._pdl)
+            NS_WIN=0, BSEL=1, BWIN=1, DO_CMP=True, GATED=False, EARLY=self.NCH <= 16, PDL=self.pdl, num_warps=4,
+            **self._pdl)
         return self.o.view(self.B, self.G, self.h, self.dv)

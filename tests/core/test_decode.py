@@ -203,7 +203,9 @@ def test_triton_fused_steps_equal_the_six_launch_step(selection, tiles):
     way it selects: from logits (5 launches), from per-tile block partials with the scores in parallel (5)
     or in one program per row (4), and with the tiles and the merge in one launch (tiles="merged": one
     fewer); over steps where compressed tokens complete in a chunk other than chunk
-    0 (written by that chunk, not by the appending one); fp32 and fp16; no PDL in the interpreter."""
+    0 (written by that chunk, not by the appending one); fp32 and fp16; no PDL in the interpreter. The
+    six-launch step issues its loads late (tune early_loads=False), so the early loads of the block scores,
+    top-n, tiles and combine (the default) are checked against the late order too."""
     pytest.importorskip("triton", reason="triton not installed")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(11)
@@ -211,11 +213,14 @@ def test_triton_fused_steps_equal_the_six_launch_step(selection, tiles):
     for dtype in (torch.float32, torch.float16):
         m = _model("avg", seed=7).to(device=dev, dtype=dtype)
         decs, caches = {}, {}
-        for name, tune in (("fused", {"selection": selection, "tiles": tiles}), ("six", {"fuse_append": False})):
+        six = {"fuse_append": False, "early_loads": False}
+        fused = {"selection": selection, "tiles": tiles, "early_loads": True}
+        for name, tune in (("fused", fused), ("six", six)):
             _, caches[name] = m(x[:, :70].to(device=dev, dtype=dtype), max_len=96)
             # compressed rows in 8-row chunks: the completing token lands in chunk >= 1
             decs[name] = m.decoder(caches[name], impl="triton", chunk=8, tune=tune)
         assert decs["fused"]._tri.NCH >= 2 and not decs["six"]._tri.tune["fuse_append"]
+        assert decs["fused"]._tri.early(10 ** 9) and not decs["six"]._tri.early(1)
         assert (decs["fused"]._tri._blocks() is None) == (selection == "logits")
         emitted = 0
         for k in range(70, 78):
@@ -233,6 +238,24 @@ def test_triton_fused_steps_equal_the_six_launch_step(selection, tiles):
         m.decoder(caches["six"], impl="triton", tune={"selection": "magic"})
     with pytest.raises(ValueError, match="tiles must be one of"):
         m.decoder(caches["six"], impl="triton", tune={"tiles": "magic"})
+    with pytest.raises(ValueError, match="early_loads must be None, True or False"):
+        m.decoder(caches["six"], impl="triton", tune={"early_loads": "yes"})
+
+
+def test_triton_step_policy_by_grid():
+    """Early loads and the one-wave warps apply where a kernel's grid fits in one wave of the device's SMs,
+    unless the tune / warps given say otherwise; top-n runs in one warp over at most 128 blocks."""
+    pytest.importorskip("triton", reason="triton not installed")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _model("avg", seed=3).float().to(dev)
+    _, cache = m(torch.randn(1, 20, DIM).to(dev), max_len=96)
+    w = m.decoder(cache, impl="triton")._tri
+    assert w.early(w.SMS) and not w.early(w.SMS + 1)
+    assert w.warps("combine", w.SMS) == w.WAVE_WARPS["combine"] and w.warps("combine", w.SMS + 1) == w.CONFIG["combine"]
+    assert w.topn_warps() == 1  # NB = 96 / l_sel blocks
+    w = m.decoder(cache, impl="triton", tune={"early_loads": False}, warps={"combine": 2, "select": 4})._tri
+    assert not w.early(1) and w.warps("combine", 1) == 2 and w.topn_warps() == 4
+    assert m.decoder(cache, impl="triton", tune={"early_loads": True})._tri.early(10 ** 9)
 
 
 def test_triton_full_decode_baseline():
