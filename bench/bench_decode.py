@@ -228,11 +228,14 @@ def cmd_sweep_tune(args) -> int:
 
     configs = [("default", {}, {}),
                ("selection logits", {"selection": "logits"}, {}),
+               ("selection blocks", {"selection": "blocks"}, {}),
                ("selection blocks-row", {"selection": "blocks-row"}, {}),
                ("tiles merged", {"tiles": "merged"}, {}),
                ("6 launches, no PDL", {"fuse_append": False, "pdl": False}, {}),
                ("no PDL", {"pdl": False}, {}),
                ("late loads", {"early_loads": False}, {}),
+               ("early loads everywhere", {"early_loads": True}, {}),
+               ("one-wave warps off", {}, {"combine": 4, "selwin": 4}),
                ("programs/SM 2, no min chunk", {"programs_per_sm": 2, "min_chunk": 0}, {})]
     configs += [(f"{what} warps {n}", {}, {key: n}) for what, key, ns in (
         ("cmp", "cmp", (2, 8)), ("scores", "probs", (2,)), ("top-n", "select", (1, 2)),

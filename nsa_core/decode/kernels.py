@@ -1106,7 +1106,8 @@ class Workspace:
     "fuse_append" (the append inside the compressed pass: 5 launches instead of 6, phi avg), "selection"
     (with it: "logits" = logits, probabilities, top-n; "blocks" = per-tile block partials of Eq. 9 instead of
     logits (4x fewer values at a = 4), block scores in parallel, top-n; "blocks-row" = the same partials,
-    scores and top-n in one program per row: 4 launches), "tiles" ("separate" = the sel/win tile kernel,
+    scores and top-n in one program per row: 4 launches; None = "blocks-row" where NB <= BJ, else "blocks":
+    row_select), "tiles" ("separate" = the sel/win tile kernel,
     then the combine; "merged" = both in one launch, each row's last tile program merging), "cmp_bt" (keys
     per tile of the compressed pass),
     "programs_per_sm", "max_chunks" and "min_chunk" (the compressed pass's split-K, ``chunking``),
@@ -1119,7 +1120,7 @@ class Workspace:
     CONFIG = {"append": 4, "cmp": 4, "probs": 4, "select": 4, "selwin": 4, "combine": 4,  # num_warps
               "fused_cmp": 4, "fused_tiles": 4, "split_cmp": 4, "split_sel": 4, "split_stages": 2,
               "cmp_stages": 0}  # num_stages of the six-launch compressed pass (0: Triton's default)
-    TUNE = {"pdl": None, "fuse_append": True, "selection": "blocks", "tiles": "separate",
+    TUNE = {"pdl": None, "fuse_append": True, "selection": None, "tiles": "separate",
             "programs_per_sm": STEP_PROGRAMS_PER_SM, "max_chunks": MAX_CHUNKS, "min_chunk": STEP_MIN_CHUNK,
             "cmp_bt": 64, "early_loads": None}
     # a kernel whose grid fits in one wave (programs <= SMs) is latency-bound: these warps there (measured,
@@ -1127,7 +1128,7 @@ class Workspace:
     # TOPN_ONE_WARP_BLOCKS blocks in one warp (no cross-warp reduction: -0.6 us at 8K/B1, +9 us at 64K/B1)
     WAVE_WARPS = {"combine": 8, "selwin": 8}
     TOPN_ONE_WARP_BLOCKS = 128
-    SELECTIONS = ("logits", "blocks", "blocks-row")
+    SELECTIONS = (None, "logits", "blocks", "blocks-row")
     TILES = ("separate", "merged")
 
     def __init__(self, dec, chunk: int | None = None, warps: dict | None = None, split_chunk: int | None = None,
@@ -1357,6 +1358,14 @@ class Workspace:
             num_warps=self.CONFIG["split_sel"])
         return out
 
+    def row_select(self) -> bool:
+        """Block scores and top-n in one program per row (_scores_topn_kernel, one launch fewer): tune
+        selection "blocks-row", or by default (None) where the block scores would run in one program per
+        row anyway (NB <= BJ: -0.5 us at 8K/B1 on the H100; at 64K/B1, 8 slices per row, +7 us)."""
+        sel = self.tune["selection"]
+        bk = self._blocks()
+        return bk is not None and (sel == "blocks-row" or (sel is None and self.dec.NB <= bk["BJ"]))
+
     def early(self, programs: int) -> bool:
         """Early loads (tune "early_loads") in a kernel of ``programs`` programs: by default where the grid
         fits in one wave."""
@@ -1423,7 +1432,7 @@ class Workspace:
         with _scope("sel"):
             if bk is None:
                 self.select()
-            elif self.tune["selection"] == "blocks-row":
+            elif self.row_select():
                 _scores_topn_kernel[(self.BG,)](
                     d.pos, self.m_p, self.l_p, bk["abuf"], bk["cbuf"], bk["tmx"], bk["sc"], d.blk, d.NB, bk["NTILE"],
                     self.NCH, H=d.h, HP=self.HP, L=cfg.l, STRIDE=cfg.d, LSEL=cfg.l_sel, NSEL=cfg.n_sel, A=bk["a"],

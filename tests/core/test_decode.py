@@ -253,6 +253,8 @@ def test_triton_step_policy_by_grid():
     assert w.early(w.SMS) and not w.early(w.SMS + 1)
     assert w.warps("combine", w.SMS) == w.WAVE_WARPS["combine"] and w.warps("combine", w.SMS + 1) == w.CONFIG["combine"]
     assert w.topn_warps() == 1  # NB = 96 / l_sel blocks
+    assert w.row_select() == (w.dec.NB <= w._blocks()["BJ"])  # scores + top-n in one launch where one slice
+    assert not m.decoder(cache, impl="triton", tune={"selection": "blocks"})._tri.row_select()
     w = m.decoder(cache, impl="triton", tune={"early_loads": False}, warps={"combine": 2, "select": 4})._tri
     assert not w.early(1) and w.warps("combine", 1) == 2 and w.topn_warps() == 4
     assert m.decoder(cache, impl="triton", tune={"early_loads": True})._tri.early(10 ** 9)
