@@ -3,6 +3,7 @@
 # keeps /tmp and setsid jobs between the calls of one hold; it is given back ~30 s after a call
 # returns, so send each next call at once):
 #   call 1  carry [".devcarry/fa4_libs"]:   bash bench/gpu_fa4_install.sh        (FA-4's 61 MiB libs)
+#           (or, the tree being too large beside them: split first; calls 1a / 1b carry .devcarry/fa4_p1, _p2)
 #   call 2  carry [".devcarry/src_l", ".whl", ".devcarry/fa4", ".devcarry/fa2"]:
 #           cd .devcarry/src_l && bash bench/gpu_final.sh start ../.. && bash bench/gpu_final.sh wait 480
 #   call 3  bash .devcarry/src_l/bench/gpu_final.sh wait 420   (or /tmp/nsa-src/bench/gpu_final.sh)
