@@ -140,6 +140,32 @@ JOB
     setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
     echo "started (decode15 plan): $(date -u +%T)"; exit 0
   fi
+  if [ "${FINAL_PLAN:-}" = final16 ]; then  # a session's closing GPU run: decode (issue 14), then warm oneshots
+    cat > "$L/job.sh" <<JOB
+cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
+step() { t0=\$SECONDS; "\$@"; rc=\$?; echo "\$(date -u +%T) rc=\$rc \$((SECONDS - t0)) s: \$*" >> "$L/steps.txt"; }
+for spec in "--S 4096 8192 --B 1 16" "--S 16384 32768 --B 1 16" "--S 65536 --B 1" "--S 65536 --B 16"; do
+  timeout 200 python3 bench/bench_decode.py warm \$spec --kernels triton split >> "$L/warm.log" 2>&1 &
+done
+step timeout 300 python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/core/test_decode_paged.py \
+  tests/core/test_decode_fused.py tests/core/test_decode_split.py tests/core/test_decode_counters.py > "$L/pytest_decode.log" 2>&1
+wait
+step timeout 300 nsa-run stage decode-bench --profile full --kernel triton,split --out "$L/art_dec" > "$L/decode.log" 2>&1
+python3 bench/bench_decode.py table "$L/art_dec" > "$L/table.md" 2>&1
+step timeout 120 python3 bench/bench_decode.py profile --S 8192 --B 1 > "$L/profile_8k_b1.txt" 2>&1
+t0=\$SECONDS
+for s in env-pairing sanity selection-map triton-fwd triton-bwd fa2-probe prefill-bench decode-bench; do
+  timeout 500 nsa-run stage "\$s" --out "$L/art_warm_\$s" > "$L/warm_\$s.log" 2>&1 &
+done
+wait; echo "\$(date -u +%T) parallel warm-up: \$((SECONDS - t0)) s" >> "$L/steps.txt"
+step nsa-run oneshot --out "$L/art" > "$L/oneshot.log" 2>&1
+python3 bench/time_ledger.py "\$(ls -d "$L"/art/*/ | head -1)" > "$L/ledger.txt" 2>&1
+step nsa-run oneshot --profile quick --out "$L/art_quick" > "$L/oneshot_quick.log" 2>&1
+touch "$L/done"
+JOB
+    setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
+    echo "started (final16 plan): $(date -u +%T)"; exit 0
+  fi
   if [ "${FINAL_PLAN:-}" = probe ]; then  # the flash packages' session: no Triton-heavy stages
     cat > "$L/job.sh" <<JOB
 cd "$SRC"; export PYTHONPATH=$PYTHONPATH PYTHONUNBUFFERED=1
