@@ -1193,10 +1193,7 @@ class Workspace:
 
     def append(self, kc, vc, ks, vs, kw, vw) -> None:
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
-        for t in (kc, vc, ks, vs, kw, vw):
-            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-                raise ValueError(f"append: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
-                                 f"{t.stride()}")
+        self._check_new("append", kc, vc, ks, vs, kw, vw)
         avg = d.m.phi_k is None
         _append_kernel[(self.BG,)](
             d.pos, kc, vc, ks, vs, kw, vw, kc.stride(0), vc.stride(0), ks.stride(0), vs.stride(0), kw.stride(0),
@@ -1210,6 +1207,13 @@ class Workspace:
         """Launch options of the compressed pass: PDL, and num_stages when CONFIG["cmp_stages"] sets it."""
         st = self.CONFIG["cmp_stages"]
         return {**self._pdl, **({"num_stages": st} if st else {})}
+
+    @staticmethod
+    def _check_new(what: str, *tensors) -> None:
+        for t in tensors:
+            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+                raise ValueError(f"{what}: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
+                                 f"{t.stride()}")
 
     def _check_q(self, q):
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
@@ -1269,10 +1273,7 @@ class Workspace:
         merge + gates) -> out [B, HQ, dv]. With phi="mlp" the append and the torch phi run first."""
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
         self._check_q(q)
-        for t in (kc, vc, ks, vs, kw, vw):
-            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-                raise ValueError(f"fused: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
-                                 f"{t.stride()}")
+        self._check_new("fused", kc, vc, ks, vs, kw, vw)
         if gates.stride(2) != 1 or gates.stride(1) != 3:
             raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
         avg = d.m.phi_k is None
@@ -1329,10 +1330,7 @@ class Workspace:
         -> out [B, HQ, dv]. With phi="mlp" the append and the torch phi run first."""
         d, c, cfg = self.dec, self.dec.cache, self.dec.cfg
         self._check_q(q)
-        for t in (kc, vc, ks, vs, kw, vw):
-            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-                raise ValueError(f"split: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
-                                 f"{t.stride()}")
+        self._check_new("split", kc, vc, ks, vs, kw, vw)
         if gates.stride(2) != 1 or gates.stride(1) != 3:
             raise ValueError(f"gates must be [B, HQ, 3] with contiguous [HQ, 3], got strides {gates.stride()}")
         s = self.split_geometry()
@@ -1413,10 +1411,7 @@ class Workspace:
                 self.append(kc, vc, ks, vs, kw, vw)
             return self.branches(q, gates, out)
         self._check_q(q)
-        for t in (kc, vc, ks, vs, kw, vw):
-            if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-                raise ValueError(f"append: new-token tensors must be [B, G, D] with contiguous [G, D], got strides "
-                                 f"{t.stride()}")
+        self._check_new("append", kc, vc, ks, vs, kw, vw)
         bk = self._blocks()
         lg = self.logits
         part = (bk["abuf"], bk["cbuf"], bk["tmx"], d.NB, bk["NTILE"]) if bk else (lg, lg, lg, 1, 1)
