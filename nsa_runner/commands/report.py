@@ -71,7 +71,7 @@ def report(
     left = [n for n in _names() if n not in odd and not os.path.lexists(folder / n)]
     if as_json:
         print(json.dumps({"schema_version": 1, **info, "rewritten": stale + added,
-                          "left_alone": plan.odd if plan is not None else [], "not_written": left}, indent=2))
+                          "left_alone": odd, "not_written": left}, indent=2))
     else:
         con = out_console()
         con.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
@@ -101,8 +101,10 @@ def report(
             con.print("[bold red]INTERRUPTED[/]: the run was stopped (Ctrl-C / cancel); later stages are missing")
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
-    if plan is not None and plan.odd:  # stale reports the runner cannot rewrite: named, never followed
-        for name in plan.odd:
+    # a link / folder / special file among them is named every time, not only when a plan was made (a
+    # dangling junit.xml link beside an agreeing summary.md was "kept", left_alone [], round 16 B3)
+    if odd:  # reports the runner does not own: named, never followed
+        for name in odd:
             err_console().print(f"[yellow]note:[/] {plain_text(str(folder / name))} is not a regular file "
                                 "(a link, folder or special file): left as it is, so it may disagree with "
                                 "manifest.json; move it aside and rerun nsa-run report to have it written",
