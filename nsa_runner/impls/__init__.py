@@ -567,6 +567,12 @@ class BadOutput(ValueError):
     """What an adapter's part returned is not the tensor its contract says (``plain_tensor``)."""
 
 
+def _integer_dtypes(torch) -> tuple:
+    """The dtypes an "integer" output of an adapter may have: plain integers an int64 holds exactly."""
+    names = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
+    return tuple(d for d in (getattr(torch, n, None) for n in names) if isinstance(d, torch.dtype))
+
+
 def plain_tensor(value: Any, what: str, *, shape: tuple | None = None, integer: bool = False,
                  view: bool = False):
     """``value`` (what an adapter's part returned) as a plain, dense ``torch.Tensor``: a subclass is viewed
@@ -585,10 +591,15 @@ def plain_tensor(value: Any, what: str, *, shape: tuple | None = None, integer: 
         raise BadOutput(f"{what} is a {type_name(value)} that dispatches to Python, not a plain torch.Tensor")
     if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
         raise BadOutput(f"{what} is not a dense tensor with data (layout {t.layout}, device {t.device.type})")
-    kind = (not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool) if integer \
-        else t.is_floating_point()
+    # round 16 B1: "integer" was "not floating, complex nor bool", which let quantized (qint32, quint8, ...)
+    # and bits (bits8, bits16, ...) tensors through: the stage's own `.to(torch.int64)` then raised outside
+    # the guard (selection-map ERROR, nsa_core's checks lost). Only the integer dtypes whose every value an
+    # int64 holds pass (U1: uint64's 2**64 - 1 read back as -1, a -1 padding it cannot hold)
+    kind = t.dtype in _integer_dtypes(torch) if integer else (t.is_floating_point() and not t.is_quantized)
     if not kind:
-        raise BadOutput(f"{what} has dtype {t.dtype}, want {'an integer' if integer else 'a floating'} dtype")
+        want = f"an integer dtype ({', '.join(str(d) for d in _integer_dtypes(torch))})" if integer \
+            else "a floating dtype"
+        raise BadOutput(f"{what} has dtype {t.dtype}, want {want}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise BadOutput(f"{what} has shape {tuple(t.shape)}, want {tuple(shape)}")
     return t if view else t.detach().clone()
