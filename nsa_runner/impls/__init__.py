@@ -38,6 +38,7 @@ BUILTIN = "nsa_core"
 # 14 R3: a 28 MB Constraints.check reason, written whole per case, made a 280 MiB sanity.json that
 # `report` / `compare` refuse)
 TEXT_CHARS = 2000
+TRACEBACK_CHARS = 64 << 10  # an adapter's traceback in a stage's log: longer, each line clipped (its last 200)
 
 # part -> its DESIGN §3 signature (what the callable receives; cfg is an nsa_core.NSAConfig)
 PARTS: dict[str, str] = {
@@ -267,10 +268,18 @@ def text_of(value: Any, limit: int = 300) -> str:
         return f"<unprintable {type_name(value)}>"
 
 
+TYPE_CHARS = 100  # an adapter's class name as any text of the runner gives it, at most
+
+
 def type_name(value: Any) -> str:
+    """The name of ``value``'s class, plain and clipped to ``TYPE_CHARS`` (round 16 B4: a metaclass property
+    made it 30 MB, written whole into every "raised TYPE: ..." text: sanity's record too large to keep);
+    "object" when it is not a str or reading it raises. Never raises but a real stop (``stops``)."""
     try:
         name = type(value).__name__
-        return name if type(name) is str else "object"
+        if not issubclass(type(name), str):
+            return "object"
+        return clip(str.__str__(name), TYPE_CHARS)
     except BaseException as e:  # noqa: BLE001
         if stops(e):
             raise
@@ -283,8 +292,12 @@ def adapter_failed(e: BaseException) -> None:
     runs the adapter's ``__str__`` / ``__repr__`` again). The caller then records the failure."""
     if stops(e):
         raise e
-    try:
-        traceback.print_exc()
+    try:  # its text clipped line by line (round 16 B4: a 30 MB class name made a 30 MB log)
+        text = traceback.format_exc()
+        lines = str.splitlines(text)
+        if len(text) > TRACEBACK_CHARS or any(len(line) > TEXT_CHARS for line in lines):
+            text = "\n".join(clip(line, TEXT_CHARS) for line in lines[-200:]) + "\n"
+        sys.stderr.write(text)
     except BaseException as e2:  # noqa: BLE001 - its traceback's text is its code too
         if stops(e2):
             raise
@@ -316,7 +329,7 @@ def constraint_problems(c: Constraints) -> list[str]:
     if bad:
         out.append(f"constraints.{', '.join(bad)} must be True or False")
     if c.check is not None and not callable(c.check):
-        out.append(f"constraints.check must be a function (case, part) -> str | None, got {type(c.check).__name__}")
+        out.append(f"constraints.check must be a function (case, part) -> str | None, got {type_name(c.check)}")
     return out
 
 
@@ -357,7 +370,7 @@ class Impl:
         if bad:
             out.append(f"part(s) {bad} are not callable")
         if not isinstance(self.constraints, Constraints):
-            out.append(f"constraints must be an nsa_runner.impls.Constraints, got {type(self.constraints).__name__}")
+            out.append(f"constraints must be an nsa_runner.impls.Constraints, got {type_name(self.constraints)}")
         else:
             out += constraint_problems(self.constraints)
         if not isinstance(self.differences, dict):
