@@ -25,7 +25,7 @@ import traceback
 from dataclasses import dataclass
 
 from nsa_runner._text import clip
-from nsa_runner.impls import BUILTIN, GROUP, PARTS, TEXT_CHARS, Impl, plain_impl, stops, type_name
+from nsa_runner.impls import BUILTIN, GROUP, PARTS, TEXT_CHARS, Impl, adapter_code, plain_impl, stops, type_name
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 BUILTIN_DIST = "nsa-run"
@@ -166,10 +166,12 @@ def impl_option_value(text: str) -> str:
 
 def _check(obj, ep: md.EntryPoint) -> tuple[Impl | None, str, str]:
     """(impl, error, traceback) for what an entry point loaded (an Impl or a factory of one)."""
-    try:
-        impl = obj() if callable(obj) and not isinstance(obj, Impl) else obj
+    try:  # its factory is the adapter's code: in the guard (round 16 B2: its own KeyboardInterrupt re-raised
+        # by isinstance ended the whole parity stage "process died with SIGINT"; only a real stop, ``stops``)
+        with adapter_code():
+            impl = obj() if callable(obj) and not isinstance(obj, Impl) else obj
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
-        if isinstance(e, KeyboardInterrupt):
+        if stops(e):
             raise
         return None, one_line(f"failed to load {ep.value}: {_failure(e)}"), _format_exc()
     # round 15 B-R1: the runner keeps a plain copy (texts clipped, types checked), made in the adapter guard
@@ -184,10 +186,11 @@ def _load_one(ep: md.EntryPoint, dist: str, version: str, dist_path: str = "") -
         if problem:
             entry.error = problem
             return entry
-    try:
-        obj = ep.load()
+    try:  # its import is the adapter's code too (round 16 B2, as _check)
+        with adapter_code():
+            obj = ep.load()
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
-        if isinstance(e, KeyboardInterrupt):
+        if stops(e):
             raise
         entry.error = f"failed to load {ep.value}: {_failure(e)}"
         entry.traceback = _format_exc()
@@ -279,7 +282,7 @@ def _text(value) -> str:
     try:
         return str(value)
     except Exception:  # noqa: BLE001 - a hostile __str__
-        return f"<{type(value).__name__}>"
+        return f"<{type_name(value)}>"
 
 
 def _info_problem(info) -> str:
