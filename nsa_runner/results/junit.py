@@ -8,6 +8,7 @@ named after the stage. A failed stage whose cases all hold (its failure is stage
 gets that stage testcase, so a failing stage always shows as a failing suite: the suites give
 the same passed / failed / skipped as the CLI's closing line (``results.counts``). A SKIPped
 stage's cases were not run: each is ``<skipped>`` whatever its table says (a skip is never a pass).
+No two testcases share a classname + name (``unique_ids``): CI tools key tests by them.
 
 The suites are filled with ``append`` and counted once (junitparser's ``add_testcase`` recounts the
 whole suite on every add: quadratic in a case table's rows), and put in the document with ``append``
@@ -119,10 +120,44 @@ def _result(status: str, message: str, detail: str):
     return r
 
 
+def _id_key(classname: str, name: str) -> tuple[str, str]:
+    """How CI tools tell testcases apart: classname + name, whitespace collapsed and stripped (some
+    strip names: ``c2`` and ``c2 `` were merged)."""
+    return " ".join(classname.split()), " ".join(name.split())
+
+
+def unique_ids(ids: list[tuple[str, str]]) -> list[str]:
+    """Names for testcases ``ids`` ((classname, name), cleaned, in document order) such that no two
+    share a classname + name (``_id_key``), unique by construction: a name no other testcase has is
+    kept as it is; of those that share one, the first keeps it and each later one gets `` (#N)``, N
+    the first number giving a name that no testcase has (kept ones reserved first, so a case whose
+    text is literally another's generated name cannot take it). Stable for unchanged input. A case
+    text may be anything: the `` [dtype=… impl=…]`` suffix of ``case_rows`` could equal another
+    row's literal case name, and a FAIL shared its id with a PASS (round 16 B B7)."""
+    keys = [_id_key(c, n) for c, n in ids]
+    taken = set(keys)
+    seen: set[tuple[str, str]] = set()
+    nxt: dict[tuple[str, str], int] = {}
+    out = []
+    for (_, name), key in zip(ids, keys, strict=True):
+        if key not in seen:
+            seen.add(key)
+            out.append(name)
+            continue
+        n = nxt.get(key, 2)
+        while (key[0], f"{key[1]} (#{n})") in taken:
+            n += 1
+        nxt[key] = n + 1
+        taken.add((key[0], f"{key[1]} (#{n})"))
+        out.append(f"{name.strip()} (#{n})")
+    return out
+
+
 def junit_xml(m: dict, folder: Path) -> str:
     """The junit.xml text for manifest ``m`` of run folder ``folder``."""
     xml = JUnitXml(clean(f"nsa-run {m['run_id']}"))
     host = str((m.get("host") or {}).get("hostname", ""))
+    suites: list[tuple[TestSuite, list[TestCase], float]] = []
     for s in m["stages"]:
         status, reason = s["status"], s.get("reason", "")
         if status == "SKIP" and s.get("hint"):
@@ -150,12 +185,13 @@ def junit_xml(m: dict, folder: Path) -> str:
                       + (f": {note}" if note else "")) for case, st, note in cases]
         # suite.append, not add_testcase: junitparser recounts every case of the suite on each
         # add_testcase (quadratic: 60 000 rows took more than 10 min, round 12 B3); counted once below
+        tcs = []
         for case, st, note in cases:
             tc = TestCase(clean(case), classname, 0.0)
             res = _result(st, note or f"{case}: {st}", "")
             if res is not None:
                 tc.result = [res]
-            suite.append(tc)
+            tcs.append(tc)
         if not cases or (status in FAILED and not any(st in FAILED for _, st, _ in cases)):
             tc = TestCase(clean(s["name"]), classname, float(s.get("duration_s") or 0))
             res = _result(status, reason or status, detail)
@@ -163,9 +199,18 @@ def junit_xml(m: dict, folder: Path) -> str:
                 tc.result = [res]
             if s.get("files"):
                 tc.system_out = clean("files: " + ", ".join(s["files"]))
+            tcs.append(tc)
+        suites.append((suite, tcs, round(float(s.get("duration_s") or 0), 3)))
+    # testcase ids unique over the document (a case named like another's generated id, like its
+    # stage, or two stage entries of one cleaned name), before any is appended
+    every = [tc for _, tcs, _ in suites for tc in tcs]
+    for tc, name in zip(every, unique_ids([(tc.classname, tc.name) for tc in every]), strict=True):
+        tc.name = name
+    for suite, tcs, seconds in suites:
+        for tc in tcs:
             suite.append(tc)
         suite.update_statistics()
-        suite.time = round(float(s.get("duration_s") or 0), 3)
+        suite.time = seconds
         # xml.append, not add_testsuite: junitparser compares each new suite with every earlier one
         # (to merge equal ones): quadratic in the stages, 8 000 stages took 118 s (round 14 B R10); one
         # suite per manifest entry, as the closing counts line counts them
