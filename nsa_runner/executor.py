@@ -1,6 +1,7 @@
 """Executor: each stage in its own process, with a timeout (DESIGN §5 "Isolation").
 
-The child is ``python -m nsa_runner._worker JOB RESULT`` in a new session (its own process
+The child is ``python -P -m nsa_runner._worker JOB RESULT`` (``_python.python_m``: nothing of the run
+folder, its working directory, on ``sys.path``) in a new session (its own process
 group), cwd = the run folder, stdout+stderr -> ``logs/<stage>.log``. Outcomes:
 
 - the child wrote a result            -> that StageResult (declared files are checked)
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import nsa_runner
+from nsa_runner._python import python_m
 from nsa_runner._worker import (
     COOKIE_ENV,
     PARENT_ENV,
@@ -251,9 +253,28 @@ def _child_env(device: str, cookie: str = "") -> dict[str, str]:
     # the child must import the same nsa_runner as this process, even from a plain checkout
     pkg_parent = str(Path(nsa_runner.__file__).resolve().parent.parent)
     site_dirs = set(site.getsitepackages() + [site.getusersitepackages()])
+    # PYTHONPATH's relative entries as this process means them: in the worker (cwd = the run folder)
+    # ``.`` was the run folder, where a stage may plant an ``nsa_runner/`` package (round 16 A10)
+    paths = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if pkg_parent not in site_dirs:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH", "")]))
+        paths.insert(0, pkg_parent)
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
+
+
+def _worker_sys_path(run_dir: Path) -> list[str]:
+    """This process's ``sys.path`` for a worker: relative entries made absolute (the worker's cwd is the
+    run folder), the run folder and what is inside it left out: a stage writes there, and a package it
+    planted was imported by every later worker (round 16 A10)."""
+    inside = os.path.realpath(run_dir)
+    out = []
+    for p in sys.path:
+        full = os.path.realpath(p or os.curdir)
+        if full == inside or full.startswith(inside.rstrip(os.sep) + os.sep):
+            continue
+        out.append(p if os.path.isabs(p) else os.path.abspath(p or os.curdir))
+    return out
 
 
 # the signals this process's own handlers received (``note_signal``: the CLI's SIGINT / SIGTERM / SIGHUP
@@ -420,8 +441,8 @@ class _Spare:
             self.preload_log = Path(self.tmp) / "preload.log"
             self.pre_fd = os.open(self.preload_log, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nsa_runner._worker", "--spare", str(child.fileno()),
-                 *(["flash"] if flash else []), *(["fla"] if fla else [])],
+                python_m("nsa_runner._worker", "--spare", str(child.fileno()),
+                         *(["flash"] if flash else []), *(["fla"] if fla else [])),
                 stdin=subprocess.DEVNULL, stdout=self.pre_fd, stderr=subprocess.STDOUT, cwd=run_dir,
                 env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
         except OSError:
@@ -614,7 +635,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         try:
             mark_owned(tmp)
             folder.write("job.pkl", pickle.dumps({"spec": entry.value, "ctx": ctx.to_dict(),
-                                                  "sys_path": list(sys.path)}))
+                                                  "sys_path": _worker_sys_path(run_dir)}))
         except OSError as e:
             os.close(log_fd)
             raise _temp_error(e, entry.name) from None
@@ -626,7 +647,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         if proc is None:
             with os.fdopen(log_fd, "ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "nsa_runner._worker", str(job), str(result_path)],
+                    python_m("nsa_runner._worker", str(job), str(result_path)),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     cwd=run_dir, env=env, start_new_session=True,
                 )

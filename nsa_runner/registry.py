@@ -670,6 +670,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                    "not_tried": f"not imported: {failed} plugin imports before it ended or hung the discovery "
                                 f"process (nsa-run tries no more in one discovery: they are listed as broken); fix "
                                 "or uninstall them, then rerun"}
+            from nsa_runner._python import python_m
             from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
@@ -680,7 +681,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             env[COOKIE_ENV], env[PARENT_ENV] = cookie, str(os.getpid())
             logfd = os.open("child.log", os.O_WRONLY | os.O_APPEND | _NOFOLLOW, dir_fd=dir_fd)
             with open(logfd, "ab") as logf:
-                proc = subprocess.Popen([sys.executable, "-m", "nsa_runner._discover", result],
+                proc = subprocess.Popen(python_m("nsa_runner._discover", result),
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             guard = Watchdog(cookie, proc.pid, tmp, env)

@@ -167,7 +167,9 @@ def _ordered(rows: list[dict], cases: list[Case], paths: dict[str, list[str]], d
 
 
 def _child_cmd() -> list[str]:
-    return [sys.executable, "-m", "nsa_runner.measure.flash_bench"]
+    from nsa_runner._python import python_m  # cwd (the run folder) never on sys.path (round 16 A10)
+
+    return python_m("nsa_runner.measure.flash_bench")
 
 
 def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], cfg: NSAConfig,
