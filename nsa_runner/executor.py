@@ -45,6 +45,7 @@ from nsa_runner._worker import (
     COOKIE_ENV,
     PARENT_ENV,
     STARTED,
+    _proc_state,
     describe_exit,
     freeze_processes,
     kill_processes,
@@ -418,6 +419,21 @@ _fd_path, _empty, _TempFolder = fd_path, empty_folder, TempFolder  # (artifacts:
 RESULT = "result.json"  # the worker's result, beside its job (``_worker.main``)
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is alive and running: not stopped (SIGSTOP), held by a tracer, a zombie
+    or gone."""
+    if _proc_state(pid) not in ("R", "S", "D", "I"):  # T stopped, t traced, Z / X ended, "" gone
+        return False
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"TracerPid:"):
+                    return int(line.split()[1]) == 0
+    except (OSError, ValueError, IndexError):  # not Linux: the state above is what there is
+        pass
+    return True
+
+
 class _Spare:
     """A stage worker started ahead of its stage (the default; ``NSA_RUN_SPARE_WORKER=0`` turns it
     off; issue 13): it imports torch, triton (and FA-4: ``_worker._preloads``) while the previous stage
@@ -451,8 +467,14 @@ class _Spare:
             child.close()
 
     def hand(self, job: Path, result: Path, log_fd: int, cwd: Path) -> subprocess.Popen | None:
-        """Give this worker its stage; None when it cannot take one (it ended, the socket broke)."""
+        """Give this worker its stage; None when it cannot take one (it ended, the socket broke, or it is
+        not running: stopped, traced; then it is ended and the stage gets a fresh worker)."""
         if self.proc is None or self.proc.poll() is not None:
+            return None
+        if not _running(self.proc.pid):
+            # a stage may SIGSTOP (or trace) the spare meant for the next one: handed the job, it never
+            # began, and the next stage ended TIMEOUT "did not begin within 123s" (round 16 A5)
+            self.close()
             return None
         job_msg = {"job": str(job), "result": str(result), "cwd": str(cwd)}
         preload = _fd_path(self.pre_fd) if self.pre_fd is not None else None
