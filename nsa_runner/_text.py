@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import re
 
+# the Unicode bidi controls (LRM/RLM, ALM, embeddings/overrides U+202A-E, isolates U+2066-9), which
+# reorder what is shown after them: "PASS" can be made to read as something else. A character class
+# body, shared by the terminal (CONTROL) and the report files (results.junit.clean: junit.xml, summary.md)
+BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+
 # terminal control: CSI / OSC / other ESC sequences, C0/C1 control characters but tab and newline,
-# and the Unicode bidi controls (LRM/RLM, ALM, embeddings/overrides U+202A-E, isolates U+2066-9),
-# which reorder what a terminal shows: "PASS" can be made to read as something else
+# and the bidi controls
 CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])?"
-                     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+                     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f" + BIDI + "]")
 
 
 def clip(text: str, limit: int) -> str:

@@ -14,7 +14,7 @@ The suites are filled with ``append`` and counted once (junitparser's ``add_test
 whole suite on every add: quadratic in a case table's rows), and put in the document with ``append``
 too (its ``add_testsuite`` compares each suite with every earlier one: quadratic in the stages).
 
-Text from logs is sanitised: ANSI escapes and characters XML 1.0 cannot carry are removed.
+Text from logs is sanitised: ANSI escapes, characters XML 1.0 cannot carry and bidi controls are removed.
 """
 
 from __future__ import annotations
@@ -27,19 +27,27 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
+from nsa_runner._text import BIDI
 from nsa_runner.artifacts import UnsafeFileError, outside_problem, read_text_limited
 from nsa_runner.results import CASE_COLUMNS, FAILED, STATUSES
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_BIDI = re.compile(f"[{BIDI}]")
 _TEXT_MAX = 8000
 _NAME_EXTRA = ("branch", "path", "dtype", "impl")  # what tells apart rows that share a case id
 
 
+def xml_chars(text: object) -> str:
+    """``text`` without ANSI escapes and the characters XML 1.0 cannot carry (lone surrogates included)."""
+    return _NOT_XML.sub("", _ANSI.sub("", "" if text is None else str(text)))
+
+
 def clean(text: object, limit: int = _TEXT_MAX) -> str:
-    """``text`` without ANSI escapes and XML-illegal control characters, at most ``limit`` chars (the tail)."""
-    s = _NOT_XML.sub("", _ANSI.sub("", "" if text is None else str(text)))
-    return s[-limit:]
+    """``text`` as junit.xml and summary.md show it: ``xml_chars`` and without the Unicode bidi controls
+    (``_text.BIDI``: the terminal drops them too; an adapter's U+202E reached both files, round 16 B U3),
+    at most ``limit`` chars (the tail)."""
+    return _BIDI.sub("", xml_chars(text))[-limit:]
 
 
 def read_case_table(folder: Path, name: str) -> tuple[list[dict[str, str]] | None, str | None]:

@@ -11,7 +11,7 @@ import urllib.parse
 
 from nsa_runner.artifacts import now_iso, runner_died, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
-from nsa_runner.results.junit import clean
+from nsa_runner.results.junit import clean, xml_chars
 
 SUMMARY_SCHEMA_VERSION = 1
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "💥", "TIMEOUT": "⏱", "SKIP": "⏭"}
@@ -29,7 +29,9 @@ def _md_cell(text: object) -> str:
 
 def _md_link(name: str) -> str:
     """A link to a file of the run folder: escaped text, a relative, percent-encoded target."""
-    return f"[{_md_cell(name)}](./{urllib.parse.quote(clean(name))})"
+    # the target is the file's own name, percent-encoded (a bidi control in it kept: the link still leads
+    # to the file); only the text shown loses it
+    return f"[{_md_cell(name)}](./{urllib.parse.quote(xml_chars(name))})"
 
 
 def _md_code_block(text: str) -> list[str]:
@@ -69,7 +71,7 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
             reason += f" (fix: {s['hint']})"
         files = [_md_link(f) for f in s.get("files", [])]
         if s.get("log"):
-            files.append(f"[log](./{urllib.parse.quote(clean(s['log']))})")
+            files.append(f"[log](./{urllib.parse.quote(xml_chars(s['log']))})")
         status = _md_cell(s["status"])
         lines.append(f"| {_md_cell(s.get('order', ''))} | {_md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
                      f"{status} | {float(s.get('duration_s') or 0):.1f}s | {_md_cell(reason)} | {', '.join(files)} |")
