@@ -25,6 +25,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -679,6 +680,7 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
         mark_owned(tmp)
         fill(tmp)
         (tmp / OWNED_MARKER).unlink()  # the run folder itself carries no marker
+        release_owned(tmp)
         existing = run_folders(out, rid)
         n = 1 + max([_folder_number(p) for p in existing], default=0)
         while True:
@@ -699,6 +701,7 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
             n += 1
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        release_owned(tmp)
         raise
 
 
@@ -979,6 +982,7 @@ class TempFolder:
                 pass
         finally:
             os.close(self.fd)
+            release_owned(self.path)  # (its marker's lock, when it was marked: ``mark_owned``)
 
 
 def process_started(pid: int | None = None) -> float:
@@ -990,22 +994,125 @@ def process_started(pid: int | None = None) -> float:
 _STALE_NAME = re.compile(r"^(?:\.incoming-.+|nsa-run-.+)-(?P<pid>\d+)-[a-z0-9_]{8}$")  # tempfile's 8 chars
 OWNED_MARKER = ".nsa-run-owned"
 
+# round 16 A11: the folders this process marked (``mark_owned``) -> (descriptor holding the marker's
+# flock, its st_dev, st_ino). The lock is what tells another nsa-run's ``clean_stale`` that the folder's
+# maker lives, whatever PID namespace either runs in (its pid alone said "gone" to an nsa-run in another
+# namespace sharing $TMPDIR, which removed a live run's stage and spare folders). Held until the folder
+# is removed (``release_owned``; or, for a folder removed by its name elsewhere, until the next
+# ``mark_owned`` sees its marker gone) or this process ends (the kernel lets go of it however it dies).
+_OWNED: dict[str, tuple[int, int, int]] = {}
+_OWNED_GUARD = threading.Lock()  # (a reaper thread removes a finished stage's folder while the next one is made)
+
 
 def mark_owned(folder: str | os.PathLike) -> None:
-    """Mark a temporary folder this nsa-run made (``clean_stale`` removes only marked folders)."""
-    (Path(folder) / OWNED_MARKER).write_text(f"{os.getpid()}\n")
+    """Mark a temporary folder this nsa-run made (``clean_stale`` removes only marked folders) and hold
+    the marker's flock while the folder is ours (``clean_stale`` leaves a folder whose marker is locked).
+    The marker is made under a fresh name (O_EXCL, never through a link, relative to the folder's
+    descriptor), locked, then renamed into place: it never appears unlocked, and nothing a running
+    stage put at the marker's name (a symlink to an outside file) is written through (round 16 A6's
+    rule for every file nsa-run writes in a temp folder). Raises OSError."""
+    import fcntl
+    import uuid
 
-
-def _marked_by(folder: Path, pid: int) -> bool:
+    _sweep_owned()
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     try:
-        return read_text_limited(folder / OWNED_MARKER, limit=64).strip() == str(pid)
+        fresh = f"{OWNED_MARKER}.{uuid.uuid4().hex}"
+        fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
+                     0o644, dir_fd=dfd)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nothing else holds it
+            except OSError:  # a file system without flock: the pid alone says (as before round 16)
+                pass
+            os.write(fd, f"{os.getpid()}\n".encode())
+            os.rename(fresh, OWNED_MARKER, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(fresh, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        st = os.fstat(fd)
+        with _OWNED_GUARD:
+            old = _OWNED.pop(os.path.abspath(folder), None)
+            _OWNED[os.path.abspath(folder)] = (fd, st.st_dev, st.st_ino)
+        if old is not None:
+            os.close(old[0])
+    finally:
+        os.close(dfd)
+
+
+def release_owned(folder: str | os.PathLike) -> None:
+    """Let go of the lock ``mark_owned`` holds for ``folder`` (removed, or no longer a temp folder)."""
+    with _OWNED_GUARD:
+        held = _OWNED.pop(os.path.abspath(folder), None)
+    if held is not None:
+        os.close(held[0])
+
+
+def _sweep_owned() -> None:
+    """Let go of the locks of marked folders whose marker is gone (removed by name, not through
+    ``release_owned``: the spare's folder, a run folder made from an ``.incoming-`` one)."""
+    with _OWNED_GUARD:
+        items = list(_OWNED.items())
+    for folder, (fd, dev, ino) in items:
+        try:
+            st = os.lstat(os.path.join(folder, OWNED_MARKER))
+            if (st.st_dev, st.st_ino) == (dev, ino):
+                continue
+        except OSError:
+            pass
+        with _OWNED_GUARD:
+            if _OWNED.get(folder) != (fd, dev, ino):
+                continue
+            del _OWNED[folder]
+        os.close(fd)
+
+
+def _maker_gone(folder: Path, pid: int) -> bool:
+    """Whether temp folder ``folder`` is marked by nsa-run ``pid`` (``mark_owned``) and that nsa-run is
+    gone: nothing holds the marker's lock AND no process ``pid`` runs here. The lock decides where it
+    can: a live maker holds it in any PID namespace, where ``pid`` may be nobody's, or another's
+    (round 16 A11); the pid is asked too for a marker no lock can tell about (a file system without
+    flock, an nsa-run from before round 16)."""
+    import fcntl
+
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    try:
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | nofollow)
+    except OSError:
+        return False
+    try:
+        fd = os.open(OWNED_MARKER, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | nofollow, dir_fd=dfd)
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        if read_fd_limited(fd, OWNED_MARKER, limit=64).decode("ascii", "replace").strip() != str(pid):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its maker holds it: alive, whatever its pid says here
+        except OSError:
+            pass  # no flock here: the pid alone tells
+        return not pid_alive(pid)
     except (OSError, ValueError):
         return False
+    finally:
+        os.close(fd)
 
 
 def clean_stale(out: Path | None = None) -> list[Path]:
     """Remove what a killed nsa-run left: ``.incoming-`` folders under ``out`` and stage temp
-    folders ``nsa-run-<stage>-<pid>-*`` in the system temp dir, whose process is gone."""
+    folders ``nsa-run-<stage>-<pid>-*`` in the system temp dir, whose maker is gone (``_maker_gone``:
+    its marker's lock free, and its pid not running here)."""
     removed = []
     places = [Path(tempfile.gettempdir())] + ([out] if out is not None else [])
     for place in places:
@@ -1024,8 +1131,7 @@ def clean_stale(out: Path | None = None) -> list[Path]:
                     continue
             except OSError:
                 continue
-            pid = int(m.group("pid"))
-            if not pid_alive(pid) and _marked_by(p, pid):  # only what an nsa-run made and marked
+            if _maker_gone(p, int(m.group("pid"))):  # only what an nsa-run made and marked
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
