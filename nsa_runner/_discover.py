@@ -116,6 +116,25 @@ def _cannot_write(e: OSError) -> None:
         os._exit(EXIT_TEMP_FULL)
 
 
+def _open_result(path: str) -> int:
+    """The result file the parent made, for appending: never through a symlink (O_NOFOLLOW), never a FIFO's
+    wait, a regular file only. Raises OSError."""
+    import stat
+
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def main(argv: list[str]) -> int:
     from nsa_runner._worker import _die_with_parent, _end_as, become_subreaper, keep_orphans, linger
 
@@ -123,23 +142,27 @@ def main(argv: list[str]) -> int:
     become_subreaper()  # a daemon a plugin's import started stays in this tree (killed with it)
     result_path = argv[0]
     req = json.loads(sys.stdin.read())
+    # the result file is opened here, once, before any plugin code runs, never through a link, and only
+    # written through this descriptor (by the importing child and by this process, its keeper): round 16
+    # A6, a plugin's import renamed result.jsonl, put a symlink to an outside file there and exited, and
+    # the keeper, reopening the name to say how the child ended, appended its line to that file
+    try:  # the parent made the file: appending needs no inode
+        res_fd = _open_result(result_path)
+    except OSError as e:
+        _cannot_write(e)
+        raise
     rc = keep_orphans()  # the imports run in a child: a daemon stays here even when an import kills it
     if rc is not None:
         try:  # how the child ended (the parent names the plugin it was importing), then keep its orphans
-            with open(result_path, "a", encoding="utf-8") as f:
-                # on a line of its own even after a line the dying child left half-written
-                f.write("\n" + json.dumps({"ended": rc, "nonce": req.get("nonce")}) + "\n")
+            # on a line of its own even after a line the dying child left half-written
+            _write_all(res_fd, ("\n" + json.dumps({"ended": rc, "nonce": req.get("nonce")}) + "\n").encode())
         except OSError:  # nothing can be written (a full disk): end as the child did, its orphans killed
             _end_as(rc)
         linger()
         os._exit(0)
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]
     faulthandler.enable()
-    try:  # the parent made the file: appending needs no inode
-        out = open(result_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass
-    except OSError as e:
-        _cannot_write(e)
-        raise
+    out = open(res_fd, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass
 
     def emit(obj: dict, fresh_line: bool = False) -> None:
         # fresh_line: after a line an ended import may have left half-written

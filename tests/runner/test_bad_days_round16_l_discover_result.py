@@ -1,0 +1,60 @@
+"""Bad days, red-team round 16 (part A) A6, through the CLI: a plugin's import renamed the discovery
+folder's ``result.jsonl``, put a symlink to an outside file at its name and ended the process
+(``os._exit(3)``). The discovery child's keeper then reopened the name to say how the import ended and
+appended its JSON line to the outside file (``{"ended": 3, "nonce": ...}``).
+
+Expected: nothing is written outside (the result file is opened once, before any plugin code runs,
+never through a link, and written only through that descriptor); the other stages are still listed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+try:
+    from _bad_days import MAIN, env_with
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import MAIN, env_with
+
+SWAP_RESULT = """
+import glob, os
+_mark = os.environ["R16L_MARK"]
+if os.environ.get("NSA_RUN_STAGE_COOKIE") and not os.path.exists(_mark):
+    open(_mark, "w").write("x")
+    for _r in glob.glob(os.path.join(os.environ["TMPDIR"], "nsa-run-discover-*", "result.jsonl")):
+        os.rename(_r, _r + ".bak")
+        os.symlink(os.environ["R16L_VICTIM"], _r)
+    os._exit(3)
+from nsa_runner import Stage, StageResult, Status
+class R(Stage):
+    name, order = "rswap", 16
+    def run(self, ctx): return StageResult(Status.PASS, "r")
+"""
+
+GOOD = """
+from nsa_runner import Stage, StageResult, Status
+class Ok(Stage):
+    name, order = "okl", 17
+    def run(self, ctx): return StageResult(Status.PASS, "ok")
+"""
+
+
+def test_a6_a_plugin_swapping_result_jsonl_for_a_link_gets_nothing_written_outside(plugins, tmp_path):
+    plugins.make("r16l-swap", "r16l_swap_mod", SWAP_RESULT, {"rswap": "r16l_swap_mod:R"})
+    plugins.make("r16l-good", "r16l_good_mod", GOOD, {"okl": "r16l_good_mod:Ok"})
+    tmp, victim, mark = tmp_path / "tmp", tmp_path / "victim.txt", tmp_path / "swapped"
+    tmp.mkdir()
+    victim.write_text("precious\n")
+    env = env_with(plugins.env(), TMPDIR=str(tmp), R16L_VICTIM=str(victim), R16L_MARK=str(mark),
+                   NSA_RUN_SPARE_WORKER="0")
+    r = subprocess.run([sys.executable, "-c", MAIN, "list", "--json"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert mark.exists(), "the plugin's import never ran"  # (the attack happened)
+    assert victim.read_text() == "precious\n"  # nothing appended through the link
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode in (0, 1), (r.returncode, r.stderr[-3000:])
+    listed = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert "sanity" in listed and listed["sanity"]["source"] == "built-in", listed.get("sanity")
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("nsa-run-discover-")], list(tmp.iterdir())
