@@ -53,6 +53,7 @@ from nsa_runner._worker import (
 )
 from nsa_runner._worker import Watchdog as _Watchdog
 from nsa_runner.artifacts import (
+    OWNED_MARKER,
     ManifestError,
     TempFolder,
     UnsafeFileError,
@@ -67,7 +68,7 @@ from nsa_runner.artifacts import (
     stage_allowed,
 )
 from nsa_runner.context import RunContext
-from nsa_runner.manifest import ManifestBusy, RunManifest, signals_deferred
+from nsa_runner.manifest import ManifestBusy, RunManifest, _Deferred, signals_deferred
 from nsa_runner.registry import (
     Machine,
     StageEntry,
@@ -415,7 +416,63 @@ def _spare_for(entry: StageEntry) -> bool:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_fd_path, _empty, _TempFolder = fd_path, empty_folder, TempFolder  # (artifacts: discovery's folder uses them too)
+_fd_path, _empty = fd_path, empty_folder  # (artifacts: discovery's folder uses them too)
+
+
+def _remove_marker_last(path: str) -> None:
+    """Remove nsa-run's temp folder ``path`` (links in it unlinked, never followed), its ownership marker
+    (``artifacts.OWNED_MARKER``) last: a removal cut short (the runner killed) leaves a folder
+    ``clean_stale`` still knows as nsa-run's. ``shutil.rmtree`` took the marker among the first of a
+    stage's 30 000 files, was cut short by a signal, and the rest stayed in the temp folder for good
+    (round 16 A8). Never raises."""
+    try:
+        with os.scandir(path) as it:
+            entries = [e for e in it if e.name != OWNED_MARKER]
+    except OSError:
+        entries = []
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path, ignore_errors=True)
+            else:
+                os.unlink(e.path)
+        except OSError:
+            pass
+    shutil.rmtree(path, ignore_errors=True)  # the marker, then the folder
+
+
+class _TempFolder(TempFolder):
+    """A stage's temp folder (``artifacts.TempFolder``), its marker removed last (``_remove_marker_last``)."""
+
+    def close(self) -> None:
+        if self.problem() is not None:  # moved or replaced by the stage: emptied through its descriptor
+            super().close()
+            return
+        try:
+            _remove_marker_last(self.path)
+        finally:
+            os.close(self.fd)
+
+
+class _UntilRecorded:
+    """The runner's interrupts (Ctrl-C, SIGTERM, SIGHUP) held from a stage's end until its record is
+    written (``manifest._Deferred``), across ``run_one`` (the result read and checked, the temp folder
+    removed) and ``execute`` (the spare that ran it closed, the record). A signal there cut the steps in
+    two: the stage went unrecorded (a finished PASS / FAIL too), a rerun was not put back, the temp
+    folder was left without its marker (round 16 A8). ``end``: what came meanwhile is delivered (the
+    run's interrupt, once the record is there) or, for a run stopping already, only noted."""
+
+    def __init__(self) -> None:
+        self._held: _Deferred | None = None
+
+    def begin(self) -> None:
+        if self._held is None:
+            self._held = _Deferred().start()
+
+    def end(self, deliver: bool = True) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.end(deliver)
 RESULT = "result.json"  # the worker's result, beside its job (``_worker.main``)
 
 
@@ -504,7 +561,7 @@ class _Spare:
             os.close(self.pre_fd)
             self.pre_fd = None
         if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)  # a symlink put in its place: left (never followed)
+            _remove_marker_last(self.tmp)  # a symlink put in its place: left (never followed)
 
 
 class _Reaper:
@@ -607,20 +664,40 @@ def _join_all(reapers: list[_Reaper], quiet: bool = False) -> None:
 
 def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float,
             observer: Observer | None = None, spare: _Spare | None = None,
-            reapers: list[_Reaper] | None = None) -> StageRecord:
+            reapers: list[_Reaper] | None = None, until: _UntilRecorded | None = None) -> StageRecord:
     """Run (or skip, or record as broken) one stage; never raises except KeyboardInterrupt.
 
     Calls ``observer.on_start`` / ``on_tick`` while a stage process runs; ``execute`` calls
     ``on_finish`` for every record, including skips and broken plugins. ``reapers`` (execute's):
     a stage that finished with its result is killed as a tree in a ``_Reaper`` appended there (the
-    caller joins it); without it, before this returns.
+    caller joins it); without it, before this returns. ``until`` (execute's): begun at the stage's
+    end, whatever way it ends (the runner's interrupts held from there), ended by the caller once the
+    stage is recorded; without it, ended here (an interrupt meanwhile: ``_FinishedThenInterrupted``).
     """
+    if until is not None:
+        return _run_one(entry, ctx, machine, timeout_s, observer, spare, reapers, until)
+    own = _UntilRecorded()
+    try:
+        rec = _run_one(entry, ctx, machine, timeout_s, observer, spare, reapers, own)
+    except BaseException:
+        own.end(deliver=False)
+        raise
+    try:
+        own.end()
+    except KeyboardInterrupt as e:
+        raise _FinishedThenInterrupted(rec, e) from None
+    return rec
+
+
+def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: float, observer: Observer | None,
+             spare: _Spare | None, reapers: list[_Reaper] | None, until: _UntilRecorded) -> StageRecord:
     observer = observer or Observer()
     rec = StageRecord(entry.name, entry.order, entry.source, Status.ERROR, started=now_iso(),
                       options=dict(ctx.options), device=ctx.device, profile=ctx.profile)
     if entry.stage is None:  # a plugin that failed to load: the run fails, the CLI goes on
         rec.reason, rec.traceback = clipped(entry.error, REASON_CHARS), clipped(entry.traceback, TRACEBACK_CHARS)
         rec.finished = now_iso()
+        until.begin()
         return rec
     missing = unmet(entry.stage, machine)
     if missing:
@@ -628,6 +705,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
         rec.reason, rec.hint = skip_reason(entry.stage, machine)
         rec.strict_fail = strict_counts_skip(entry.stage, machine, by_requirement=True)
         rec.finished = now_iso()
+        until.begin()
         return rec
 
     run_dir = ctx.dir
@@ -638,6 +716,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
     except (UnsafeFileError, OSError) as e:
         rec.reason = f"the stage's log cannot be written: {getattr(e, 'strerror', None) or e}"
         rec.finished = now_iso()
+        until.begin()
         return rec
     rec.log = log_rel
     observer.on_start(entry)
@@ -720,13 +799,12 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                     break
                 except KeyboardInterrupt:
                     hurry = True
-            with signals_deferred(deliver=False):
-                rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
-                rec.reason = interrupt_reason(e)
-                rec.log_tail = tail(log_path)
-                rec.finished = now_iso()
-                stopped = _Interrupted(rec)
-            raise stopped from None
+            until.begin()  # from here to the record (the temp folder's removal, execute's) a signal is noted only
+            rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
+            rec.reason = interrupt_reason(e)
+            rec.log_tail = tail(log_path)
+            rec.finished = now_iso()
+            raise _Interrupted(rec) from None
         except BaseException:  # anything else escaping the wait (e.g. a test timeout): no orphaned stage
             _stop_stage(proc, cookie)
             _done(guard)
@@ -745,6 +823,9 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
                 _done(guard)
             except KeyboardInterrupt:
                 pass
+        # the stage has ended: from here to its record (the result read and checked, the temp folder
+        # removed, execute's spare closed and record written) the runner's interrupts wait (round 16 A8)
+        until.begin()
         rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
         rec.finished = now_iso()
         if timed_out:
@@ -773,6 +854,7 @@ def run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: flo
             rec.reason = f"{rec.reason}; {meddled}" if visible(rec.reason) else meddled
             rec.log_tail = rec.log_tail or tail(log_path)
     finally:
+        until.begin()  # every way out: the removal is never cut in two (its marker last: _remove_marker_last)
         if not handed:
             folder.close()
     if late is not None:
@@ -998,35 +1080,44 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
                 nxt = entries[i + 1][0].stage
                 ready = _Spare(settings.device, manifest.dir, flash=getattr(nxt, "preload_flash", False) is True,
                                fla=getattr(nxt, "preload_fla", False) is True)
+            # the runner's interrupts held from the stage's end (run_one begins it, whatever way the stage
+            # ends) until its record is written: the spare's close and the record are never cut off it
+            until = _UntilRecorded()
             try:
-                rec = run_one(entry, ctx, machine, timeout, observer, spare=this, reapers=reapers)
-            except _FinishedThenInterrupted as done:
-                rec = done.record
-                with signals_deferred(deliver=False):  # stopping already: a second signal cuts nothing
+                try:
+                    rec = run_one(entry, ctx, machine, timeout, observer, spare=this, reapers=reapers, until=until)
+                except _FinishedThenInterrupted as done:
+                    rec = done.record
+                    with signals_deferred(deliver=False):  # stopping already: a second signal cuts nothing
+                        _not_anothers(rec, manifest)
+                        records.append(rec)
+                        manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
+                        observer.on_finish(entry, rec)
+                    raise done.interrupt from None
+                except _Interrupted as intr:
+                    rec = intr.record
+                    with signals_deferred(deliver=False):
+                        records.append(rec)
+                        # a rerun that did not finish puts the earlier result back (its attempt goes to history)
+                        if not manifest.restore(rec.name, rec.to_dict()):
+                            manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
+                        observer.on_finish(entry, rec)
+                    raise
+                finally:
+                    until.begin()  # (begun already, unless run_one left on an error of its own)
+                    if this is not None and this.proc is not None and ready is None and spare_next:
+                        ready, this = this, None  # not taken (a skip): the next stage's
+                    if this is not None:
+                        this.close()  # taken: its folder; not taken: ended
+                with signals_deferred():  # the stage's record is made whole
                     _not_anothers(rec, manifest)
                     records.append(rec)
                     manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
                     observer.on_finish(entry, rec)
-                raise done.interrupt from None
-            except _Interrupted as intr:
-                rec = intr.record
-                with signals_deferred(deliver=False):
-                    records.append(rec)
-                    # a rerun that did not finish puts the earlier result back (its attempt goes to history)
-                    if not manifest.restore(rec.name, rec.to_dict()):
-                        manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
-                    observer.on_finish(entry, rec)
+            except BaseException:
+                until.end(deliver=False)  # the run is stopping (recorded above) or leaving on an error
                 raise
-            finally:
-                if this is not None and this.proc is not None and ready is None and spare_next:
-                    ready, this = this, None  # not taken (a skip): the next stage's
-                if this is not None:
-                    this.close()  # taken: its folder; not taken: ended
-            with signals_deferred():  # the stage's record is made whole; an interrupt lands after it
-                _not_anothers(rec, manifest)
-                records.append(rec)
-                manifest.record(rec)  # cut to an ERROR there when too large: rec then says so too
-                observer.on_finish(entry, rec)
+            until.end()  # a signal since the stage's end lands now, after its record: the run's interrupt
         # inside the try: a signal while the manifest is finished (after the last record) is an
         # interrupt of the run like any other (it escaped as a bare KeyboardInterrupt: exit 130
         # without a word, the closing summaries never written); the last stages' kills are waited
