@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import platform
 import re
@@ -45,6 +47,7 @@ from nsa_runner.artifacts import (
     MANIFEST_NAME,
     MANIFEST_SCHEMA_VERSION,
     ManifestError,
+    UnsafeFileError,
     _runner_name,
     create_run_folder,
     declared_type_problem,
@@ -55,11 +58,11 @@ from nsa_runner.artifacts import (
     owner_lock_held,
     pid_alive,
     process_started,
+    read_limited,
     runner_dirs_problem,
     stage_allowed,
     stage_owns,
     to_json_text,
-    write_json,
 )
 
 LOCK_NAME = ".manifest.lock"
@@ -510,17 +513,26 @@ class _Reserved:
 
     def __init__(self, path: Path):
         self.path = path
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", suffix=".tmp", dir=path.parent)
         self.f = os.fdopen(fd, "wb")
 
     def write(self, data: dict) -> None:
+        self.write_bytes(to_json_text(data).encode("utf-8"))
+
+    def write_bytes(self, text: bytes) -> None:
+        self.fill(text)
+        self.commit()
+
+    def fill(self, text: bytes) -> None:
         f = self.f
         f.seek(0)
         f.truncate()
-        f.write(to_json_text(data).encode("utf-8"))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
         os.chmod(self.tmp, 0o644)
+
+    def commit(self) -> None:
         os.replace(self.tmp, self.path)
         self.tmp = None
 
@@ -539,6 +551,109 @@ class _Reserved:
 
 def _disk_full(e: OSError) -> bool:
     return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+# The last manifest written under the run folder's lock, byte for byte: every change writes it just
+# before manifest.json (``_put_pair``). A stage (plugin code, the run folder its cwd) can write
+# manifest.json; a manifest.json that is not this copy was written by something that did not hold the
+# lock: a stage that turned an earlier FAIL into PASS or dropped a record as valid JSON (round 16 A3),
+# put a folder there (A4), or wrote garbage while another nsa-run recorded a stage into the folder
+# (A7: rewritten from the process's own stale copy, that record was lost). The next change under the
+# lock keeps what is there aside and puts this copy back: every writer's records, none of the stage's.
+GOOD_NAME = f".{MANIFEST_NAME}.good"
+# in every manifest written under the lock: {"n": how many writes so far, "over": digest of the
+# manifest.json bytes the write replaced}: a writer killed between its two renames left the good
+# copy one write ahead of manifest.json (its "over" is manifest.json's digest: taken, nobody blamed)
+SEAL_KEY = "written"
+_ASIDE_NUMBERED = 999  # manifest.json.corrupt-1 .. -999 tried first, then random names
+
+
+def _digest(text: bytes) -> str:
+    return hashlib.sha256(text).hexdigest()[:32]
+
+
+def _seal_n(data: dict) -> int:
+    seal = data.get(SEAL_KEY)
+    n = seal.get("n") if isinstance(seal, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def _exact(path: Path) -> tuple[bytes, dict]:
+    """The bytes of the manifest file ``path`` and what they hold (checked as ``load_manifest`` checks),
+    one version of it. FileNotFoundError when nothing is there; ManifestError when it is no regular
+    file (a link, a folder, a FIFO: never followed nor opened), cannot be read or holds no manifest."""
+    for _ in range(3):
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else file_kind(st.st_mode)
+            raise ManifestError(f"{path}: is {what}, not a regular file")
+        try:
+            before = read_limited(path)
+            data = load_manifest(path)
+            after = read_limited(path)
+        except FileNotFoundError:
+            raise ManifestError(f"{path}: removed while it was read") from None
+        except (OSError, UnsafeFileError) as e:
+            raise ManifestError(f"{path}: cannot read: {e}") from None
+        if before == after:
+            return before, dict(data)
+    raise ManifestError(f"{path}: changed while it was read")
+
+
+def _prepared(dir: Path, text: bytes) -> str:
+    """A temp file in ``dir`` holding ``text`` (written, synced), ready for an atomic rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", suffix=".tmp", dir=dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return tmp
+
+
+def _clear_good(dir: Path) -> None:
+    """A folder at the good copy's name (no rename replaces one) moved aside; best effort."""
+    good = Path(dir) / GOOD_NAME
+    try:
+        if stat.S_ISDIR(os.lstat(good).st_mode):
+            os.rename(good, Path(dir) / f"{GOOD_NAME}-{uuid.uuid4().hex[:12]}.aside")
+    except OSError:
+        pass
+
+
+def _put_pair(dir: Path, text: bytes, reserved: tuple[_Reserved, _Reserved] | None = None) -> None:
+    """``text`` as the good copy (``GOOD_NAME``), then as manifest.json: both temp files written first (a
+    full disk changes neither), then two renames. ``reserved``: (good's, manifest's) temp files made
+    earlier (``_Reserved``)."""
+    dir = Path(dir)
+    _clear_good(dir)
+    if reserved is not None:
+        good, man = reserved
+        good.fill(text)
+        man.fill(text)
+        good.commit()
+        man.commit()
+        return
+    tmps: list[str] = []
+    try:
+        tmps.append(_prepared(dir, text))
+        tmps.append(_prepared(dir, text))
+        os.replace(tmps[0], dir / GOOD_NAME)
+        os.replace(tmps[1], dir / MANIFEST_NAME)
+    except BaseException:
+        for t in tmps:
+            try:
+                os.unlink(t)
+            except OSError:
+                pass
+        raise
 
 
 def _resolves_under(path: Path, root: Path) -> bool:
@@ -625,6 +740,12 @@ class RunManifest:
         self.token = uuid.uuid4().hex[:12]  # this process's updates / pending entries
         # a stage this process was running when manifest.json was overwritten -> the name it was kept as
         self._overwrote: dict[str, str] = {}
+        # the manifest as this process last found or wrote it (one edited by hand before it looked is
+        # taken as found), and the digest of manifest.json's bytes as it last read or wrote them
+        self._seen = copy.deepcopy(dict(data)) if isinstance(data, dict) else None
+        self._on_disk: str | None = None
+        # the stage entries this process recorded, as written: kept whatever the file says (``_keep_mine``)
+        self._mine: dict[str, dict] = {}
 
     @property
     def path(self) -> Path:
@@ -682,48 +803,180 @@ class RunManifest:
             pass
 
     def _read_fresh(self) -> dict:
-        """The manifest as on disk (the caller holds the lock); this process's copy before its first write.
-        One that cannot be read any more (a stage wrote garbage over it): ``_overwritten``."""
-        try:
-            return load_manifest(self.path)
-        except ManifestError as e:
-            if self.path.exists():
-                return self._overwritten(e)
-            return self.data  # not written yet
+        """``_read_on_disk``, this process's own records kept (``_keep_mine``)."""
+        return self._keep_mine(self._read_on_disk())
 
-    def _overwritten(self, e: ManifestError) -> dict:
-        """manifest.json cannot be read under the lock, while this process holds a valid copy (it read or
-        wrote the manifest itself): something overwrote it (round 14 A U5: a stage wrote garbage there
-        mid-oneshot, the run ended "incomplete: not valid JSON" and every later command into the --out
-        was refused, "earlier run folder is unusable"). What is there is kept aside as
-        ``manifest.json.corrupt-<n>`` (named on stderr) and the manifest is written again from this
-        copy; the stages this process is running are recorded as ERROR saying so (``record``). Raises
-        ``e`` when nothing can be kept aside (nothing is then lost)."""
-        if not (isinstance(self.data, dict) and isinstance(self.data.get("stages"), list)):
-            raise e
-        aside = None
-        for n in range(1, 1000):
-            name = self.path.with_name(f"{MANIFEST_NAME}.corrupt-{n}")
-            try:
-                os.link(self.path, name, follow_symlinks=False)  # never over an existing name
-            except FileExistsError:
+    def _keep_mine(self, data: dict) -> dict:
+        """``data`` with the stage entries this process recorded itself as it wrote them: one changed or
+        gone (not moved to ``history`` by a rerun) was changed by something that did not hold the lock, and
+        consistently with the good copy (a stage that forged both files): what is at manifest.json is kept
+        aside, the entries put back, the stages this process runs recorded as ERROR saying so (``record``)."""
+        if not self._mine or not isinstance(data.get("stages"), list):
+            return data
+        stages = data["stages"]
+        history = data.get("history") if isinstance(data.get("history"), list) else []
+        wrong = []
+        for name, mine in self._mine.items():
+            cur = next((s for s in stages if isinstance(s, dict) and s.get("name") == name), None)
+            if cur == mine or any(isinstance(h, dict) and {k: v for k, v in h.items() if k != "moved_to"} == mine
+                                  for h in history):
                 continue
-            except OSError:
-                break
-            aside = name
-            break
-        if aside is None:
-            raise e
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+            wrong.append(name)
+        if not wrong:
+            return data
+        why = (f"{self.path}: the record(s) of {', '.join(wrong)} nsa-run made are not what it wrote")
+        aside = self._keep_aside(why)
+        for name in wrong:
+            mine = copy.deepcopy(self._mine[name])
+            for i, s in enumerate(stages):
+                if isinstance(s, dict) and s.get("name") == name:
+                    stages[i] = mine
+                    break
+            else:
+                stages.append(mine)
+        self._put_back_manifest(None, data)
+        self._blame(aside, why, "its own records")
+        return data
+
+    def _blame(self, aside: str | None, why: str, source: str) -> None:
+        """The stages this process is running: recorded as ERROR (``record``); one line on stderr."""
+        kept = aside or "nothing (it could not be kept)"
         for p in self.data.get("pending") or []:
             if isinstance(p, dict) and p.get("token") == self.token and isinstance(p.get("stage"), str):
-                self._overwrote.setdefault(p["stage"], aside.name)
-        self._say(f"warning: {self.path} could not be read ({e}); nsa-run kept it as {aside.name} and wrote the "
-                  f"manifest again from its own records")
-        return copy.deepcopy(dict(self.data))
+                self._overwrote.setdefault(p["stage"], kept)
+        self._say(f"warning: {why}; something that did not hold the run folder's lock wrote it. nsa-run kept "
+                  f"what was there as {kept} and wrote the manifest again from {source}")
+
+    def _read_on_disk(self) -> dict:
+        """The manifest as on disk (the caller holds the lock); this process's copy before its first write.
+
+        Taken only when it is what the last change under the lock wrote (its good copy, ``GOOD_NAME``),
+        or what this process found itself (e.g. edited by hand before it looked; never one older than
+        the good copy). Anything else at manifest.json (garbage, other valid JSON, a folder, a link,
+        nothing) was put there by something that did not hold the lock: ``_changed``."""
+        try:
+            good: tuple[bytes, dict] | None = _exact(self.dir / GOOD_NAME)
+        except (OSError, ManifestError):
+            good = None  # a run folder of an earlier nsa-run (or the copy removed): the manifest alone
+        try:
+            raw, data = _exact(self.path)
+        except FileNotFoundError:
+            if good is None:
+                return self.data  # not written yet
+            return self._changed(f"{self.path}: removed", good)
+        except ManifestError as e:
+            return self._changed(str(e), good)
+        digest = _digest(raw)
+        if good is None or raw == good[0]:
+            self._on_disk = digest
+            return data
+        seal = good[1].get(SEAL_KEY)
+        if isinstance(seal, dict) and seal.get("over") == digest:  # its writer was killed between the renames
+            self._on_disk = digest
+            return good[1]
+        if data == self._seen and (SEAL_KEY not in data or _seal_n(data) >= _seal_n(good[1])):
+            self._on_disk = digest
+            return data
+        return self._changed(f"{self.path}: not the manifest nsa-run last wrote under the run folder's lock", good)
+
+    def _changed(self, why: str, good: tuple[bytes, dict] | None) -> dict:
+        """manifest.json is not what the last change under the lock wrote (``_read_fresh``): a stage wrote
+        over it (garbage: round 14 A U5; valid JSON, a FAIL turned PASS or a record dropped: round 16 A3),
+        replaced it by a folder, a link or nothing (A4). What is there is kept aside as
+        ``manifest.json.corrupt-<n>`` (named on stderr; moved, whatever it is) and the good copy is put back
+        in its place at once (a hard link: no new data block, so a full disk loses nothing): every nsa-run's
+        records, another process's recorded meanwhile included (A7). Without a good copy (a run folder of an
+        earlier nsa-run), from this process's own records. The stages this process is running are recorded
+        as ERROR saying so (``record``). Raises a ManifestError when nothing can be put back."""
+        if good is not None:
+            restore, text = good[1], good[0]
+            source = "the last manifest written under the run folder's lock (every nsa-run's records)"
+        elif isinstance(self.data, dict) and isinstance(self.data.get("stages"), list):
+            restore, text = copy.deepcopy(dict(self.data)), None
+            source = "its own records"
+        else:
+            raise ManifestError(why)
+        aside = self._keep_aside(why)
+        self._put_back_manifest(text, restore)
+        self._blame(aside, why, source)
+        return copy.deepcopy(dict(restore))
+
+    def _keep_aside(self, why: str) -> str | None:
+        """Whatever is at manifest.json moved to the first free ``manifest.json.corrupt-<n>`` (then a random
+        name: a stage may take them all): a regular file hard-linked (its name keeps it until the good copy
+        replaces it, atomically), anything else renamed. None when nothing is there or a regular file
+        cannot be kept (it is then written over); ManifestError when anything else cannot be moved."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return None
+        regular = stat.S_ISREG(st.st_mode)
+        names = [f"{MANIFEST_NAME}.corrupt-{n}" for n in range(1, _ASIDE_NUMBERED + 1)]
+        problem: OSError | None = None
+        for i in range(_ASIDE_NUMBERED + 3):
+            name = names[i] if i < len(names) else f"{MANIFEST_NAME}.corrupt-{uuid.uuid4().hex}"
+            target = self.dir / name
+            if os.path.lexists(target):
+                continue
+            try:
+                if regular:
+                    try:
+                        os.link(self.path, target, follow_symlinks=False)  # never over an existing name
+                    except FileExistsError:
+                        continue
+                    except OSError:
+                        os.rename(self.path, target)  # no hard links here
+                else:
+                    os.rename(self.path, target)
+                return name
+            except FileNotFoundError:
+                return None  # gone meanwhile
+            except OSError as e:
+                problem = e
+                break
+        if regular:
+            return None
+        raise ManifestError(f"{why}; it could not be moved aside ({problem or 'no free name'}); move it away "
+                            f"and rerun")
+
+    def _put_back_manifest(self, text: bytes | None, restore: dict) -> None:
+        """manifest.json made ``text`` (the good copy's bytes: linked from it) or ``restore`` written."""
+        good = self.dir / GOOD_NAME
+        if text is not None:
+            tmp = self.dir / f".{MANIFEST_NAME}.{uuid.uuid4().hex[:12]}.tmp"
+            try:
+                os.link(good, tmp, follow_symlinks=False)
+                if read_limited(tmp) == text:  # the copy that was read (not one swapped in since)
+                    os.replace(tmp, self.path)
+                    self._on_disk = _digest(text)
+                    try:  # the copy on an inode of its own again: a stage writing manifest.json in place
+                        t = _prepared(self.dir, text)  # must not change it too (best effort: a full disk)
+                        try:
+                            os.replace(t, good)
+                        except OSError:
+                            os.unlink(t)
+                    except OSError:
+                        pass
+                    return
+            except (OSError, UnsafeFileError):
+                pass
+            finally:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        else:
+            text = to_json_text(restore).encode("utf-8")
+        t = _prepared(self.dir, text)
+        try:
+            os.replace(t, self.path)
+        except BaseException:
+            try:
+                os.unlink(t)
+            except OSError:
+                pass
+            raise
+        self._on_disk = _digest(text)
 
     def update(self, change: Callable[[dict], Any], room: int = 0) -> Any:
         """Apply ``change(data)`` to a fresh read of the manifest under the lock, then write it.
@@ -736,13 +989,24 @@ class RunManifest:
             self.data = data
             return result
 
-    def _write(self, data: dict, room: int = 0) -> None:
+    def _write(self, data: dict, room: int = 0, reserved: tuple[_Reserved, _Reserved] | None = None) -> None:
+        """``data`` written (the caller holds the lock) as manifest.json and its good copy, sealed
+        (``SEAL_KEY``: one more write, over the bytes this process last read or wrote there)."""
+        before = data.get(SEAL_KEY, None)
+        had = SEAL_KEY in data
+        data[SEAL_KEY] = {"n": _seal_n(data) + 1, "over": self._on_disk}
         text = to_json_text(data).encode("utf-8")
         limit = artifacts.MAX_READ_BYTES
         if len(text) > limit - room:
+            if had:
+                data[SEAL_KEY] = before
+            else:
+                del data[SEAL_KEY]
             raise ManifestTooLarge(f"{self.path}: would be {_mib(len(text))}, more than the {_mib(limit - room)} "
                                    f"it may take (its readers accept {_mib(limit)}); not written", len(text))
-        write_json(self.path, data)
+        _put_pair(self.dir, text, reserved)
+        self._on_disk = _digest(text)
+        self._seen = json.loads(text)
 
     @staticmethod
     def _initial(run_id: str, argv: list[str], run_facts: dict) -> dict:
@@ -773,11 +1037,13 @@ class RunManifest:
         """A new run folder under ``out`` holding its manifest from the moment it exists
         (``artifacts.create_run_folder``). None with ``only_first`` when another run took the name."""
         data = cls._initial(run_id, argv, run_facts)
-        folder = create_run_folder(Path(out), run_id, lambda tmp: write_json(tmp / MANIFEST_NAME, data),
-                                   only_first=only_first)
+        data[SEAL_KEY] = {"n": 1, "over": None}
+        text = to_json_text(data).encode("utf-8")
+        folder = create_run_folder(Path(out), run_id, lambda tmp: _put_pair(tmp, text), only_first=only_first)
         if folder is None:
             return None
-        m = cls(folder, data)
+        m = cls(folder, json.loads(text))
+        m._on_disk = _digest(text)
         m._note_runner_lock()
         return m
 
@@ -936,34 +1202,35 @@ class RunManifest:
                 raise HistoryNotOwn(problem)
             if old is None:
                 data.setdefault("pending", []).append(pending)
-                write_json(self.path, data)
+                self._write(data)
                 self.data = data
                 return None
             reserved = None
             try:
-                # the last write's temp file, made first: on a disk out of inodes the note is
-                # always dropped again (or the set-aside refused before anything was noted)
-                reserved = _Reserved(self.path)
+                # the last write's temp files (the good copy's, the manifest's), made first: on a disk
+                # out of inodes the note is always dropped again (or the set-aside refused before
+                # anything was noted)
+                reserved = (_Reserved(self.dir / GOOD_NAME), _Reserved(self.path))
                 dest = self._history_dir(name)
                 pending["moved_to"] = str(dest.relative_to(self.dir))
                 pending["setting_aside"] = True
                 data.setdefault("pending", []).append(pending)
-                write_json(self.path, data)  # the intent, before the first move
+                self._write(data)  # the intent, before the first move
                 noted = True
                 self.data = data
                 self._move_owned(name, old, self.dir, dest, self._others(data, name), done)
                 del pending["setting_aside"]
-                reserved.write(data)
+                self._write(data, reserved=reserved)
                 return dest
             except BaseException as e:  # undo the moves, then drop the note
                 left = self._move_back(done, dest) if dest is not None else []
                 if noted and not left:
                     try:
                         data["pending"] = [p for p in data.get("pending", []) if p is not pending]
-                        if reserved is not None and reserved.tmp is not None:
-                            reserved.write(data)
+                        if reserved is not None and reserved[1].tmp is not None and reserved[0].tmp is not None:
+                            self._write(data, reserved=reserved)
                         else:
-                            write_json(self.path, data)
+                            self._write(data)
                     except (OSError, KeyboardInterrupt):  # kept: the next nsa-run finds nothing to put back
                         pass
                 if left and isinstance(e, OSError):
@@ -972,7 +1239,8 @@ class RunManifest:
                 raise
             finally:
                 if reserved is not None:
-                    reserved.close()
+                    reserved[0].close()
+                    reserved[1].close()
 
     def mark_running(self, name: str) -> None:
         """Before running stage ``name`` (a oneshot's stage, or ``stage X`` after ``set_aside``): note
@@ -1304,12 +1572,14 @@ class RunManifest:
             cut = _cut(entry, f"{_mib(size)}, more than the {_mib(RECORD_MAX_BYTES)} one stage's record may take")
 
         said: list[dict] = []
+        final: list[dict] = []
 
         def change(data: dict, entry: dict) -> None:
             aside = self._overwrote.pop(entry["name"], None)  # found overwritten by this very update's read
             if aside is not None:
                 entry = _overwritten_entry(entry, aside)
                 said.append(entry)
+            final[:] = [entry]
             stages = data["stages"]
             pending = self._take_pending(data, entry["name"], self.token)
             for i, s in enumerate(stages):
@@ -1331,6 +1601,8 @@ class RunManifest:
             self.update(lambda data: change(data, cut))
             if obj is not None:
                 _as_recorded(obj, cut)
+        if final:  # as written (JSON): what ``_keep_mine`` keeps
+            self._mine[final[0]["name"]] = json.loads(to_json_text(final[0]))
         if said and obj is not None:
             _as_said(obj, said[-1])
 
