@@ -651,6 +651,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             if _temp_full(e):
                 raise TempFolderFull(base, e, "nsa-run cannot make its plugin discovery folder there") from None
             raise
+        res_fd = None
         try:
             tmp, dir_fd = holder.path, holder.fd
             result = holder.name("result.jsonl")  # the child's name for it: through this process's descriptor
@@ -658,6 +659,10 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                 mark_owned(tmp)
                 holder.write("result.jsonl", b"")
                 holder.write("child.log", b"")
+                # read through this descriptor, never the name again (round 16 A6: a plugin's import put a
+                # symlink at the name; the child's lines went on in this file, unseen, and the pass was
+                # blamed on nsa-run instead of that plugin)
+                res_fd = _open_in(dir_fd, "result.jsonl")
             except OSError as e:
                 if _temp_full(e):
                     raise TempFolderFull(base, e, "nsa-run cannot make its plugin discovery files there") from None
@@ -696,7 +701,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             try:
                 while True:
                     exited = proc.poll() is not None
-                    pos, lines = _read_new(dir_fd, "result.jsonl", pos)
+                    pos, lines = _read_new(res_fd, pos)
                     for line in lines:
                         last, talked = time.monotonic(), True
                         if isinstance(line.get("loading"), str):
@@ -765,6 +770,8 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             if only is not None or mode == "list":
                 break
         finally:
+            if res_fd is not None:
+                os.close(res_fd)
             holder.close()  # never through a link, never raising (a swapped folder: said above)
     return [records[k] for k in dict.fromkeys(order)]
 
@@ -790,14 +797,16 @@ def _open_in(dir_fd: int, name: str) -> int:
     return fd
 
 
-def _read_new(dir_fd: int, name: str, pos: int) -> tuple[int, list[dict]]:
-    """Complete JSON lines appended to ``name`` (in the folder open as ``dir_fd``) since byte ``pos``."""
+def _read_new(fd: int, pos: int) -> tuple[int, list[dict]]:
+    """Complete JSON lines appended to the file open as ``fd`` since byte ``pos``."""
+    chunks, at = [], pos
     try:
-        with open(_open_in(dir_fd, name), "rb") as f:
-            f.seek(pos)
-            data = f.read()
+        while chunk := os.pread(fd, 1 << 20, at):
+            chunks.append(chunk)
+            at += len(chunk)
     except OSError:
         return pos, []
+    data = b"".join(chunks)
     end = data.rfind(b"\n") + 1
     out = []
     for raw in data[:end].splitlines():

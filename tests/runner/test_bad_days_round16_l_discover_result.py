@@ -4,7 +4,9 @@ folder's ``result.jsonl``, put a symlink to an outside file at its name and ende
 appended its JSON line to the outside file (``{"ended": 3, "nonce": ...}``).
 
 Expected: nothing is written outside (the result file is opened once, before any plugin code runs,
-never through a link, and written only through that descriptor); the other stages are still listed.
+never through a link, and written only through that descriptor); the plugin is named broken (the CLI
+reads the result through its own descriptor too: it had blamed "invalid:discovery", exit code 0, and
+listed no plugin stage); the other stages are still listed.
 """
 
 from __future__ import annotations
@@ -57,4 +59,12 @@ def test_a6_a_plugin_swapping_result_jsonl_for_a_link_gets_nothing_written_outsi
     assert r.returncode in (0, 1), (r.returncode, r.stderr[-3000:])
     listed = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
     assert "sanity" in listed and listed["sanity"]["source"] == "built-in", listed.get("sanity")
+    # the plugin whose import did it is the broken one (the parent reads the result through its own
+    # descriptor, not the name); the others are listed and run
+    assert "okl" in listed and listed["okl"]["runs_here"], listed
+    broken = [s for s in listed.values() if not s["runs_here"] and "broken" in s["why_not"]]
+    assert [s["entry_point"] for s in broken] == ["r16l_swap_mod:R"], broken
+    assert "exit code 3" in broken[0]["why_not"], broken
+    assert r.returncode == 1
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("nsa-run-discover-")], list(tmp.iterdir())
+
