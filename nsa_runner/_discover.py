@@ -23,11 +23,13 @@ nothing the user sees.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import importlib.metadata as md
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -35,6 +37,61 @@ import traceback
 # this process's exit status when it cannot write its result file (a full temp folder): the parent
 # (``registry.discover_group``) then checks the folder itself, so a plugin's os._exit(228) stays its own
 EXIT_TEMP_FULL = 228
+
+
+@contextlib.contextmanager
+def stdout_parked():
+    """(The CLI, while plugin discovery runs plugin code in its children) the CLI's stdout held where no
+    other process can reopen it: round 16 A9, a plugin's import opened ``/proc/<cli pid>/fd/1`` (the
+    CLI's pid is in its environment; same user, so /proc lets it) and wrote into ``list --json``'s
+    stdout, which was no longer JSON. While parked, the CLI's stdout descriptor is in flight in a Unix
+    socket of its own (SCM_RIGHTS: no name under /proc/<cli pid>/fd opens a socket's queue) and fd 1 is
+    /dev/null; it is put back when discovery ends (its children and what they started killed by then).
+    Chosen over making the CLI non-dumpable (PR_SET_DUMPABLE 0): that does not stop a process with
+    CAP_SYS_PTRACE (root in most containers, where nsa-run runs), and it takes away the
+    ``/proc/<runner pid>/fd/<n>`` names (``artifacts.fd_path``) the runner gives its workers for their temp
+    folders. Not parked in a stage's worker or a discovery child (the cookie in the environment): their
+    stdout is a log. (A plugin can still reach whatever else of the user's holds that pipe or terminal,
+    e.g. the reading end in the consumer: nsa-run keeps only its own descriptors out of reach.)"""
+    if os.environ.get("NSA_RUN_STAGE_COOKIE"):
+        yield
+        return
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    parked = None
+    try:
+        os.fstat(1)
+        ours, held = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            socket.send_fds(ours, [b"1"], [1])
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, 1)
+            finally:
+                os.close(null)
+            parked = (ours, held)
+        except OSError:
+            ours.close()
+            held.close()
+    except OSError:  # no stdout (closed), no Unix sockets: nothing to park
+        parked = None
+    try:
+        yield
+    finally:
+        if parked is not None:
+            ours, held = parked
+            try:
+                _, fds, _, _ = socket.recv_fds(held, 16, 1)
+                for fd in fds[:1]:
+                    os.dup2(fd, 1)
+                for fd in fds:
+                    os.close(fd)
+            except OSError:
+                pass
+            ours.close()
+            held.close()
 
 
 def entry_key(dist_name: str, ep: md.EntryPoint) -> str:

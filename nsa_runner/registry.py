@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nsa_runner._discover import EXIT_TEMP_FULL, entry_key
+from nsa_runner._discover import EXIT_TEMP_FULL, entry_key, stdout_parked
 from nsa_runner._text import clip, env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
@@ -609,14 +609,16 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
     process of their own that imports no plugin, then the plugins' in another (round 14 R6: described
     after the plugins' imports in one child, a plugin that set ``Sanity.requires = ("cuda",)`` switched
     sanity off, one that wrapped json.dumps made it vanish). A record of the plugins' pass never stands
-    for a built-in: one with a built-in's key is dropped, one claiming nsa-run's metadata folder loses it."""
-    if only is not None:  # one entry point: no other is imported
-        return _discover_pass(group, describe, only=only, parse=parse)
-    own = builtin_entries(group)
-    if not own:
-        return _discover_pass(group, describe, parse=parse)
-    first = _discover_pass(group, describe, parse=parse, keys=sorted(own), paths=sorted(set(own.values())))
-    rest = [r for r in _discover_pass(group, describe, parse=parse, skip=set(own)) if r.get("key") not in own]
+    for a built-in: one with a built-in's key is dropped, one claiming nsa-run's metadata folder loses it.
+    The CLI's stdout is out of its children's reach meanwhile (``_discover.stdout_parked``, round 16 A9)."""
+    with stdout_parked():
+        if only is not None:  # one entry point: no other is imported
+            return _discover_pass(group, describe, only=only, parse=parse)
+        own = builtin_entries(group)
+        if not own:
+            return _discover_pass(group, describe, parse=parse)
+        first = _discover_pass(group, describe, parse=parse, keys=sorted(own), paths=sorted(set(own.values())))
+        rest = [r for r in _discover_pass(group, describe, parse=parse, skip=set(own)) if r.get("key") not in own]
     for r in rest:
         claims = is_builtin_dist(str(r.get("dist", "?")), str(r.get("dist_path") or ""), str(r.get("value", "")))
         if claims and r.get("key") != DISCOVERY_FAILED:

@@ -7,6 +7,10 @@ Expected: nothing is written outside (the result file is opened once, before any
 never through a link, and written only through that descriptor); the plugin is named broken (the CLI
 reads the result through its own descriptor too: it had blamed "invalid:discovery", exit code 0, and
 listed no plugin stage); the other stages are still listed.
+
+A9: a plugin's import opened ``/proc/<CLI pid>/fd/1`` (same user) and wrote into ``list --json``'s
+stdout: not JSON any more. Expected: the CLI's stdout is out of the discovery children's reach while
+they run (parked in a socket of the CLI's own, fd 1 on /dev/null meanwhile): stdout is pure JSON.
 """
 
 from __future__ import annotations
@@ -68,3 +72,37 @@ def test_a6_a_plugin_swapping_result_jsonl_for_a_link_gets_nothing_written_outsi
     assert r.returncode == 1
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("nsa-run-discover-")], list(tmp.iterdir())
 
+
+WRITE_STDOUT = """
+import os
+_mark = os.environ["R16L_MARK"]
+if os.environ.get("NSA_RUN_STAGE_COOKIE") and not os.path.exists(_mark):
+    open(_mark, "w").write("x")
+    _cli = int(os.environ["NSA_RUN_PARENT_PID"])  # (or found by walking up /proc: the same process)
+    for _fd in ("1", "2"):
+        try:
+            with open(f"/proc/{_cli}/fd/{_fd}", "w") as _f:
+                _f.write(f"NOT JSON FROM A PLUGIN via fd {_fd}\\n")
+        except OSError:
+            pass
+from nsa_runner import Stage, StageResult, Status
+class P(Stage):
+    name, order = "lprint", 16
+    def run(self, ctx): return StageResult(Status.PASS, "p")
+"""
+
+
+def test_a9_a_plugin_import_writing_into_the_clis_stdout_leaves_list_json_pure(plugins, tmp_path):
+    plugins.make("r16l-print", "r16l_print_mod", WRITE_STDOUT, {"lprint": "r16l_print_mod:P"})
+    mark = tmp_path / "wrote"
+    env = env_with(plugins.env(), TMPDIR=str(tmp_path), R16L_MARK=str(mark), NSA_RUN_SPARE_WORKER="0")
+    r = subprocess.run([sys.executable, "-c", MAIN, "list", "--json"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert mark.exists(), "the plugin's import never ran"
+    assert "NOT JSON" not in r.stdout, r.stdout[:500]
+    assert r.returncode == 0, r.stderr[-3000:]
+    listed = {s["name"]: s for s in json.loads(r.stdout)["stages"]}  # pure JSON
+    assert listed["lprint"]["runs_here"], listed["lprint"]
+    # the CLI's own output after discovery still reaches stdout (put back): the table
+    r = subprocess.run([sys.executable, "-c", MAIN, "list"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "lprint" in r.stdout and "sanity" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
