@@ -193,11 +193,13 @@ def plan_run_reports(folder: Path) -> ReportsPlan | None:
     rendered again from the manifest, to be written by ``ReportsPlan.write`` (nothing is written
     here). Whichever of the three is there as a regular file, or missing, is written; a link /
     folder / special file is left as it is and named (``odd``). The runner records what it wrote
-    them from (``reports_of``); while they agree with it (or in a run folder without that note,
-    whose files are kept as they are) only the missing ones are written: a deleted junit.xml or
-    summary.json stayed missing while ``report`` said "kept" (round 15 B U1). None while an nsa-run
-    is still at work in the folder (its own end writes them), for a manifest that cannot be read
-    (``report_mod.prepare`` names it), or when none is missing and they agree."""
+    them from (``reports_of``); while they agree with it, the missing ones and those whose content
+    is not what the runner wrote from it (``_same_content``: a junit.xml replaced by garbage) are
+    written, the others kept; in a run folder without that note the files there are kept as they are,
+    the missing ones written (a deleted junit.xml or summary.json stayed missing while ``report``
+    said "kept": round 15 B U1). None while an nsa-run is still at work in the folder (its own end
+    writes them), for a manifest that cannot be read (``report_mod.prepare`` names it), or when
+    there is nothing to write."""
     from nsa_runner.artifacts import ManifestError, load_manifest, still_running
     from nsa_runner.results.reports import render_run_reports
 
@@ -217,11 +219,45 @@ def plan_run_reports(folder: Path) -> ReportsPlan | None:
     names = [n for n in _names() if n not in odd]
     present = [n for n in names if os.path.lexists(folder / n)]
     missing = [n for n in names if n not in present]
-    if agree:  # those there are kept; the missing ones written (the manifest's note left as it is)
+    if agree and not isinstance(written_of, str):  # no note (an older run): kept as they are, missing written
         if not missing:
             return None
         return ReportsPlan(folder, m, render_run_reports(folder, m), [], missing, odd, record=False)
-    return ReportsPlan(folder, m, render_run_reports(folder, m), present, missing, odd)
+    try:
+        text = render_run_reports(folder, m)
+    except ValueError:  # a manifest they cannot show: raised where one must be written (the caller names it)
+        if agree and not missing:
+            return None
+        raise
+    if agree:  # the runner's own files of this manifest: kept while their content is what it wrote
+        # (a junit.xml replaced by garbage was "kept", and CI read garbage: round 16 B U4)
+        changed = [n for n in present if not _same_content(folder / n, n, text[n])]
+        if not missing and not changed:
+            return None
+        return ReportsPlan(folder, m, text, changed, missing, odd, record=False)
+    return ReportsPlan(folder, m, text, present, missing, odd)
+
+
+def _same_content(path: Path, name: str, expected: str) -> bool:
+    """Whether the regular file ``path`` holds ``expected`` as the runner writes it (summary.json: the
+    same document but for its ``written`` time). Read no further than that needs: a larger file, an
+    unreadable one or one swapped for a special file differs."""
+    from nsa_runner.artifacts import UnsafeFileError, read_limited
+    from nsa_runner.results import SUMMARY_JSON
+
+    want = expected.encode("utf-8", errors="backslashreplace")  # as write_text writes it
+    try:
+        if name != SUMMARY_JSON:
+            return read_limited(path, len(want)) == want
+        got = json.loads(read_limited(path, 2 * len(want) + 4096))
+        doc = json.loads(expected)
+    except (OSError, UnsafeFileError, ValueError, RecursionError):
+        return False
+    if not isinstance(got, dict):
+        return False
+    got.pop("written", None)
+    doc.pop("written", None)
+    return got == doc
 
 
 def refresh_run_reports(folder: Path) -> list[str]:
