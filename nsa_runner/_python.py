@@ -15,3 +15,11 @@ def python_m(module: str, *args: str) -> list[str]:
         return [sys.executable, "-P", "-m", module, *args]
     return [sys.executable, "-c", "import sys; del sys.path[0]; import runpy; m = sys.argv.pop(1); "
             "runpy.run_module(m, run_name='__main__', alter_sys=True)", module, *args]
+
+
+def python_c(code: str, *args: str) -> list[str]:
+    """The command line of ``python -c CODE ARGS`` with the working directory not on ``sys.path`` (as
+    ``python_m``): a probe run from a stage (cwd = the run folder) imported a planted ``json.py``."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-c", code, *args]
+    return [sys.executable, "-c", "import sys; del sys.path[0]\n" + code, *args]

@@ -20,6 +20,8 @@ import sys
 import textwrap
 import time
 
+from nsa_runner._python import python_c
+
 # (module, what it is, distribution names that provide it, install hint)
 # (what is really FA-2 / FA-4 is decided by nsa_core.flash.detect, not by the module name)
 FLASH_MODULES = (
@@ -212,7 +214,7 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
         lines, rc, stderr = [], None, "nsa_core/flash/detect.py not found (nsa_core not installed?)"
     else:
         try:
-            r = subprocess.run([sys.executable, "-c", _FLASH_PROBE, det, *paths], capture_output=True, text=True,
+            r = subprocess.run(python_c(_FLASH_PROBE, det, *paths), capture_output=True, text=True,
                                timeout=timeout_s)
             lines, rc, stderr = r.stdout.splitlines(), r.returncode, r.stderr
         except subprocess.TimeoutExpired as e:

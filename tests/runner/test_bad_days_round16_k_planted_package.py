@@ -82,3 +82,34 @@ def test_a10_a_planted_nsa_runner_package_is_never_imported(plugins, tmp_path):
     assert statuses["c"] == ("FAIL", "c real fail"), (statuses, p.stdout, p.stderr)
     assert p.returncode == 1, p.stdout + p.stderr
     assert not log.exists(), log.read_text()  # nothing nsa-run started imported the planted package
+
+
+PROBE_STAGES = f"""
+from nsa_runner import Stage, StageResult, Status
+
+class A(Stage):
+    name, order, timeout_s = "a", 10, 120.0
+    def run(self, ctx):
+        (ctx.dir / "json.py").write_text({SHADOW_INIT!r} + "raise SystemExit(3)\\n")
+        return StageResult(Status.PASS, "a planted json.py")
+
+class B(Stage):
+    name, order, timeout_s = "b", 11, 300.0
+    def run(self, ctx):
+        from nsa_runner.envinfo import probe_flash
+        recs = probe_flash(timeout_s=240)
+        return StageResult(Status.PASS, "b probed " + str(len(recs)))
+"""
+
+
+def test_a10_a_probe_a_stage_starts_never_imports_from_the_run_folder(plugins, tmp_path):
+    """(``envinfo.probe_flash``'s ``python -c`` child, started by a stage: cwd = the run folder.)"""
+    plugins.make("k16-probe", "k16_probe_mod", PROBE_STAGES, {"a": "k16_probe_mod:A", "b": "k16_probe_mod:B"})
+    out = tmp_path / "o"
+    log = tmp_path / "shadow.log"
+    p = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "a,b", "--out", str(out), "--device", "cpu"],
+                       env=env_with(plugins.env(), K16_SHADOW_LOG=log), capture_output=True, text=True, timeout=300)
+    statuses = {s["name"]: s["status"] for s in manifest(out)["stages"]}
+    assert statuses == {"a": "PASS", "b": "PASS"}, (statuses, p.stdout, p.stderr)
+    assert (out / "testrun" / "json.py").is_file()
+    assert not log.exists(), log.read_text()  # the probe did not import the planted json.py
