@@ -63,6 +63,7 @@ from nsa_runner.artifacts import (
     stage_allowed,
     stage_owns,
     to_json_text,
+    write_json,
 )
 
 LOCK_NAME = ".manifest.lock"
@@ -628,29 +629,33 @@ def _clear_good(dir: Path) -> None:
         pass
 
 
-def _put_pair(dir: Path, text: bytes, reserved: tuple[_Reserved, _Reserved] | None = None) -> None:
-    """``text`` as the good copy (``GOOD_NAME``), then as manifest.json: both temp files written first (a
-    full disk changes neither), then two renames. ``reserved``: (good's, manifest's) temp files made
-    earlier (``_Reserved``)."""
+def _put_pair(dir: Path, data: dict, reserved: tuple[_Reserved, _Reserved] | None = None) -> None:
+    """``data`` written as the good copy (``GOOD_NAME``), then as manifest.json, each atomically. When the
+    second write fails (a full disk), the good copy is made manifest.json's again (a hard link: no new
+    data block), so that nothing changed; a kill between the two leaves the good copy one write ahead,
+    which the next change takes (``RunManifest._read_on_disk``). ``reserved``: (good's, manifest's)
+    temp files made earlier (``_Reserved``): both filled, then both renamed."""
     dir = Path(dir)
     _clear_good(dir)
     if reserved is not None:
+        text = to_json_text(data).encode("utf-8")
         good, man = reserved
         good.fill(text)
         man.fill(text)
         good.commit()
         man.commit()
         return
-    tmps: list[str] = []
+    write_json(dir / GOOD_NAME, data)
     try:
-        tmps.append(_prepared(dir, text))
-        tmps.append(_prepared(dir, text))
-        os.replace(tmps[0], dir / GOOD_NAME)
-        os.replace(tmps[1], dir / MANIFEST_NAME)
+        write_json(dir / MANIFEST_NAME, data)
     except BaseException:
-        for t in tmps:
+        tmp = dir / f".{MANIFEST_NAME}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            os.link(dir / MANIFEST_NAME, tmp, follow_symlinks=False)
+            os.replace(tmp, dir / GOOD_NAME)
+        except OSError:
             try:
-                os.unlink(t)
+                os.unlink(tmp)
             except OSError:
                 pass
         raise
@@ -1004,7 +1009,7 @@ class RunManifest:
                 del data[SEAL_KEY]
             raise ManifestTooLarge(f"{self.path}: would be {_mib(len(text))}, more than the {_mib(limit - room)} "
                                    f"it may take (its readers accept {_mib(limit)}); not written", len(text))
-        _put_pair(self.dir, text, reserved)
+        _put_pair(self.dir, data, reserved)
         self._on_disk = _digest(text)
         self._seen = json.loads(text)
 
@@ -1039,7 +1044,7 @@ class RunManifest:
         data = cls._initial(run_id, argv, run_facts)
         data[SEAL_KEY] = {"n": 1, "over": None}
         text = to_json_text(data).encode("utf-8")
-        folder = create_run_folder(Path(out), run_id, lambda tmp: _put_pair(tmp, text), only_first=only_first)
+        folder = create_run_folder(Path(out), run_id, lambda tmp: _put_pair(tmp, data), only_first=only_first)
         if folder is None:
             return None
         m = cls(folder, json.loads(text))
