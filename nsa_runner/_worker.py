@@ -41,6 +41,7 @@ import sys
 import time
 import traceback
 
+from nsa_runner._python import python_m
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
 from nsa_runner.stage import Stage, StageResult, Status
@@ -290,6 +291,16 @@ class StageTree:
         self.cookie, self.root = cookie, root
         self.known: dict[tuple[int, float], psutil.Process] = {}
 
+    def _tell(self, pids) -> None:
+        """(Round 16 A2.) The runner's watchdog of this stage (``Watchdog``, where this process has one) is
+        told of each process before it is stopped, and a watchdog the stage killed is replaced first: a
+        kill -9 of the runner while the tree is frozen (the stage's processes die by their parent-death
+        signal, a stopped daemon that left the session and cleared its environment goes to init) left
+        that daemon stopped for good with nothing that knew it."""
+        guard = _GUARDS.get(self.cookie)
+        if guard is not None:
+            guard.tell(pids)
+
     def live(self) -> list:
         out = []
         for p in self.known.values():
@@ -343,10 +354,13 @@ class StageTree:
         """SIGSTOP every process of the stage: the worker's tree first (``stop_tree``: fast enough for a
         fork chain), then what the looks find (the cookie's processes too), looked at again until no
         new one shows (20 rounds at most). SIGSTOP cannot be caught nor ignored."""
+        self._tell(())  # a watchdog the stage killed as it returned: replaced before anything is stopped
         self.stop_tree()
         for _ in range(20):
             new = self.look()
-            self.send(self.live(), signal.SIGSTOP)
+            procs = self.live()
+            self._tell([p.pid for p in procs])
+            self.send(procs, signal.SIGSTOP)
             self.stop_tree()
             if not new:
                 return
@@ -386,6 +400,7 @@ class StageTree:
                     stack.append(kid)
             if not running:
                 return
+            self._tell(running)
             for pid in running:
                 try:
                     os.kill(pid, signal.SIGSTOP)
@@ -496,6 +511,34 @@ def _above_std(fd: int) -> int:
         os.close(fd)
 
 
+RUNNER_ENV = "NSA_RUN_WATCHDOG_RUNNER"  # the watchdog's runner (its pid), in the watchdog's environment
+_GUARDS: dict[str, Watchdog] = {}  # this process's live watchdogs by cookie (``StageTree._tell``)
+
+
+def _start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot, ``/proc/<pid>/stat``: with the pid, it names the
+    process, never a later one given the same pid); None when it is gone or not Linux."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _write_lines(fd: int, lines: list[bytes]) -> None:
+    """Write lines to a non-blocking pipe in whole chunks of at most PIPE_BUF (4096) bytes (each one
+    written whole or not at all); what does not fit is left out (the watchdog looks for itself too)."""
+    chunk = b""
+    for line in [*lines, b""]:
+        if chunk and (not line or len(chunk) + len(line) > 4096):
+            try:
+                os.write(fd, chunk)
+            except OSError:  # full (a stopped watchdog), or its reader gone
+                return
+            chunk = b""
+        chunk += line
+
+
 # the watchdog's own process group in the runner's session (``Watchdog``); Python 3.10 has no
 # ``process_group``: a session of its own there (not continued by the kernel when the runner dies)
 _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
@@ -519,7 +562,26 @@ class Watchdog:
     def __init__(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]):
         self._args = (cookie, worker_pid, tmpdir, env)
         self.proc = None
+        self.w: int | None = None
+        self._told: dict[tuple[int, int], bytes] = {}  # (pid, start) -> its line (``tell``); told again to a new one
         self._start(cookie, worker_pid, tmpdir, env)
+        _GUARDS[cookie] = self
+
+    def tell(self, pids) -> None:
+        """(Round 16 A2; ``StageTree`` calls it before it stops a process.) The watchdog is kept alive
+        (``alive``) and told of each process (pid and start time, read from ``/proc``): were the runner
+        killed now, it kills them even once they left the stage's tree (a daemon that cleared its
+        environment and left the session goes to init when the stage's processes die with the runner).
+        A killed watchdog's successor is told them all at its start."""
+        self.alive()
+        lines = []
+        for pid in pids:
+            start = _start_time(pid)
+            if start is not None and (pid, start) not in self._told:
+                self._told[pid, start] = line = b"p%d %d\n" % (pid, start)
+                lines.append(line)
+        if lines and self.w is not None:
+            _write_lines(self.w, lines)
 
     def alive(self) -> None:
         """(The runner, while the stage runs.) A watchdog that died (a kill -9 of it; it ignores
@@ -565,10 +627,13 @@ class Watchdog:
 
     def _start(self, cookie: str, worker_pid: int, tmpdir: str, env: dict[str, str]) -> None:
         r, self.w = (_above_std(fd) for fd in os.pipe())
+        os.set_blocking(self.w, False)  # never held up by a stopped watchdog (``tell``)
+        _write_lines(self.w, list(self._told.values()))  # a killed one's successor knows what it knew
         try:
             env = {k: v for k, v in env.items() if k not in (COOKIE_ENV, PARENT_ENV)}
+            env[RUNNER_ENV] = str(os.getpid())  # the process it watches (``watchdog``: a pidfd of it)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nsa_runner._worker", "--watchdog", str(r), cookie, str(worker_pid), tmpdir],
+                python_m("nsa_runner._worker", "--watchdog", str(r), cookie, str(worker_pid), tmpdir),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(r,),
                 env=env, **_OWN_GROUP)
         except OSError:  # no watchdog: the parent-death signal still stops the worker itself
@@ -577,34 +642,20 @@ class Watchdog:
         finally:
             os.close(r)
 
-    def done(self, wait_s: float = 30.0) -> None:
-        """Tell the watchdog the runner is done and reap it. It never outlives this call: a watchdog
-        someone stopped (a stage may SIGSTOP it) is continued, and one that does not end within
-        ``wait_s`` is killed (SIGKILL ends a stopped process too). An interrupt (Ctrl-C, SIGTERM)
-        while waiting kills it at once, reaps it, and is raised again: a stopped watchdog was left
-        behind in state T when the runner exited on a SIGTERM during this wait."""
+    def done(self) -> None:
+        """The runner is done with the stage: the watchdog is killed (SIGKILL, a stopped one too) and
+        reaped; it never outlives this call. An interrupt (Ctrl-C, SIGTERM) meanwhile is raised once it
+        is reaped. (Before round 16 the runner wrote a "done" byte into the watchdog's pipe: a stage
+        that reopened the pipe through ``/proc/<runner>/fd/N`` could send it too, and hold the pipe open.)"""
+        if _GUARDS.get(self._args[0]) is self:
+            del _GUARDS[self._args[0]]
         proc = self.proc
         try:
             if self.w is not None:
-                try:
-                    os.write(self.w, b"d")
-                except OSError:
-                    pass
                 os.close(self.w)
                 self.w = None
             if proc is not None:
-                try:
-                    proc.send_signal(signal.SIGCONT)  # stopped, it would never read the "done" byte
-                except OSError:
-                    pass
-                try:
-                    proc.wait(timeout=wait_s)
-                except subprocess.TimeoutExpired:
-                    self._kill(proc)
-        except BaseException:
-            if proc is not None:
                 self._kill(proc)
-            raise
         finally:
             if proc is None or proc.returncode is not None:
                 self.proc = None
@@ -644,35 +695,100 @@ def _ignore_stops() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _runner_pidfd(runner: int) -> int | None:
+    """A pidfd of the runner (Linux 5.3+): readable once it has ended, whoever holds its pipe's ends."""
+    try:
+        fd = os.pidfd_open(runner)
+    except (AttributeError, OSError):
+        return None
+    if os.getppid() != runner:  # it died before: the pid may name another process now
+        os.close(fd)
+        return None
+    return fd
+
+
+TOLD_MAX = 200_000  # the watchdog's memory stays bounded whatever a stage writes into its pipe
+
+
+def _told(data: bytes, told: set[tuple[int, int]]) -> bytes:
+    """The runner's lines ``p<pid> <start time>`` in ``data`` into ``told`` (a set: a line the stage wrote
+    into the pipe can add a process, never take one away); the unfinished rest is returned."""
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        pid, _, start = line[1:].partition(b" ")
+        if line[:1] == b"p" and pid.isdigit() and start.isdigit() and len(told) < TOLD_MAX:
+            told.add((int(pid), int(start)))
+    return rest[-64:]
+
+
 def watchdog(argv: list[str]) -> int:
-    """``--watchdog FD COOKIE WORKER_PID TMPDIR``: wait for the runner; on EOF without the "done"
-    byte (the runner died) kill the stage's processes and remove its temp folder."""
+    """``--watchdog FD COOKIE WORKER_PID TMPDIR``: wait for the runner (``$NSA_RUN_WATCHDOG_RUNNER``, its
+    parent) to die, then kill the stage's processes and remove its temp folder. The runner, done with the
+    stage, kills this process (``Watchdog.done``).
+
+    Round 16 A1: the runner's death was read from EOF on the pipe FD alone, and a stage (or a plugin's
+    import) that reopened the runner's end through ``/proc/<runner>/fd/N`` and handed it to a child kept
+    the pipe open: after a kill -9 of the runner, the stage's processes and this watchdog lived on (and a
+    survivor holding the run's owner lock made the dead run "RUNNING"). Now the runner itself is watched:
+    a pidfd of it (readable once it has ended), and its pid as this process's parent. The pipe brings the
+    processes the runner stopped (``Watchdog.tell``), killed here too."""
     import select
 
     import psutil
 
     fd, cookie, worker, tmpdir = int(argv[0]), argv[1], int(argv[2]), argv[3]
     _ignore_stops()
-    # the worker's tree, seen every half second: a descendant without the cookie (a daemon that
-    # cleared its environment) is still known when the runner and the worker die at once
+    runner = os.environ.get(RUNNER_ENV, "")
+    runner_pid = int(runner) if runner.isdigit() else os.getppid()
+    pidfd = _runner_pidfd(runner_pid)
+    os.set_blocking(fd, False)
+    # the worker's tree, seen at once and every half second: a descendant without the cookie (a daemon
+    # that cleared its environment) is still known when the runner and the worker die at once
     seen: dict[int, psutil.Process] = {}
+    told: set[tuple[int, int]] = set()
+    rest, pipe_open = b"", True
     while True:
-        try:
-            ready = select.select([fd], [], [], 0.5)[0]
-        except (OSError, ValueError):
-            ready = [fd]
-        if ready:
-            break
         try:
             seen.update((c.pid, c) for c in psutil.Process(worker).children(recursive=True))
         except psutil.Error:
             pass
-    try:
-        data = os.read(fd, 1)
-    except OSError:
-        data = b""
-    if data == b"d":
-        return 0
+        if os.getppid() != runner_pid:
+            break
+        watched = ([fd] if pipe_open else []) + ([pidfd] if pidfd is not None else [])
+        try:
+            ready = select.select(watched, [], [], 0.5)[0]
+        except (OSError, ValueError):
+            ready = []
+            time.sleep(0.5)
+        if fd in ready:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                data = None
+            except OSError:
+                data = b""
+            if data == b"":  # every writer closed it: the runner died (or one that cannot say so: no pidfd)
+                if pidfd is None:
+                    break
+                pipe_open = False
+            elif data:
+                rest = _told(rest + data, told)
+        if pidfd is not None and pidfd in ready:
+            break
+    while pipe_open:  # what the runner told before it died (it may have stopped processes meanwhile)
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        rest = _told(rest + data, told)
+    for pid, start in told:  # stopped by the runner: killed at once (a stopped process has no cleanup)
+        if pid != os.getpid() and _start_time(pid) == start:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     kill_processes(cookie, worker, grace_s=2.0)
     for p in seen.values():  # psutil checks the pid still names the same process (creation time)
         try:
@@ -836,7 +952,7 @@ def _spare(fd: int, flash: bool = False, fla: bool = False) -> list[str] | None:
     except Exception:  # noqa: BLE001
         cuda_started = True
     if cuda_started:  # a preload initialised CUDA: this process cannot fork its stage; a plain worker can
-        os.execv(sys.executable, [sys.executable, "-m", "nsa_runner._worker", job["job"], job["result"]])
+        os.execv(sys.executable, python_m("nsa_runner._worker", job["job"], job["result"]))
     return [job["job"], job["result"]]
 
 
