@@ -8,6 +8,9 @@ stage in an existing run folder, with where its old files were moved.
 Several nsa-run processes may write one manifest at once (``stage X`` and ``stage Y`` into one
 run, ``stage X`` during a oneshot): every change is made under a file lock (``filelock``, the
 hidden ``.manifest.lock`` of the run folder) on a fresh read of the file, so no record is lost.
+Each change also writes ``.manifest.json.good``, the same bytes: a manifest.json that is not that copy
+was written by something that did not hold the lock (a stage), and is kept aside and undone
+(``RunManifest._read_on_disk``).
 
 A rerun is transactional: ``set_aside`` moves the earlier result's files to ``history/`` but keeps
 its entry in ``stages`` and notes the move in ``pending``; only ``record`` of the new result
