@@ -155,6 +155,48 @@ def kernel_for(entry, case: Case):
     return call
 
 
+# ---- inputs an adapter's part may not change (round 16 B5) ------------------------------------
+# A part gets copies of the stage's inputs: the float64 reference, the next implementation and the
+# picture read tensors no part ever held. What a part did to its copies is compared with the originals
+# afterwards: a part that wrote into an input (a kernel using it as scratch) is that implementation's
+# FAIL naming the input, whatever its output.
+
+def handed(*inputs):
+    """A copy of each input for an adapter's part: ``clone`` keeps autograd (a gradient reaching the copy
+    flows on to the input; a leaf copy stays a leaf only where the caller makes it one)."""
+    return tuple(x.clone() for x in inputs)
+
+
+def _same(a, b) -> bool:
+    """Is ``b`` (what a part held) still bit for bit the input ``a``: class, shape, dtype, device, values
+    (NaN where NaN)? Read with no ``__torch_function__`` of a class the part may have given it."""
+    import torch
+
+    if type(b) is not torch.Tensor or torch._C._dispatch_keys(b).has(torch._C.DispatchKey.Python):
+        return False
+    if b.layout != a.layout or b.dtype != a.dtype or b.device != a.device or tuple(b.shape) != tuple(a.shape):
+        return False
+    a, b = a.detach(), b.detach()
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(torch.equal(a, b))
+
+
+def written(pairs) -> list[str]:
+    """Names of the inputs a part changed: ``pairs`` of (name, the input, the copy the part held)."""
+    import torch
+
+    with torch._C.DisableTorchFunctionSubclass():
+        return [name for name, a, b in pairs if not _same(a, b)]
+
+
+def written_text(who: str, names) -> str:
+    """``"<who> wrote into its input(s) a, b"``: the FAIL of a part that changed what it was given."""
+    names = list(names)
+    return (f"{who} wrote into its input{'s' if len(names) > 1 else ''} {', '.join(names)} (a part must leave "
+            "its inputs as it got them: the reference and the other implementations read the same tensors)")
+
+
 def preflight(ctx) -> StageResult | None:
     """SKIP when triton is missing or when a CPU run cannot use the interpreter."""
     if not triton_available():
@@ -273,7 +315,8 @@ def reference(q, k, v, block_idx, block_count, block_size, do=None):
 def run_matrix(ctx, which: str, measure) -> StageResult:
     """Run ``measure(case, device, seed) -> dict`` over the profile's cases; write CSV + txt.
 
-    ``measure`` returns the row's numbers (max_abs, rel_err, tol, ok, + extra columns). A case
+    ``measure`` returns the row's numbers (max_abs, rel_err, tol, ok, + extra columns; ``written``: the
+    names of the inputs the part changed, a FAIL naming them whatever the numbers). A case
     that raises becomes a row with status ERROR; any row not PASS makes the stage FAIL naming it.
     """
     import torch
@@ -295,6 +338,7 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     position = {c.id: i for i, c in enumerate(cases_for(ctx.profile))}
     entries = impl_entries(ctx)
     rows = []
+    wrote_rows: dict[int, str] = {}  # row number -> what its part did wrong besides its numbers (named in the FAIL)
     nan = float("nan")
     for entry in entries:
         impl = entry.impl
@@ -327,8 +371,12 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
             try:
                 with adapter_code():
                     m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))
-                status = "PASS" if m.pop("ok") else "FAIL"
+                wrote = m.pop("written", None)  # the inputs its part changed (round 16 B5): its FAIL
+                status = "PASS" if m.pop("ok") and not wrote else "FAIL"
                 row = {**base, **m, "status": status}
+                if wrote:
+                    wrote_rows[len(rows)] = written_text(f"{entry.name}'s selection_attention", wrote)
+                    row["note"] = "; ".join(filter(None, [wrote_rows[len(rows)], row.get("note")]))
             except BaseException as e:  # noqa: BLE001 - the kernel under test failed on this case
                 # SystemExit / GeneratorExit / its own KeyboardInterrupt of an adapter's part too, its text
                 # never trusted (round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
@@ -379,7 +427,8 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
                            hint="run on a CUDA GPU with --profile full")
     if len(bad):
         names_ = ", ".join(f"{label(r)} ({r.status}, rel_err={r.rel_err:.2e} tol={r.tol:.0e}"
-                           + (f": {r.note}" if r.status == "ERROR" and isinstance(r.note, str) else "") + ")"
+                           + (f": {r.note}" if r.status == "ERROR" and isinstance(r.note, str) else "")
+                           + (f": {wrote_rows[r.Index]}" if r.Index in wrote_rows else "") + ")"
                            for r in bad.itertuples())
         first = _seed.replay_command(ctx, stage, seed, cases=bad.case.iloc[0],
                                      impl=None if default_only else bad.impl.iloc[0])

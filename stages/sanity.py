@@ -12,7 +12,9 @@ replays it, which is also printed):
 - selection: block_idx/block_count structure (ascending, -1 padded, block 0 and the local
   blocks forced, nothing in the future), GQA consistency (permuting the heads of a group does
   not change its blocks; another group's queries do not affect them);
-- NSAAttention: forward + backward, right shapes, finite output and parameter gradients, causal.
+- NSAAttention: forward + backward, right shapes, finite output and parameter gradients, causal;
+- every part runs on copies of its inputs (the reference reads the originals): one that wrote into an
+  input is a failed check ``<part> inputs`` naming it.
 Shapes: tiny on the quick profile (CPU / CI), moderate on full (GPU).
 """
 
@@ -123,14 +125,20 @@ def _check_branch(c: _Checks, F, testing, branch, backend, s: Shape, cfg, gen, d
     # the selection every slc run uses: from independent queries / raw compression keys
     sel = F.select_blocks(sel_q.to(dtype), sel_k.to(dtype), cfg) if branch == "slc" else None
     name = label or f"{branch}/{backend}"
+    # the part runs on copies of its own, the reference on the originals (round 16 B5): one that wrote
+    # into an input (q, k, v, the selection, do in its backward) is a failed check naming it
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    o = _run_branch(F, branch, *leaves, sel, cfg, backend)
+    sel_part = None if sel is None else _parity.handed(*sel)
+    o = _run_branch(F, branch, *leaves, sel_part, cfg, backend)
     want = (s.B, s.T, s.HQ, s.dv)
     if not c.add(f"{name} shape", tuple(o.shape) == want, f"{tuple(o.shape)} (want {want})"):
+        _inputs_kept(c, name, _held(q, k, v, sel, leaves, sel_part))
         return
     c.add(f"{name} finite", bool(torch.isfinite(o).all()), f"{int((~torch.isfinite(o)).sum())} non-finite values")
     do = _rand(gen, *o.shape, device=device, dtype=dtype)
-    o.backward(do)
+    do_part = do.clone()
+    o.backward(do_part)
+    kept = _inputs_kept(c, name, _held(q, k, v, sel, leaves, sel_part) + [("do", do, do_part)])
     refs = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
     o_ref = _run_branch(F, branch, *refs, sel, cfg, "reference")
     o_ref.backward(do.to(torch.float64))
@@ -150,13 +158,36 @@ def _check_branch(c: _Checks, F, testing, branch, backend, s: Shape, cfg, gen, d
         k2, v2 = k.detach().clone(), v.detach().clone()
         k2[:, t0 + 1:] = _rand(gen, s.B, s.T - t0 - 1, s.G, s.dk, device=device, dtype=dtype)
         v2[:, t0 + 1:] = _rand(gen, s.B, s.T - t0 - 1, s.G, s.dv, device=device, dtype=dtype)
-        o1 = _run_branch(F, branch, q.detach(), k.detach(), v.detach(), sel, cfg, backend)
-        o2 = _run_branch(F, branch, q.detach(), k2, v2, sel, cfg, backend)
+        runs = []
+        for kk, vv in ((k.detach(), v.detach()), (k2, v2)):
+            mine = _parity.handed(q.detach(), kk, vv)
+            mine_sel = None if sel is None else _parity.handed(*sel)
+            runs.append(_run_branch(F, branch, *mine, mine_sel, cfg, backend))
+            if kept:  # one row naming what it wrote, not one per run
+                kept = _inputs_kept(c, name, _held(q, kk, vv, sel, mine, mine_sel))
+        o1, o2 = runs
         past = float((o1[:, : t0 + 1] - o2[:, : t0 + 1]).abs().max())
         future = float((o1[:, t0 + 1:] - o2[:, t0 + 1:]).abs().max())
     scale = float(o1.abs().max()) or 1.0
     c.add(f"{name} causal", past <= 1e-6 * scale and future > 0,
           f"t0={t0}: max change at t<=t0 {past:.1e}, after t0 {future:.1e} (must be 0 / > 0)")
+
+
+def _held(q, k, v, sel, mine, mine_sel) -> list:
+    """(name, input, the part's copy) of a branch call's inputs."""
+    pairs = list(zip(("q", "k", "v"), (q, k, v), mine, strict=True))
+    if sel is not None:
+        pairs += list(zip(("block_idx", "block_count"), sel, mine_sel, strict=True))
+    return pairs
+
+
+def _inputs_kept(c: _Checks, name: str, pairs, who: str | None = None) -> bool:
+    """False, after a failed check ``<name> inputs`` naming them, when the part changed any of the inputs it
+    was handed a copy of (round 16 B5: before, the reference read what it left there)."""
+    wrote = _parity.written(pairs)
+    if wrote:
+        c.add(f"{name} inputs", False, _parity.written_text(who or name, wrote))
+    return not wrote
 
 
 def _check_selection(c: _Checks, F, s: Shape, cfg, gen, device):
@@ -336,14 +367,21 @@ def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, d
     gates = torch.rand(B, T, HQ, 3, generator=gen).to(device=device, dtype=dtype)
     gates[..., 2] = 0  # window branch off (see SHARED)
     name = f"{impl.name} nsa_attention (shared K/V, window gate 0)"
+    who = f"{impl.name}'s nsa_attention"
+    # copies of its own (round 16 B5): the reference reads q, k, v, gates, do as they were made
     qq, kk, vv = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    o = plain_tensor(impl.parts["nsa_attention"](qq, kk, vv, kk, vv, kk, vv, gates, cfg),
+    (gates_part,) = _parity.handed(gates)
+    held = [("q", q, qq), ("k", k, kk), ("v", v, vv), ("gates", gates, gates_part)]
+    o = plain_tensor(impl.parts["nsa_attention"](qq, kk, vv, kk, vv, kk, vv, gates_part, cfg),
                      f"{impl.name}'s nsa_attention output", view=True)  # round 15 B-R3
     want = (B, T, HQ, v.shape[-1])
     if not c.add(f"{name} shape", tuple(o.shape) == want, f"{tuple(o.shape)} (want {want}) [{shape}]"):
+        _inputs_kept(c, name, held, who)
         return
     do = _rand(gen, *o.shape, device=device, dtype=dtype)
-    o.backward(do)
+    do_part = do.clone()
+    o.backward(do_part)
+    _inputs_kept(c, name, held + [("do", do, do_part)], who)
     r = [x.detach().to(torch.float64).requires_grad_(True) for x in (q, k, v)]
     phi = stored_mean(dtype)  # compressed keys/values as a `dtype` pipeline holds them (see there)
     ref = F.nsa_attention(r[0], r[1], r[2], r[1], r[2], r[1], r[2], gates.to(torch.float64), cfg, "reference",
@@ -365,7 +403,9 @@ def _select_vs_reference(c: _Checks, impl, F, q, k, cfg, shape):
     (t, group) row accepted only as a near-tie (DESIGN §7: the two sets' reference scores within 1e-5)."""
     from .selection_map import against_reference, check_selection
 
-    got = impl.parts["select"](q, k, cfg)
+    mine = _parity.handed(q, k)  # its own copies: the reference below reads the originals (round 16 B5)
+    got = impl.parts["select"](*mine, cfg)
+    _inputs_kept(c, f"{impl.name} select", zip(("q", "k_cmp"), (q, k), mine, strict=True), f"{impl.name}'s select")
     if type(got) not in (tuple, list) or len(got) != 2:
         raise BadOutput(f"{impl.name}'s select returned a {type_name(got)}, want (block_idx, block_count)")
     idx, cnt = (plain_tensor(x, f"{impl.name}'s select {w}", integer=True)  # round 15 B-R3

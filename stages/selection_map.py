@@ -15,7 +15,8 @@ this run's device, and writes:
 
 Checks over every (b, t, g) — FAIL when one does not hold: ``block_count == min(n, t // l' + 1)``;
 the first ``count`` ids are ascending, unique, in ``0..t // l'`` (causal); the rest are -1; the
-forced blocks (0, t // l', t // l' - 1 when >= 0) are among them.
+forced blocks (0, t // l', t // l' - 1 when >= 0) are among them. Each implementation's ``select`` gets
+a copy of the sample; one that wrote into it FAILs naming the input.
 Shapes: T = 2048 with the paper config (l=32, d=16, l'=64, n=16; HQ=64, G=4, dk=192) on CUDA;
 T = 512 with a small config (l=16, d=8, l'=32, n=6; HQ=4, G=2, dk=32) on CPU.
 """
@@ -312,11 +313,11 @@ class SelectionMap(Stage):
         replay = seeds.announce(ctx, self.name, seed, T=ctx.options.get("T"),
                                 impl=impl_text if impl_text not in (None, "nsa_core") else None)
         entries = _parity.impl_entries(ctx)
-        runs, others, skips = self._per_impl(entries, q, k, cfg, ctx.device)
+        runs, others, skips, wrote = self._per_impl(entries, q, k, cfg, ctx.device)
         for name, why in skips:
             print(f"[SKIP] {name}: {why}", flush=True)
         if not runs:
-            failed = [f"{n}: {why}" for n, why, broken in others if broken]
+            failed = [f"{n}: {why}" for n, why in wrote] + [f"{n}: {why}" for n, why, broken in others if broken]
             if failed:
                 return StageResult(Status.FAIL, "; ".join(failed)[:1000])
             return StageResult(Status.SKIP, "no implementation's select runs on this sample: "
@@ -335,6 +336,9 @@ class SelectionMap(Stage):
             checks.append({"check": f"{name}: same blocks as the float64 reference", "ok": d["ok"],
                            "violations": d["differ"] - d["near_ties"], "detail": d["detail"]})
         checks += [{"check": f"{n}: select", "ok": False, "violations": 1, "detail": why} for n, why, _ in others]
+        # first: a select that wrote into the sample is that implementation's FAIL whatever it returned (B5)
+        checks = [{"check": f"{n}: select inputs", "ok": False, "violations": 1, "detail": why}
+                  for n, why in wrote] + checks
         for c in checks:
             print(f"[{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}", flush=True)
         lines = jsonl_lines(block_idx, block_count, cfg)
@@ -367,8 +371,10 @@ class SelectionMap(Stage):
     @staticmethod
     def _per_impl(entries, q, k, cfg, device):
         """Run each implementation's ``select`` on the sample: (runs [(name, idx, cnt)], failures
-        [(name, why, broken)], skips [(name, why)]). A part that raises or returns the wrong shapes is a
-        failure naming it; a sample outside its constraints is a skip naming the constraint."""
+        [(name, why, broken)], skips [(name, why)], wrote [(name, why)]). A part that raises or returns the
+        wrong shapes is a failure naming it; a sample outside its constraints is a skip naming the constraint.
+        Each part gets copies of q, k of its own (the reference, the next implementation and the picture read
+        the sample itself); one that wrote into them is in ``wrote`` naming the inputs (round 16 B5)."""
         import torch
 
         from nsa_runner.impls import Case
@@ -376,7 +382,7 @@ class SelectionMap(Stage):
         B, T, HQ, dk = q.shape
         G = k.shape[2]
         case = Case(B=B, T=T, HQ=HQ, G=G, dk=dk, dv=dk, dtype="fp32", device=device, cfg=cfg)
-        runs, others, skips = [], [], []
+        runs, others, skips, wrote = [], [], [], []
         for e in entries:
             if e.impl is None:
                 others.append((e.name, f"broken adapter: {e.error}", True))
@@ -391,7 +397,11 @@ class SelectionMap(Stage):
                 continue
             try:  # any BaseException of its code is its failure (round 13 B5); a real SIGINT stops the stage
                 with adapter_code():
-                    got = e.impl.parts["select"](q, k, cfg)
+                    mine = _parity.handed(q, k)
+                    got = e.impl.parts["select"](*mine, cfg)
+                    names = _parity.written(zip(("q", "k_cmp"), (q, k), mine, strict=True))
+                    if names:
+                        wrote.append((e.name, _parity.written_text(f"{e.name}'s select", names)))
                     idx, cnt = got if type(got) in (tuple, list) and len(got) == 2 else (got, None)
                     if not (isinstance(idx, torch.Tensor) and isinstance(cnt, torch.Tensor)):
                         others.append((e.name, f"select returned {type_name(got)}, want (block_idx, block_count) "
@@ -413,4 +423,4 @@ class SelectionMap(Stage):
                                        f"{(B, T, G, cfg.n_sel)} / {(B, T, G)}", True))
                 continue
             runs.append((e.name, idx, cnt))
-        return runs, others, skips
+        return runs, others, skips, wrote
