@@ -43,6 +43,7 @@ from nsa_runner._readers import (
     read_bytes_checked,
     spread_columns,
 )
+from nsa_runner._text import BIDI
 from nsa_runner.artifacts import now_iso, unfinished, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
@@ -346,8 +347,9 @@ def _pos(v: Any) -> bool:
 
 
 # ANSI escape sequences and control characters (a log tail's colours, a stray BEL or NUL): never
-# meaningful in a page and not allowed in HTML text, so they are removed before escaping.
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# meaningful in a page and not allowed in HTML text, so they are removed before escaping; so are the Unicode
+# bidi controls (_text.BIDI: they reorder what is shown after them), as in the terminal, summary.md, junit.xml.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f" + BIDI + "]")
 
 
 def _e(v: Any) -> str:

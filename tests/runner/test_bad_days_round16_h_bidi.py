@@ -61,6 +61,8 @@ def test_bidi_controls_are_not_in_summary_md_or_junit_xml(tmp_path):
     junit = (run / "junit.xml").read_text()
     assert not bidi.search(md), [c for c in md if bidi.match(c)]
     assert not bidi.search(junit), [c for c in junit if bidi.match(c)]
+    page = (run / "report.html").read_text()  # report.html's text too (its own escaping, report._CONTROL)
+    assert "SSAP LIAF y" in page and not bidi.search(page), [c for c in page if bidi.match(c)]
     assert "SSAP LIAF y" in md and "%E2%80%AE" in md  # the text shown, the link to r\u202eb.txt kept
     assert "SSAP LIAF y" in junit
     root = ET.fromstring(junit)
