@@ -21,6 +21,7 @@ as broken; a part that raises or returns the wrong shape is that case's ERROR / 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 import threading
@@ -279,14 +280,76 @@ def _torch_state(torch) -> dict:
             "threads": torch.get_num_threads(), "matmul": torch.get_float32_matmul_precision(),
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
-            "device": device_mod.CURRENT_DEVICE}
+            "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch)}
+
+
+# round 17 a1: torch dispatch modes (a TorchDispatchMode entered and never left sees, and may change, every op of
+# the next implementation and of the reference), the random generators' states (torch's CPU and CUDA ones,
+# `random`'s, numpy's) and os.environ an adapter left changed are put back too.
+_DISPATCH_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
+                   "_is_in_any_mode_without_ignore_compile_internals")
+
+
+def _dispatch_state(torch) -> dict:
+    """torch's dispatch-mode stack (infra modes first, as torch lists them) and python_dispatch's flags."""
+    import torch.utils._python_dispatch as pd
+
+    n = torch._C._len_torch_dispatch_stack()
+    return {"dispatch": [torch._C._get_dispatch_stack_at(i) for i in range(n)],
+            "dispatch_flags": tuple(getattr(pd, f, None) for f in _DISPATCH_FLAGS)}
+
+
+def _torch_rng(torch) -> tuple | None:
+    """(torch's CPU generator state, each CUDA device's where CUDA is initialised) or None; never raises."""
+    try:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return torch.get_rng_state(), cuda
+    except Exception:  # noqa: BLE001 - not readable (a broken CUDA context): not put back
+        return None
+
+
+def _same_rng(a: tuple | None, b: tuple | None, torch) -> bool:
+    if a is None or b is None:
+        return True  # one side not readable: nothing to put back
+    try:
+        if not torch.equal(a[0], b[0]):
+            return False
+        if a[1] is None or b[1] is None:  # CUDA initialised meanwhile: its generators are torch's own
+            return True
+        return len(a[1]) == len(b[1]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+    except Exception:  # noqa: BLE001 - not comparable: put back
+        return False
+
+
+def _set_rng(torch, saved: tuple) -> None:
+    torch.set_rng_state(saved[0])
+    if saved[1] is not None:
+        torch.cuda.set_rng_state_all(saved[1])
+
+
+def _numpy_rng():
+    """numpy's global RandomState state where numpy is imported (never imported here), else None."""
+    np = sys.modules.get("numpy")
+    try:
+        return np.random.get_state() if np is not None else None
+    except Exception:  # noqa: BLE001 - a partly imported numpy
+        return None
+
+
+def _same_numpy(a, b) -> bool:
+    if a is None or b is None:
+        return True
+    try:
+        return a[0] == b[0] and bool((a[1] == b[1]).all()) and tuple(a[2:]) == tuple(b[2:])
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _torch_defaults(torch) -> dict:
     """torch's own state after its import (where torch was first imported by the adapter's code)."""
     return {"grad": True, "inference": False, "dtype": torch.float32, "deterministic": (False, False),
             "anomaly": (False, True), "threads": None, "matmul": "highest", "modes": [], "device_context": None,
-            "device": None}
+            "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None}
 
 
 def _saved_state() -> dict:
@@ -305,6 +368,9 @@ def _saved_state() -> dict:
         if hasattr(signal, "pthread_sigmask"):
             state["mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         state["timers"] = {t: signal.getitimer(t) for t in _TIMERS}
+        state["environ"] = (os.environ, dict(os.environ))
+        state["random"] = random.getstate()
+        state["numpy"] = _numpy_rng()
         torch = sys.modules.get("torch")
         state["torch"] = _torch_state(torch) if torch is not None and hasattr(torch, "_C") else None
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
@@ -360,6 +426,12 @@ def _restore_state(state: dict) -> None:
             moved = True
         if moved:
             put("the working directory", os.chdir, state["cwd"])
+    if "environ" in state:
+        _restore_environ(*state["environ"], put)
+    if "random" in state and random.getstate() != state["random"]:
+        put("the random module's generator state", random.setstate, state["random"])
+    if state.get("numpy") is not None and not _same_numpy(_numpy_rng(), state["numpy"]):
+        put("numpy's random state", sys.modules["numpy"].random.set_state, state["numpy"])
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "_C") and "torch" in state:  # None: torch was not imported yet
         _restore_torch(torch, state["torch"] or _torch_defaults(torch), put)
@@ -369,6 +441,30 @@ def _restore_state(state: dict) -> None:
                   "(the next one runs in the runner's own state)", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - the log is gone: nothing to say it in
             pass
+
+
+def _restore_environ(environ, saved: dict, put) -> None:
+    """os.environ as it was: the same object (one assigned over it put back), its variables (set and unset
+    through it, so the process's environment, which child processes and C libraries read, follows)."""
+    if os.environ is not environ:
+        put("os.environ (replaced)", setattr, os, "environ", environ)
+    try:
+        now = dict(os.environ)
+    except Exception:  # noqa: BLE001
+        return
+    if now == saved:
+        return
+
+    def back():
+        for k in now:
+            if k not in saved:
+                del os.environ[k]
+        for k, v in saved.items():
+            if now.get(k) != v:
+                os.environ[k] = v
+
+    put("os.environ (" + ", ".join(clip(k, 60) for k in sorted(set(now) ^ set(saved) | {
+        k for k in saved if k in now and now[k] != saved[k]})[:5]) + ")", back)
 
 
 def _restore_torch(torch, saved: dict, put) -> None:
@@ -391,6 +487,25 @@ def _restore_torch(torch, saved: dict, put) -> None:
             device_mod.CURRENT_DEVICE = saved["device"]
 
         put("torch's function modes / default device", modes)
+    if [id(m) for m in now["dispatch"]] != [id(m) for m in saved["dispatch"]] \
+            or now["dispatch_flags"] != saved["dispatch_flags"]:
+        def dispatch():  # torch dispatch modes (a TorchDispatchMode entered, never left) exactly as they were
+            import torch.utils._python_dispatch as pd
+
+            while torch._C._len_torch_dispatch_stack():
+                torch._C._pop_torch_dispatch_stack(None)
+            for m in saved["dispatch"]:
+                torch._C._push_on_torch_dispatch_stack(m)
+            for f, v in zip(_DISPATCH_FLAGS, saved["dispatch_flags"], strict=True):
+                if v is not None and hasattr(pd, f):
+                    setattr(pd, f, v)
+            flag = saved["dispatch_flags"][2]
+            if flag is not None and hasattr(pd, "set_is_in_mode_without_ignore_compile_internals"):
+                pd.set_is_in_mode_without_ignore_compile_internals(flag)
+
+        put("torch's dispatch modes", dispatch)
+    if saved["rng"] is not None and not _same_rng(now["rng"], saved["rng"], torch):
+        put("torch's random generator state", _set_rng, torch, saved["rng"])
     if now["inference"] != saved["inference"]:
         put("torch's inference mode", lambda: _HELD.append(torch._C._InferenceMode(saved["inference"])))
     if now["grad"] != saved["grad"] or torch.is_grad_enabled() != saved["grad"]:
