@@ -147,7 +147,7 @@ def kernel_for(entry, case: Case):
         # a plain tensor (its autograd history kept for triton-bwd), made in the stage's guard: an adapter's
         # Tensor subclass never reaches the code after it (round 15 B-R3)
         return plain_tensor(part(q, k, v, block_idx, block_count, cfg), f"{entry.name}'s selection_attention output",
-                            view=True)
+                            view=True, dtype=q.dtype)  # o in q's dtype (round 17 a2)
 
     c = entry.impl.constraints
     call.tf32 = bool(getattr(c, "fp32_dots_tf32", False))  # what the measure functions check against

@@ -272,25 +272,25 @@ class _ImplF:
     def select_blocks(self, q, k, cfg):
         return self.F.select_blocks(q, k, cfg)
 
-    def _out(self, part: str, o):
-        """What the part returned, a plain tensor (its autograd history kept): made inside the check's
-        guard, nothing of an adapter's Tensor subclass runs after it (round 15 B-R3)."""
-        return plain_tensor(o, f"{self.impl.name}'s {part} output", view=True)
+    def _out(self, part: str, o, q):
+        """What the part returned, a plain tensor (its autograd history kept) in q's dtype (round 17 a2): made
+        inside the check's guard, nothing of an adapter's Tensor subclass runs after it (round 15 B-R3)."""
+        return plain_tensor(o, f"{self.impl.name}'s {part} output", view=True, dtype=q.dtype)
 
     def compressed_attention(self, q, k, v, cfg, backend):
         if backend == "reference":
             return self.F.compressed_attention(q, k, v, cfg, "reference")
-        return self._out("compressed_attention", self.impl.parts["compressed_attention"](q, k, v, cfg))
+        return self._out("compressed_attention", self.impl.parts["compressed_attention"](q, k, v, cfg), q)
 
     def selection_attention(self, q, k, v, idx, cnt, cfg, backend):
         if backend == "reference":
             return self.F.selection_attention(q, k, v, idx, cnt, cfg, "reference")
-        return self._out("selection_attention", self.impl.parts["selection_attention"](q, k, v, idx, cnt, cfg))
+        return self._out("selection_attention", self.impl.parts["selection_attention"](q, k, v, idx, cnt, cfg), q)
 
     def sliding_attention(self, q, k, v, cfg, backend):
         if backend == "reference":
             return self.F.sliding_attention(q, k, v, cfg, "reference")
-        return self._out("sliding_attention", self.impl.parts["sliding_attention"](q, k, v, cfg))
+        return self._out("sliding_attention", self.impl.parts["sliding_attention"](q, k, v, cfg), q)
 
 
 def _impl_case(s: Shape, cfg, device: str, dtype: str, **flags):
@@ -373,7 +373,7 @@ def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, d
     (gates_part,) = _parity.handed(gates)
     held = [("q", q, qq), ("k", k, kk), ("v", v, vv), ("gates", gates, gates_part)]
     o = plain_tensor(impl.parts["nsa_attention"](qq, kk, vv, kk, vv, kk, vv, gates_part, cfg),
-                     f"{impl.name}'s nsa_attention output", view=True)  # round 15 B-R3
+                     f"{impl.name}'s nsa_attention output", view=True, dtype=q.dtype)  # round 15 B-R3, 17 a2
     want = (B, T, HQ, v.shape[-1])
     if not c.add(f"{name} shape", tuple(o.shape) == want, f"{tuple(o.shape)} (want {want}) [{shape}]"):
         _inputs_kept(c, name, held, who)

@@ -899,12 +899,13 @@ def _integer_dtypes(torch) -> tuple:
 
 
 def plain_tensor(value: Any, what: str, *, shape: tuple | None = None, integer: bool = False,
-                 view: bool = False):
+                 view: bool = False, dtype: Any = None):
     """``value`` (what an adapter's part returned) as a plain, dense ``torch.Tensor``: a subclass is viewed
     as ``torch.Tensor`` with no ``__torch_function__`` of its class running (its data shared, its autograd
     history kept); a subclass that dispatches to Python (``__torch_dispatch__``), a sparse / nested / meta
-    tensor, a dtype not of the expected kind (``integer``: an integer dtype, else a floating one) or
-    ``shape`` (when given) not matched raise :class:`BadOutput` naming ``what``. Without ``view`` the
+    tensor, a dtype not of the expected kind (``integer``: an integer dtype, else a floating one), not
+    ``dtype`` (when given: an output is in its q's dtype, the case's) or ``shape`` (when given) not matched
+    raise :class:`BadOutput` naming ``what``. Without ``view`` the
     result is a detached copy of its own. Call it inside the adapter guard: the checks read the tensor."""
     import torch
 
@@ -925,6 +926,10 @@ def plain_tensor(value: Any, what: str, *, shape: tuple | None = None, integer: 
         want = f"an integer dtype ({', '.join(str(d) for d in _integer_dtypes(torch))})" if integer \
             else "a floating dtype"
         raise BadOutput(f"{what} has dtype {t.dtype}, want {want}")
+    # round 17 a2 (round 16 U6): a float64 (or float16) output for a float32 case was compared at the case's
+    # tolerance and PASSed: the contract is "o in q's dtype" (DECODE_STEP; every part's output as its inputs')
+    if dtype is not None and t.dtype != dtype:
+        raise BadOutput(f"{what} has dtype {t.dtype}, want {dtype} (the case's dtype: a part returns o in q's dtype)")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise BadOutput(f"{what} has shape {tuple(t.shape)}, want {tuple(shape)}")
     return t if view else t.detach().clone()
