@@ -500,8 +500,16 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[list[dict], list
 
 # ---- an implementation's decode_step (nsa_runner.impls.DECODE_STEP) -------------------------------
 
-def _step_result(out, B: int, HQ: int, G: int, dv: int, n: int):
-    """The step's (o, block_idx, block_count), shapes checked; ValueError naming what is wrong."""
+CONTEXT_NAMES = ("k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win")  # decode_step's inputs (DECODE_STEP)
+STEP_NAMES = ("q", *CONTEXT_NAMES, "gates")  # a step's (after t)
+
+
+def _step_result(out, B: int, HQ: int, G: int, dv: int, n: int, dtype=None):
+    """The step's (o, block_idx, block_count), shapes checked, o in q's ``dtype`` (round 17 a2: DECODE_STEP's
+    "o in q's dtype"; a float64 o was compared at the case's tolerance); ValueError / BadOutput naming what is
+    wrong."""
+    from nsa_runner.impls import BadOutput
+
     if not isinstance(out, (tuple, list)) or len(out) != 3:
         raise ValueError(f"step must return (o, block_idx, block_count), got {type(out).__name__}"
                          + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
@@ -509,6 +517,9 @@ def _step_result(out, B: int, HQ: int, G: int, dv: int, n: int):
     for what, x, want in (("o", o, (B, 1, HQ, dv)), ("block_idx", idx, (B, 1, G, n)), ("block_count", cnt, (B, 1, G))):
         if tuple(getattr(x, "shape", ())) != want:
             raise ValueError(f"step returned {what} of shape {tuple(getattr(x, 'shape', ()))}, expected {list(want)}")
+    if dtype is not None and getattr(o, "dtype", None) != dtype:
+        raise BadOutput(f"step returned o of dtype {getattr(o, 'dtype', None)}, want {dtype} (the case's dtype: "
+                        "o in q's dtype)")
     return o, idx, cnt
 
 
@@ -584,10 +595,13 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
     cfg = NSAConfig(**o["nsa"])
     G, h = o["groups"], o["heads_per_group"]
     HQ, dk, dv, dim = G * h, o["dk"], o["dv"], o["dim"]
-    torch.manual_seed(o["seed"] + S * 131 + B)
     gen = torch.Generator(device=device).manual_seed(o["seed"] + S + 7 * B)
-    with torch.device(device):  # weights made and initialised there (on the host: ~0.23 s a build at dim 4096)
-        m = NSAAttention(dim, HQ, G, dk, dv, cfg).to(dtype=dtype).eval()
+    # the layer's weights from the seed nsa_core's point uses, in a fork of the global generators: this runs in the
+    # adapter guard, which puts back the generators' states (round 17 a1) and would name this reseed as the adapter's
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(o["seed"] + S * 131 + B)
+        with torch.device(device):  # weights made and initialised there (on the host: ~0.23 s a build at dim 4096)
+            m = NSAAttention(dim, HQ, G, dk, dv, cfg).to(dtype=dtype).eval()
     fill = o["fill"] if o["fill"] != "auto" else ("prefill" if S <= PREFILL_MAX_S else "random")
     k = min(cfg.d, S - 1)
     t0 = S - k
@@ -606,15 +620,24 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
     ref.fill_(*context, F.compress(context[0].double(), cfg), F.compress(context[1].double(), cfg))  # float64 copy
     kf = torch.cat([context[2], new.k_sel], 1).transpose(1, 2).contiguous()  # [B, G, S, dk]: the baseline's keys
     vf = torch.cat([context[3], new.v_sel], 1).transpose(1, 2).contiguous()
-    step = impl.parts["decode_step"](*context, cfg, S)
-    del context
+    # copies of its own (round 17 a3, as the parity stages since round 16 B5): made here, before any timing; a
+    # write into them is its FAIL naming the input, and never reaches the reference's or the baselines' tensors
+    given = _parity.handed(*context)
+    step = impl.parts["decode_step"](*given, cfg, S)
+    wrote = dict.fromkeys(_parity.written(zip(CONTEXT_NAMES, context, given, strict=True)))
+    if wrote:
+        problems.append(f"{tag}: " + _parity.written_text(f"{impl.name}'s decode_step", wrote))
+    del context, given
+    wrote = {}
     worst, sel = None, {"rows": 0, "bad": 0, "differ": 0, "ties": 0, "first": ""}
     band = tolerance(dtype)
     reads = {}
     for i in range(k):
         t = t0 + i
         args = (new.q[:, i:i + 1], *(x[:, i:i + 1] for x in branch), new.gates[:, i:i + 1])
-        y, idx, cnt = _step_result(step(t, *args), B, HQ, G, dv, cfg.n_sel)
+        mine = _parity.handed(*args)
+        y, idx, cnt = _step_result(step(t, *mine), B, HQ, G, dv, cfg.n_sel, dtype)
+        wrote.update(dict.fromkeys(_parity.written(zip(STEP_NAMES, args, mine, strict=True))))
         idx, cnt = idx.to(device), cnt.to(device)
         with torch.no_grad():
             ref.append_(*(x[:, i].double() for x in branch))
@@ -643,6 +666,8 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
                                     f"{sorted(set(r[key].flatten().tolist()))} != formula {want[key]} in "
                                     f"{int(off.sum())} of {off.numel()} (b, group)")
             reads = {key: int(r[key].max()) for key in r}
+    if wrote:
+        problems.append(f"{tag}: " + _parity.written_text(f"{impl.name}'s step", wrote))
     if sel["bad"]:
         problems.append(f"{tag}: {sel['bad']} malformed selection row(s) (ids ascending in 0..t//l', -1 after "
                         f"block_count): {sel['first']}")
@@ -655,7 +680,8 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
         f"{sel['rows']} rows as the reference ({sel['ties']} near-ties)")
 
     # -- timing: the step at t = S-1 again (it overwrites token S-1) vs the full-attention baselines --
-    last = (new.q[:, k - 1:k], *(x[:, k - 1:k] for x in branch), new.gates[:, k - 1:k])
+    ours = (new.q[:, k - 1:k], *(x[:, k - 1:k] for x in branch), new.gates[:, k - 1:k])
+    last = _parity.handed(*ours)  # its copies, made once outside the timed calls (every timed step reuses them)
     outs: dict = {}
     scale = 1.0 / dk ** 0.5
     with torch.no_grad():
@@ -680,6 +706,9 @@ def measure_impl(S: int, B: int, o: dict, device: str, log, impl) -> tuple[dict,
             if not bool(torch.isfinite(v).all()):
                 problems.append(f"{tag}: non-finite output of '{name}'")
         full_ms, full_name, by_kind, full_rel = _fastest_full(ms, full_err, failed, tried, tag, problems)
+    timed_wrote = _parity.written(zip(STEP_NAMES, ours, last, strict=True))  # after the timing: nothing timed more
+    if timed_wrote:
+        problems.append(f"{tag}: " + _parity.written_text(f"{impl.name}'s step (timed at t={S - 1})", timed_wrote))
     log(f"{tag}: full-attention baselines: " + "; ".join(tried))
     es = torch.empty((), dtype=dtype).element_size()
     total = sum(reads.values()) if reads else 0

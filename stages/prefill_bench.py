@@ -73,7 +73,7 @@ import traceback
 from types import SimpleNamespace
 
 from nsa_runner.artifacts import now_iso, write_csv, write_text
-from nsa_runner.impls import adapter_code, adapter_failed, describe_failure
+from nsa_runner.impls import adapter_code, adapter_failed, describe_failure, plain_tensor
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
 
 from . import _parity
@@ -462,11 +462,19 @@ def peer_excluded(impl, *dims) -> str | None:
     return None if why2 is None else f"{why}; its comparable variant: {why2.removeprefix(impl.name + ': ')}"
 
 
+INPUT_NAMES = ("q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "gates")
+
+
 def impl_fns(entry, ins, do, cfg, device: str, dtype: str):
-    """(fwd, fwd+bwd, note) for an implementation's ``nsa_attention`` through its adapter
+    """(fwd, fwd+bwd, note, wrote) for an implementation's ``nsa_attention`` through its adapter
     (``nsa_runner.impls``; fla's: ``nsa_runner/impls/fla.py``). Our exact workload when its
     constraints allow it; else its comparable variant (one K/V for every branch, l = d = l', window
-    gate 0), said in the note: NOT the same computation. ValueError naming why neither runs."""
+    gate 0), said in the note: NOT the same computation. ValueError naming why neither runs.
+
+    The adapter gets copies of ``ins`` (round 17 a3, as the parity stages since round 16 B5: its writes
+    never reach the stage's tensors, which the next implementation and the baselines read), made once
+    here, before any timing: every timed call reuses them, so no copy is timed. ``wrote()`` names the
+    inputs its calls changed so far (its FAIL)."""
     import torch
 
     impl = entry.impl
@@ -474,9 +482,12 @@ def impl_fns(entry, ins, do, cfg, device: str, dtype: str):
     dims = (q.shape[0], q.shape[1], q.shape[2], ks.shape[2], q.shape[3], vs.shape[3], cfg, device, dtype)
     exact, variant, var_cfg = _peer_cases(*dims)
     why = impl.excluded(exact, "nsa_attention")
+    do_ = do.detach().clone()  # its backward's gradient in: a copy too (round 16 B5's do.zero_())
     if why is None:
-        leaves = [x.detach().requires_grad_(True) for x in (q, kc, vc, ks, vs, kw, vw)]
-        args, run_cfg = (*leaves, gates), cfg
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, kc, vc, ks, vs, kw, vw)]
+        (g,) = _parity.handed(gates.detach())
+        args, run_cfg = (*leaves, g), cfg
+        held = [*zip(INPUT_NAMES, ins, (*leaves, g), strict=True), ("do", do, do_)]
         note = f"{entry.name} nsa_attention through its adapter: the same workload"
     else:
         miss = peer_excluded(impl, *dims)
@@ -484,8 +495,10 @@ def impl_fns(entry, ins, do, cfg, device: str, dtype: str):
             raise ValueError(miss)
         g = gates.detach().clone()
         g[..., 2] = 0
-        leaves = [x.detach().requires_grad_(True) for x in (q, ks, vs)]
+        want = g.clone()  # what it must still be: the variant's gates
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, ks, vs)]
         args, run_cfg = (leaves[0], leaves[1], leaves[2], leaves[1], leaves[2], leaves[1], leaves[2], g), var_cfg
+        held = [("q", q, leaves[0]), ("k", ks, leaves[1]), ("v", vs, leaves[2]), ("gates", want, g), ("do", do, do_)]
         note = (f"{entry.name} nsa_attention through its adapter, its comparable variant (NOT the same workload: "
                 f"one K/V for every branch, l = d = l' = {var_cfg.l_sel}, n = {var_cfg.n_sel}, window off) as {why}")
     part = impl.parts["nsa_attention"]
@@ -498,16 +511,23 @@ def impl_fns(entry, ins, do, cfg, device: str, dtype: str):
             call()
 
     def fwdbwd():
-        torch.autograd.grad(call(), leaves, do)
+        torch.autograd.grad(call(), leaves, do_)
+
+    def wrote() -> list[str]:
+        return _parity.written(held)
 
     with torch.no_grad():
         out = call()
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(do.shape):
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"{entry.name} nsa_attention returned shape {got}, want {tuple(do.shape)}")
+    if wrote():  # before its output is judged: a kernel using an input as scratch, whatever it returned
+        raise _Wrote(_parity.written_text(f"{entry.name}'s nsa_attention", wrote()))
+    out = plain_tensor(out, f"{entry.name}'s nsa_attention output", shape=tuple(do.shape), dtype=q.dtype)
     if not bool(torch.isfinite(out).all()):
         raise RuntimeError(f"{entry.name} nsa_attention returned non-finite values")
-    return fwd, fwdbwd, note
+    return fwd, fwdbwd, note, wrote
+
+
+class _Wrote(Exception):
+    """An implementation wrote into its inputs (round 17 a3): its FAIL, not a warning."""
 
 
 def full_paths(device: str, wanted) -> list[tuple[str, str]]:
@@ -751,9 +771,15 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
             continue
         try:
             with adapter_code():
-                fwd, fwdbwd, note = impl_fns(entry, ins, do, cfg, device, o["dtype"])
+                fwd, fwdbwd, note, wrote = impl_fns(entry, ins, do, cfg, device, o["dtype"])
                 for pas in o["passes"]:
                     row(entry.name, "whole", pas, timing.bench(fwd if pas == "fwd" else fwdbwd, **tk), note=note)
+                    if wrote():  # in a timed call (its copies, checked after the timing: nothing timed more)
+                        raise _Wrote(_parity.written_text(f"{entry.name}'s nsa_attention", wrote()))
+        except _Wrote as e:  # round 17 a3: its FAIL naming the input; its timing rows dropped
+            rows[:] = [r for r in rows if r["path"] != entry.name]
+            problems.append(f"T={T} {e}")
+            log(f"[FAIL] T={T} {e}")
         except BaseException as e:  # noqa: BLE001 - its adapter's code: SystemExit / GeneratorExit / its own
             # KeyboardInterrupt too, its text never trusted (round 13 B5); a real SIGINT stops the stage
             adapter_failed(e)

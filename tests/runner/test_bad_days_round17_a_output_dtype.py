@@ -61,3 +61,44 @@ def test_an_output_not_in_the_case_dtype_is_the_adapters_bad_output(plugins, tmp
     assert rows["wide"]["status"] in ("FAIL", "ERROR"), rows["wide"]
     assert f"has dtype torch.{to}, want torch.float32" in rows["wide"]["note"], rows["wide"]
 
+
+WIDE_STEP = '''
+import torch
+from nsa_runner.impls import Impl
+from nsa_runner.impls.nsa_core import make
+
+_core = make().parts
+
+
+def decode_step(*context_cfg_capacity):
+    inner = _core["decode_step"](*context_cfg_capacity)
+
+    def step(t, *args):
+        o, idx, cnt = inner(t, *args)
+        return o.double(), idx, cnt  # right values, float64
+
+    return step
+
+
+def widestep():
+    return Impl("widestep", {"decode_step": decode_step})
+'''
+
+
+def test_decode_bench_a_step_output_not_in_qs_dtype_is_its_error_row(plugins, tmp_path):
+    (plugins.site / "r17a_widestep.py").write_text(WIDE_STEP)
+    info = plugins.site / "r17a_widestep-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: r17a-widestep\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nwidestep = r17a_widestep:widestep\n")
+    out = tmp_path / "o"
+    r = subprocess.run([sys.executable, "-c", MAIN, "stage", "decode-bench", "--impl", "nsa_core,widestep", "--S-list",
+                        "256", "--batch-list", "1", "--iters", "2", "--warmup", "1", "--device", "cpu", "--out",
+                        str(out)], env=plugins.env(), text=True, capture_output=True, timeout=600)
+    assert "Traceback" not in r.stderr and "(unexpected" not in r.stderr, r.stderr[-3000:]
+    st = json.loads((out / "testrun" / "manifest.json").read_text())["stages"][0]
+    assert st["status"] != "PASS" and r.returncode != 0, (st, r.returncode)
+    text = (out / "testrun" / "decode_bench.txt").read_text()
+    assert "widestep S=256 B=1" in text and "o of dtype torch.float64, want torch.float32" in text, text[-3000:]
+    rows = {row["impl"]: row for row in csv.DictReader((out / "testrun" / "decode.csv").open())}
+    assert rows["nsa_core"]["status"] == "PASS", rows
