@@ -788,6 +788,11 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 if late is not None:
                     raise late
         except KeyboardInterrupt as e:
+            # a result already there when the interrupt came (looked at before anything is killed: a killed
+            # worker writes one too) is the stage's own end: the stage had finished (its worker may have
+            # exited before this loop's poll saw it) and is recorded from that result below, then the run
+            # stops (it was recorded "interrupted": round 16 A8e)
+            ended = not timed_out and meddled is None and folder.exists(RESULT) and folder.problem() is None
             # the run is stopping: a second Ctrl-C / TERM only hurries the kill (SIGKILL at once),
             # never cuts this stage's stop and record short (it escaped as a bare KeyboardInterrupt:
             # the temp folder went while the worker still wrote, the stage unrecorded, round 13 A-B4)
@@ -800,16 +805,20 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 except KeyboardInterrupt:
                     hurry = True
             until.begin()  # from here to the record (the temp folder's removal, execute's) a signal is noted only
-            rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
-            rec.reason = interrupt_reason(e)
-            rec.log_tail = tail(log_path)
-            rec.finished = now_iso()
-            raise _Interrupted(rec) from None
+            if not ended:
+                rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
+                rec.reason = interrupt_reason(e)
+                rec.log_tail = tail(log_path)
+                rec.finished = now_iso()
+                raise _Interrupted(rec) from None
+            guard, interrupt = None, e  # ended above
         except BaseException:  # anything else escaping the wait (e.g. a test timeout): no orphaned stage
             _stop_stage(proc, cookie)
             _done(guard)
             raise
-        late = None
+        else:
+            interrupt = None
+        late = interrupt
         try:  # a signal while the stage was handed over: the stage's result is still recorded (below)
             for sig in dict.fromkeys(noted):
                 signal.raise_signal(sig)  # the runner's handler: an interrupt

@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 try:
     from _bad_days import MAIN, alive, env_with, wait_for
 except ImportError:  # pragma: no cover - run from the repository root
@@ -112,13 +110,6 @@ def test_a8_a_second_sigterm_while_the_temp_folder_goes_keeps_the_record(plugins
     assert not os.path.lexists(folder), _count(folder)  # removed whole, not left (without its marker)
 
 
-_A8E_OPEN = ("known open (stop 29): a SIGTERM after the worker exited but before the runner's poll saw it "
-             "(run_one's wait loop, before the hand-over) records the finished FAIL as 'interrupted'; failed 1 "
-             "of 2 local runs and once in CI. Root fix: on an interrupt, a stage whose result is already complete "
-             "is recorded from it (_FinishedThenInterrupted). Not a pass: pytest reports it xfailed.")
-
-
-@pytest.mark.xfail(strict=False, reason=_A8E_OPEN)
 def test_a8e_a_sigterm_while_a_finished_stage_is_checked_keeps_its_fail(plugins, tmp_path):
     proc, out, mark = _start(plugins, tmp_path, K16_MISSING=50000)
     try:
@@ -165,3 +156,29 @@ def test_a8d_a_sigterm_while_the_spare_that_ran_the_stage_is_closed_keeps_its_pa
     stages = _stages(out)
     assert [s[:3] for s in stages] == [("x", "FAIL", "x real FAIL"), ("y", "PASS", "y ok")], (stages, stdout, stderr)
     assert not os.path.lexists(folder), _count(folder)
+
+
+# the runner's poll, told the stage's result is there, is signalled right then (before it acted on it):
+# the window of A8e made certain. The SIGTERM goes through the CLI's own handler.
+_AT_RESULT = MAIN.replace("from nsa_runner.cli import main", (
+    "import os, signal; from nsa_runner import executor as e; real = e._TempFolder.exists; sent = []\n"
+    "def exists(self, entry):\n"
+    "    there = real(self, entry)\n"
+    "    if there and entry == e.RESULT and not sent:\n"
+    "        sent.append(1); os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    return there\n"
+    "e._TempFolder.exists = exists\n"
+    "from nsa_runner.cli import main"))
+assert _AT_RESULT != MAIN
+
+
+def test_a8e_a_sigterm_when_the_poll_sees_the_result_keeps_the_stages_fail(plugins, tmp_path):
+    """Before: x ERROR "interrupted (SIGTERM): the stage was stopped", its own FAIL lost."""
+    plugins.make("k16-rec", "k16_rec_mod", STAGES, {"x": "k16_rec_mod:X", "y": "k16_rec_mod:Y"})
+    out = tmp_path / "o"
+    env = env_with(plugins.env(), K16_MARK=tmp_path / "mark", NSA_RUN_SPARE_WORKER="0")
+    proc = subprocess.run([sys.executable, "-c", _AT_RESULT, "oneshot", "--only", "x", "--out", str(out),
+                           "--device", "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert [s[:3] for s in _stages(out)] == [("x", "FAIL", "x real FAIL")], (proc.stdout, proc.stderr)
+    assert "interrupted" in proc.stdout + proc.stderr
