@@ -42,6 +42,7 @@ import time
 import traceback
 
 from nsa_runner._python import python_m
+from nsa_runner._text import clip
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
 from nsa_runner.stage import Stage, StageResult, Status
@@ -810,6 +811,26 @@ def _load(spec: str) -> Stage:
     return stage
 
 
+NAME_CHARS, FIRST_LINE_CHARS = 100, 2000  # a stage's exception in its reason: class name, first line of its text
+
+
+def _described(e: BaseException) -> str:
+    """``TYPE: first line`` of a stage's exception, each part clipped, never raising: a class name of
+    30 MB (a metaclass, ``type("E" * n, ...)``) made the stage's ERROR "result too large" with its own
+    reason lost, and a ``__str__`` that raises killed the worker in its own error path."""
+    try:
+        name = type(e).__name__
+        name = clip(str.__str__(name), NAME_CHARS) if isinstance(name, str) else "Exception"
+    except Exception:  # noqa: BLE001 - a hostile metaclass
+        name = "Exception"
+    try:
+        text = str.__str__(str(e)).strip()
+        first = clip(text.splitlines()[0], FIRST_LINE_CHARS) if text else ""
+    except Exception:  # noqa: BLE001 - a __str__ that raises
+        first = "(its text could not be read: str() of it raised)"
+    return f"{name}: {first}" if first else name
+
+
 def _error(message: str, tb: str | None) -> dict:
     return {"result": StageResult(Status.ERROR, message).to_dict(), "traceback": tb}
 
@@ -1083,7 +1104,11 @@ def main(argv: list[str]) -> int:
                 result.status = Status(result.status)
             out = {"result": result.to_dict(), "traceback": None}
     except SystemExit as e:
-        out = _error(f"stage called sys.exit({e.code!r})", traceback.format_exc())
+        try:
+            code = clip(repr(e.code), FIRST_LINE_CHARS)
+        except Exception:  # noqa: BLE001 - an exit code whose repr raises
+            code = "..."
+        out = _error(f"stage called sys.exit({code})", traceback.format_exc())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
         tb = traceback.format_exc()
         _reopen_log_fds(log_fds)
@@ -1091,8 +1116,7 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(tb)
         except (OSError, ValueError):
             pass
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        out = _error(f"{type(e).__name__}: {first}" if first else type(e).__name__, tb)
+        out = _error(_described(e), tb)
     _reopen_log_fds(log_fds)
     if prof is not None:
         _dump_profile(prof, ctx.stage, t0)
