@@ -26,7 +26,6 @@ import html
 import io
 import math
 import os
-import re
 import urllib.parse
 import warnings
 from pathlib import Path
@@ -43,7 +42,7 @@ from nsa_runner._readers import (
     read_bytes_checked,
     spread_columns,
 )
-from nsa_runner._text import BIDI
+from nsa_runner._text import CONTROL
 from nsa_runner.artifacts import now_iso, unfinished, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
@@ -346,10 +345,10 @@ def _pos(v: Any) -> bool:
 # html pieces
 
 
-# ANSI escape sequences and control characters (a log tail's colours, a stray BEL or NUL): never
+# escape sequences and control characters (a log tail's colours, a stray BEL or NUL, C1 CSI, DEL): never
 # meaningful in a page and not allowed in HTML text, so they are removed before escaping; so are the Unicode
-# bidi controls (_text.BIDI: they reorder what is shown after them), as in the terminal, summary.md, junit.xml.
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f" + BIDI + "]")
+# bidi controls: one rule with the terminal, summary.md and junit.xml (``_text.CONTROL``; round 17 B-1).
+_CONTROL = CONTROL
 
 
 def _e(v: Any) -> str:

@@ -27,27 +27,26 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
-from nsa_runner._text import BIDI
+from nsa_runner._text import CONTROL
 from nsa_runner.artifacts import UnsafeFileError, outside_problem, read_text_limited
 from nsa_runner.results import CASE_COLUMNS, FAILED, STATUSES
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_BIDI = re.compile(f"[{BIDI}]")
 _TEXT_MAX = 8000
 _NAME_EXTRA = ("branch", "path", "dtype", "impl")  # what tells apart rows that share a case id
 
 
 def xml_chars(text: object) -> str:
-    """``text`` without ANSI escapes and the characters XML 1.0 cannot carry (lone surrogates included)."""
-    return _NOT_XML.sub("", _ANSI.sub("", "" if text is None else str(text)))
+    """``text`` as every file of the run shows it: without what the terminal drops (``_text.CONTROL``: escape
+    sequences with their bodies, C0 / C1 controls, DEL, the bidi controls; one rule for the terminal,
+    junit.xml, summary.md and report.html: round 17 B-1 found C1 CSI and DEL kept in the files) and without
+    the characters XML 1.0 cannot carry (lone surrogates included)."""
+    return _NOT_XML.sub("", CONTROL.sub("", "" if text is None else str(text)))
 
 
 def clean(text: object, limit: int = _TEXT_MAX) -> str:
-    """``text`` as junit.xml and summary.md show it: ``xml_chars`` and without the Unicode bidi controls
-    (``_text.BIDI``: the terminal drops them too; an adapter's U+202E reached both files, round 16 B U3),
-    at most ``limit`` chars (the tail)."""
-    return _BIDI.sub("", xml_chars(text))[-limit:]
+    """``text`` as junit.xml and summary.md show it (``xml_chars``), at most ``limit`` chars (the tail)."""
+    return xml_chars(text)[-limit:]
 
 
 def read_case_table(folder: Path, name: str) -> tuple[list[dict[str, str]] | None, str | None]:

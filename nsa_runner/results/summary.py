@@ -6,12 +6,13 @@ or when the ``summary`` stage was skipped), with the same counts as the CLI's cl
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 
 from nsa_runner.artifacts import now_iso, runner_died, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
-from nsa_runner.results.junit import clean, xml_chars
+from nsa_runner.results.junit import clean
 
 SUMMARY_SCHEMA_VERSION = 1
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "💥", "TIMEOUT": "⏱", "SKIP": "⏭"}
@@ -29,9 +30,19 @@ def _md_cell(text: object) -> str:
 
 def _md_link(name: str) -> str:
     """A link to a file of the run folder: escaped text, a relative, percent-encoded target."""
-    # the target is the file's own name, percent-encoded (a bidi control in it kept: the link still leads
-    # to the file); only the text shown loses it
-    return f"[{_md_cell(name)}](./{urllib.parse.quote(xml_chars(name))})"
+    # the target is the file's own name, percent-encoded whole (an escape sequence or a bidi control in it
+    # kept: the link leads to that file, never to another whose name is the cleaned text: round 17 B-3);
+    # only the text shown loses them
+    return f"[{_md_cell(name)}](./{_target(name)})"
+
+
+def _target(name: str) -> str:
+    """``name`` percent-encoded as the bytes the file system holds (a lone surrogate: as Python wrote it)."""
+    try:
+        raw = os.fsencode(name)
+    except UnicodeError:
+        raw = name.encode("utf-8", "surrogatepass")
+    return urllib.parse.quote(raw)
 
 
 def _md_code_block(text: str) -> list[str]:
@@ -71,7 +82,7 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
             reason += f" (fix: {s['hint']})"
         files = [_md_link(f) for f in s.get("files", [])]
         if s.get("log"):
-            files.append(f"[log](./{urllib.parse.quote(xml_chars(s['log']))})")
+            files.append(f"[log](./{_target(s['log'])})")
         status = _md_cell(s["status"])
         lines.append(f"| {_md_cell(s.get('order', ''))} | {_md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
                      f"{status} | {float(s.get('duration_s') or 0):.1f}s | {_md_cell(reason)} | {', '.join(files)} |")
