@@ -330,6 +330,8 @@ def load_manifest(path: str | os.PathLike) -> dict:
     history = data.get("history", [])
     if not isinstance(history, list) or not all(isinstance(s, dict) for s in history):
         raise ManifestError(f"{path}: 'history' must be a list of objects")
+    if not all(isinstance(a, str) for a in data.get("argv") or []):  # summary.md / report.html join them
+        raise ManifestError(f"{path}: 'argv' must be a list of strings")
     for where, entries in (("stages", stages), ("history", history)):
         for i, s in enumerate(entries):
             if not isinstance(s.get("name", ""), str):
@@ -403,7 +405,7 @@ def _pending_problem(p: Any) -> str:
 _NUMBER = (int, float)
 _TOP_TYPES = {"host": (dict,), "argv": (list,), "device": (str,), "profile": (str,), "started": (str,),
               "finished": (str, type(None)), "interrupted": (bool,), "updates": (list,), "pending": (list,),
-              "exit_code": (int,), "incomplete": (str, type(None))}
+              "exit_code": (int,), "incomplete": (str, type(None)), "died": (str, type(None))}
 _ENTRY_TYPES = {"files": (list,), "reason": (str,), "hint": (str,), "log": (str,), "metrics": (dict,),
                 "options": (dict,), "duration_s": _NUMBER, "traceback": (str,), "log_tail": (str,),
                 "order": (int, type(None)), "source": (str,), "device": (str,), "profile": (str,),
@@ -796,9 +798,17 @@ def runner_died(m: dict, dir: str | os.PathLike | None = None) -> str | None:
         return (f"runner died / unfinished: the nsa-run running stage {', '.join(map(str, running))} is gone "
                 f"(its result is missing)")
     if m.get("finished") is None and not m.get("interrupted") and dead(m.get("runner")):
-        return (f"runner died / unfinished: nsa-run pid {m['runner'].get('pid')} is gone and never finished "
-                f"the run; stages after the last one listed did not run")
+        return run_died_line(m)
+    if isinstance(m.get("died"), str) and m["died"]:  # noted by a later ``stage`` into the run (``RunManifest.open``)
+        return m["died"]
     return None
+
+
+def run_died_line(m: dict) -> str:
+    """``runner_died``'s line for a run whose runner died before finishing it."""
+    runner = m.get("runner") if isinstance(m.get("runner"), dict) else {}
+    return (f"runner died / unfinished: nsa-run pid {runner.get('pid')} is gone and never finished "
+            f"the run; stages after the last one listed did not run")
 
 
 def still_running(m: dict, dir: str | os.PathLike | None = None) -> str | None:

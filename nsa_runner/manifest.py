@@ -62,6 +62,7 @@ from nsa_runner.artifacts import (
     pid_alive,
     process_started,
     read_limited,
+    run_died_line,
     runner_dirs_problem,
     stage_allowed,
     stage_owns,
@@ -1087,6 +1088,12 @@ class RunManifest:
         m.recover()
 
         def add(data: dict) -> None:
+            # a run whose runner died before finishing it stays "runner died / unfinished" (its later stages never
+            # ran): this command's finish would hide it otherwise (round 17 A-R1: a `stage pb` into a kill -9'd
+            # oneshot's folder left a complete-looking, green oneshot)
+            if (data.get("finished") is None and not data.get("interrupted") and not data.get("died")
+                    and artifacts.owner_alive(data.get("runner"), m.dir) is False):  # as runner_died judges
+                data["died"] = run_died_line(data)
             data.setdefault("history", [])
             data.setdefault("updates", []).append({"argv": list(argv), "started": now_iso(), "token": m.token})
 
