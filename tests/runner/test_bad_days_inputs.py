@@ -45,6 +45,9 @@ BAD = {  # id: (how the run folder is spoiled, what the one line names)
     "manifest reason a number": (_stage0("reason", 5), "'reason' must be a string, got int"),
     "manifest host a string": (_manifest(lambda m: m.__setitem__("host", "x")), "'host' must be an object"),
     "manifest argv a string": (_manifest(lambda m: m.__setitem__("argv", "x")), "'argv' must be a list"),
+    # round 17 A-R2: an item of another type was "unexpected: TypeError" (summary.md joins them)
+    "manifest argv item a number": (_manifest(lambda m: m.__setitem__("argv", ["nsa-run", 5])),
+                                    "'argv' must be a list of strings"),
     "manifest nested 100k deep": (_text("manifest.json", "[" * 100_000 + "]" * 100_000), "nested too deeply"),
     "manifest a JSON list": (_text("manifest.json", "[]"), "expected a JSON object, got list"),
     "manifest stages an object": (_manifest(lambda m: m.__setitem__("stages", {})), "'stages' must be a list"),
