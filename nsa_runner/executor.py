@@ -987,8 +987,27 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
         if rec.status in (Status.PASS, Status.SKIP):
             rec.status = Status.ERROR
         rec.reason = f"{rec.reason}; {note}" if rec.reason else note
+    if rec.status is Status.PASS:
+        _check_case_tables(rec, run_dir)
     if rec.status.failed and not rec.log_tail:
         rec.log_tail = tail(log_path)
+
+
+def _check_case_tables(rec: StageRecord, run_dir: Path) -> None:
+    """A PASS whose own declared case table has failed rows is the stage's FAIL, naming them: the stage's
+    verdict and its evidence disagreed, and every output but junit.xml (a testcase per row) showed it green
+    (round 17 U-1)."""
+    from nsa_runner._text import clip
+    from nsa_runner.results import FAILED
+    from nsa_runner.results.junit import case_rows
+
+    failed = [(case, st) for case, st, _ in case_rows(run_dir, {"files": rec.files}) if st in FAILED]
+    if failed:
+        first = ", ".join(f"{clip(shown_name(case), 100)} {st}" for case, st in failed[:3])
+        note = (f"the stage returned PASS but {len(failed)} row(s) of its declared case table(s) did not pass "
+                f"({first}{', ...' if len(failed) > 3 else ''})")
+        rec.status = Status.FAIL
+        rec.reason = f"{rec.reason}; {note}" if visible(rec.reason) else note
 
 
 def _folders_above(name: str) -> list[str]:

@@ -18,6 +18,21 @@ from nsa_runner.stage import Status
 STATUSES = tuple(s.value for s in Status)  # PASS FAIL SKIP ERROR TIMEOUT
 FAILED = tuple(s.value for s in Status if s.failed)  # all three count as "failed"
 
+_SPELLINGS = {"PASSED": "PASS", "FAILED": "FAIL", "FAILURE": "FAIL", "SKIPPED": "SKIP", "ERRORED": "ERROR",
+              "TIMED OUT": "TIMEOUT", "TIMEDOUT": "TIMEOUT"}
+
+
+def case_status(word: object) -> str | None:
+    """A case table row's status as one of ``STATUSES``: the word itself, or written another way (case,
+    spaces around it, invisible controls, a past tense: ``fail``, ``FAILED``, `` PASS``; round 17 U-1: such a
+    FAIL was a junit skip, green in CI); None for any other word (``N/A``: the row says it does not apply)."""
+    from nsa_runner._text import CONTROL
+
+    text = " ".join(CONTROL.sub("", str(word)).split()).upper()
+    text = _SPELLINGS.get(text, text)
+    return text if text in STATUSES else None
+
+
 # ---- run-level files written by the runner ---------------------------------------------------------
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"

@@ -29,7 +29,7 @@ from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped,
 
 from nsa_runner._text import CONTROL
 from nsa_runner.artifacts import UnsafeFileError, outside_problem, read_text_limited
-from nsa_runner.results import CASE_COLUMNS, FAILED, STATUSES
+from nsa_runner.results import CASE_COLUMNS, FAILED, case_status
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _TEXT_MAX = 8000
@@ -76,8 +76,9 @@ def read_case_table(folder: Path, name: str) -> tuple[list[dict[str, str]] | Non
 def case_rows(folder: Path, stage: dict, problems: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(case name, status, note) of every named case in the CSVs the stage declared.
 
-    A CSV counts as a case table when it has ``case`` and ``status`` columns; a status outside
-    the run's vocabulary (e.g. ``N/A``: not applicable here) becomes SKIP with that word as note.
+    A CSV counts as a case table when it has ``case`` and ``status`` columns; a status written another
+    way (``fail``, ``FAILED``: ``results.case_status``) is that status, the spelling noted; any other word
+    (e.g. ``N/A``: not applicable here) becomes SKIP with that word as note.
     Unreadable CSVs are ignored here (``report`` / ``compare`` validate and name them); a case
     table with a row of the wrong length is left out, its problem appended to ``problems``.
     """
@@ -97,8 +98,10 @@ def case_rows(folder: Path, stage: dict, problems: list[str] | None = None) -> l
                 extra = [f"{k}={r[k]}" for k in _NAME_EXTRA if r.get(k)]
                 case = f"{case} [{' '.join(extra)}]" if extra else case
             st, note = r["status"], r.get("note") or r.get("reason") or ""
-            if st not in STATUSES:
+            if case_status(st) is None:
                 st, note = "SKIP", f"status {st}" + (f": {note}" if note else "")
+            elif st != case_status(st):  # written another way (``fail``): that status, the spelling noted
+                st, note = case_status(st), f"status written {st!r}" + (f": {note}" if note else "")
             rows.append((prefix + case, st, note))
     return rows
 
