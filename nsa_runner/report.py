@@ -26,7 +26,6 @@ import html
 import io
 import math
 import os
-import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -355,9 +354,13 @@ def _e(v: Any) -> str:
     return html.escape(_CONTROL.sub("", "" if v is None else str(v)), quote=True)
 
 
-def _href(path: Any) -> str:
-    """A link to a file of the run folder: always a relative URL (``javascript:x`` is a file name here)."""
-    return _e(urllib.parse.quote(str(path)))
+def _file_link(path: Any, text: str | None = None) -> str:
+    """A link to a file of the run folder (``results.summary.link_target``: always a relative URL, ``javascript:x``
+    is a file name here); a name leading out of the folder is shown as text only."""
+    target = results_summary.link_target(path)
+    if target is None:
+        return _e(path if text is None else f"{text} {path}")
+    return f'<a href="{_e(target)}">{_e(path if text is None else text)}</a>'
 
 
 def badge(status: str) -> str:
@@ -441,8 +444,8 @@ def _stages_html(run: Run) -> str:
         reason = s.get("reason", "")
         if s["status"] == "SKIP" and s.get("hint"):
             reason += f" (fix: {s['hint']})"
-        files = " ".join(f'<a href="{_href(f)}">{_e(f)}</a>' for f in s.get("files") or [])
-        log = f' <a href="{_href(s["log"])}">log</a>' if s.get("log") else ""
+        files = " ".join(_file_link(f) for f in s.get("files") or [])
+        log = f" {_file_link(s['log'], 'log')}" if s.get("log") else ""
         rows.append(f'<tr class="row-{_e(s["status"])}"><td class="num">{_e(s.get("order", ""))}</td>'
                     f'<td><b>{_e(s["name"])}</b></td><td>{badge(s["status"])}</td>'
                     f'<td class="num">{float(s.get("duration_s") or 0):.1f}s</td><td>{_e(reason)}</td>'

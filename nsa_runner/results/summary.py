@@ -33,16 +33,25 @@ def _md_link(name: str) -> str:
     # the target is the file's own name, percent-encoded whole (an escape sequence or a bidi control in it
     # kept: the link leads to that file, never to another whose name is the cleaned text: round 17 B-3);
     # only the text shown loses them
-    return f"[{_md_cell(name)}](./{_target(name)})"
+    target = link_target(name)
+    return f"[{_md_cell(name)}]({target})" if target is not None else _md_cell(name)
 
 
-def _target(name: str) -> str:
-    """``name`` percent-encoded as the bytes the file system holds (a lone surrogate: as Python wrote it)."""
+def link_target(name: object) -> str | None:
+    """The relative URL of a run folder's file ``name``: ``./`` + the name percent-encoded as the bytes the
+    file system holds (a lone surrogate: as Python wrote it); None (shown as text, never linked) for a name
+    that does not stay in the run folder: absolute, ``..``, empty (round 17 A U-e: a hand-edited
+    ``//evil.example/x`` was a protocol-relative link out of report.html, ``/etc/passwd`` a link to it).
+    summary.md and report.html link through it."""
+    name = str(name)
+    parts = name.replace("\\", "/").split("/")
+    if not name or name.startswith(("/", "\\")) or ".." in parts:
+        return None
     try:
         raw = os.fsencode(name)
     except UnicodeError:
         raw = name.encode("utf-8", "surrogatepass")
-    return urllib.parse.quote(raw)
+    return "./" + urllib.parse.quote(raw)
 
 
 def _md_code_block(text: str) -> list[str]:
@@ -82,7 +91,8 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
             reason += f" (fix: {s['hint']})"
         files = [_md_link(f) for f in s.get("files", [])]
         if s.get("log"):
-            files.append(f"[log](./{_target(s['log'])})")
+            target = link_target(s["log"])
+            files.append(f"[log]({target})" if target is not None else f"log {_md_cell(s['log'])}")
         status = _md_cell(s["status"])
         lines.append(f"| {_md_cell(s.get('order', ''))} | {_md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
                      f"{status} | {float(s.get('duration_s') or 0):.1f}s | {_md_cell(reason)} | {', '.join(files)} |")
