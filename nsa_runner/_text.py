@@ -52,3 +52,22 @@ def env_seconds(name: str, default: float) -> float:
         raise ValueError(f"{name}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
                          + " is not a positive number of seconds")
     return value
+
+
+PARITY_JOBS_ENV, PARITY_JOBS_MAX = "NSA_RUN_PARITY_JOBS", 64
+
+
+def parity_jobs() -> int | None:
+    """fa2-probe's parity processes from ``NSA_RUN_PARITY_JOBS`` (None when unset or blank: the default, from
+    the CPU count). Raises ValueError naming the variable and (the start of) its value when it is not a whole
+    number from 1 to 64: the CLI refuses it up front in one line, exit 2, as the other NSA_RUN_* (round 17 A
+    U-g: ``abc`` was fa2-probe's ValueError on a GPU, not a line of the CLI)."""
+    import os
+
+    text = os.environ.get(PARITY_JOBS_ENV, "").strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= PARITY_JOBS_MAX):
+        raise ValueError(f"{PARITY_JOBS_ENV}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
+                         + f" is not a whole number of processes from 1 to {PARITY_JOBS_MAX}")
+    return int(text)

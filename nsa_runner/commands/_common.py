@@ -16,6 +16,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from nsa_runner._text import PARITY_JOBS_ENV, parity_jobs
 from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report, shown
 from nsa_runner.artifacts import (
     ManifestError,
@@ -152,6 +153,10 @@ def check_out(out: Path) -> Path:
         spare_on()
     except ValueError as e:
         fail(str(e), f"unset it (on) or set {SPARE_ENV}=0 to turn the spare worker off")
+    try:
+        parity_jobs()
+    except ValueError as e:
+        fail(str(e), f"unset it (one per two CPU cores, at most 8) or give a count, e.g. {PARITY_JOBS_ENV}=4")
     if free < MIN_FREE_BYTES:
         fail(f"--out {out}: only {free / 2**20:.1f} MiB free on its disk (a run needs at least "
              f"{MIN_FREE_BYTES / 2**20:.0f} MiB)", "free some space or choose another folder with --out")

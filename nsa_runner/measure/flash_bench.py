@@ -202,7 +202,9 @@ def parity_apart(device: str, paths: dict[str, list[str]], dtypes, cases: list[C
             raise ValueError(f"apart_dtypes {apart_dtypes!r}: not a subset of {list(dtypes)!r}")
         info["apart_dtypes"] = [DTYPE_NAMES[d] for d in away_dtypes]
     if jobs is None:
-        jobs = int(os.environ.get("NSA_RUN_PARITY_JOBS", 0)) or min(8, max(1, (os.cpu_count() or 2) // 2))
+        from nsa_runner._text import parity_jobs
+
+        jobs = parity_jobs() or min(8, max(1, (os.cpu_count() or 2) // 2))
     if info["apart"] and (jobs < 2 or len(idx_away) < 2) and (apart_cases is not None or apart_dtypes is not None):
         rows = parity(device, mine, dtypes, cases, cfg, seed=seed)  # the apart paths' few rows here, after
         for i in idx_away:
