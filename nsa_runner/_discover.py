@@ -134,6 +134,18 @@ def _traceback() -> str:
     return f"{tb[:head]} … [{len(tb) - head - tail} characters clipped by nsa-run] … {tb[len(tb) - tail:]}"
 
 
+_NOTES: list = []  # (in the discovery child, while an entry point is described) where ``note`` writes
+
+
+def note(obj: dict) -> None:
+    """(The ``describe`` function, in the discovery child) a line for the parent about the entry point
+    being described, written before plugin code runs again: ``{"parsing": {"stage", "option"}}`` before
+    an option's ``parse`` (round 17 U-7: a parse that hung or ended the process was reported as the
+    plugin's import). Nothing outside a discovery child."""
+    if _NOTES:
+        _NOTES[0](obj)
+
+
 def _resolve(spec: str):
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -231,6 +243,9 @@ def main(argv: list[str]) -> int:
             _cannot_write(e)
             raise
 
+    import nsa_runner._discover as imported  # (this file runs as __main__: the describe function imports it anew)
+
+    _NOTES[:] = imported._NOTES[:] = [emit]
     describe = _resolve(req["describe"])
     skip, only, parse = set(req.get("skip") or ()), req.get("only"), req.get("parse")
     # the built-in pass (round 14 R6): only these entry points of these metadata folders, in a child that

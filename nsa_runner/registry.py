@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nsa_runner._discover import EXIT_TEMP_FULL, entry_key, stdout_parked
+from nsa_runner._discover import EXIT_TEMP_FULL, _why, entry_key, note, stdout_parked
 from nsa_runner._text import clip, env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
@@ -372,8 +372,10 @@ class OptionError(ValueError):
         self.hint = hint
 
 
-def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str]) -> dict[str, Any]:
-    """Parse ``--flag value`` / ``--flag=value`` against a stage's options; defaults filled in."""
+def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str],
+               before: Any = None) -> dict[str, Any]:
+    """Parse ``--flag value`` / ``--flag=value`` against a stage's options; defaults filled in.
+    ``before(flag)`` (when given) is called before each option's own ``parse`` runs."""
     opts = {o.flag: o for o in options}
     values: dict[str, Any] = {o.dest: o.default for o in options}
     known = ", ".join(opts) or "none"
@@ -390,6 +392,8 @@ def parse_args(stage_name: str, options: tuple[Option, ...], args: list[str]) ->
                 raise OptionError(f"option {flag} of stage {stage_name} needs a value")
             i += 1
             text = args[i]
+        if before is not None:
+            before(flag)
         try:
             values[opts[flag].dest] = opts[flag].convert(text)
         except (ValueError, TypeError) as e:
@@ -460,10 +464,23 @@ def describe_stage(obj: Any, ep: md.EntryPoint, args: list[str] | None = None) -
                        for o in info["options"]]
     out: dict[str, Any] = {"stage": info}
     if args is not None:
+        parsing: list[str] = []
+
+        def before(flag: str) -> None:  # the parent names this option's parse if it hangs or ends the process
+            parsing[:] = [flag]
+            note({"parsing": {"stage": info["name"], "option": flag}})
+
         try:
-            values = parse_args(info["name"], options, list(args))
+            values = parse_args(info["name"], options, list(args), before)
         except OptionError as e:
             out["option_error"], out["option_hint"] = str(e), e.hint
+        except BaseException as e:  # noqa: BLE001 - the option's parse is the plugin's code (round 17 U-7: its
+            # own KeyboardInterrupt ended this child and was reported as the import "killed ... (SIGINT)"); this
+            # child is in a session of its own: a Ctrl-C at the terminal reaches the CLI, which stops it
+            if not parsing:
+                raise
+            out["option_error"] = f"stage {info['name']}: option {parsing[0]}: its parse raised {_why(e)}"
+            out["option_hint"] = f"the option's parse is the plugin's code ({ep.value}): fix or reinstall the plugin"
         else:
             bad = [k for k, v in values.items() if not _json_ok(v)]
             if bad:
@@ -572,15 +589,18 @@ def temp_folder() -> str:
     return tempfile.gettempdir()
 
 
-def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: int | None = None) -> str:
+def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: int | None = None,
+                  what: str = "") -> str:
+    """How the discovery child ended while importing an entry point (or, ``what``, while running that: "the
+    parse of option --x")."""
     if timed_out:
-        return f"its import did not finish within {limit:g}s (hangs?); stopped"
+        return f"{what or 'its import'} did not finish within {limit:g}s (hangs?); stopped"
     rc = ended if ended is not None else proc.returncode
     if rc is not None and rc < 0:
         from nsa_runner._worker import signal_name
 
-        return f"importing it killed the discovery process ({signal_name(rc)})"
-    return f"importing it ended the discovery process (exit code {rc}, e.g. os._exit or sys.exit in C)"
+        return f"{what or 'importing it'} killed the discovery process ({signal_name(rc)})"
+    return f"{what or 'importing it'} ended the discovery process (exit code {rc}, e.g. os._exit or sys.exit in C)"
 
 
 DISCOVERY_FAILED = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))  # the record of a failed pass
@@ -698,7 +718,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             except OSError:
                 pass
             loading, done, timed_out, talked, ended = None, False, False, False, None
-            loading_path = ""
+            loading_path, parsing = "", None  # parsing: (stage, option) whose parse runs (``describe_stage``)
             pos, last = 0, time.monotonic()
             try:
                 while True:
@@ -708,12 +728,17 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                         last, talked = time.monotonic(), True
                         if isinstance(line.get("loading"), str):
                             loading, loading_path = line["loading"], str(line.get("dist_path") or "")
+                            parsing = None
+                        elif isinstance(line.get("parsing"), dict) and loading is not None:
+                            what = line["parsing"]
+                            parsing = tuple(re.sub(r"[^A-Za-z0-9._-]", "_", clip(str(what.get(k, "?")), 60))
+                                            for k in ("stage", "option"))  # (a plain word, as the child checked)
                         elif isinstance(line.get("entry"), dict) and isinstance(line["entry"].get("key"), str):
                             rec = line["entry"]
                             records[rec["key"]] = rec
                             order.append(rec["key"])
                             skip.add(rec["key"])
-                            loading = None
+                            loading, parsing = None, None
                         elif line.get("done") == nonce:
                             done = True
                         elif line.get("nonce") == nonce and type(line.get("ended")) is int:
@@ -766,6 +791,13 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                                 "dist_path": loading_path,
                                 "error": f"{value}: {_describe_end(proc, timed_out, limit, ended)}",
                                 "traceback": _tail(dir_fd, "child.log")}
+            if parsing is not None:  # imported and described: an option's parse hung or ended it (round 17 U-7)
+                stage_name, flag = parsing
+                said = _describe_end(proc, timed_out, limit, ended, what="its parse")
+                records[loading]["error"] = f"{value}: stage {stage_name}: option {flag}: {said}"
+                records[loading]["option_error"] = f"stage {stage_name}: option {flag}: {said}"
+                records[loading]["option_hint"] = (f"the option's parse is the plugin's code ({value}): fix or "
+                                                   "reinstall the plugin")
             order.append(loading)
             skip.add(loading)
             failed += 1
