@@ -330,8 +330,9 @@ def load_manifest(path: str | os.PathLike) -> dict:
     history = data.get("history", [])
     if not isinstance(history, list) or not all(isinstance(s, dict) for s in history):
         raise ManifestError(f"{path}: 'history' must be a list of objects")
-    if not all(isinstance(a, str) for a in data.get("argv") or []):  # summary.md / report.html join them
-        raise ManifestError(f"{path}: 'argv' must be a list of strings")
+    for key in ("argv", "planned"):  # summary.md / report.html join them
+        if not all(isinstance(a, str) for a in data.get(key) or []):
+            raise ManifestError(f"{path}: {key!r} must be a list of strings")
     for where, entries in (("stages", stages), ("history", history)):
         for i, s in enumerate(entries):
             if not isinstance(s.get("name", ""), str):
@@ -405,7 +406,8 @@ def _pending_problem(p: Any) -> str:
 _NUMBER = (int, float)
 _TOP_TYPES = {"host": (dict,), "argv": (list,), "device": (str,), "profile": (str,), "started": (str,),
               "finished": (str, type(None)), "interrupted": (bool,), "updates": (list,), "pending": (list,),
-              "exit_code": (int,), "incomplete": (str, type(None)), "died": (str, type(None))}
+              "exit_code": (int,), "incomplete": (str, type(None)), "died": (str, type(None)),
+              "planned": (list,)}
 _ENTRY_TYPES = {"files": (list,), "reason": (str,), "hint": (str,), "log": (str,), "metrics": (dict,),
                 "options": (dict,), "duration_s": _NUMBER, "traceback": (str,), "log_tail": (str,),
                 "order": (int, type(None)), "source": (str,), "device": (str,), "profile": (str,),

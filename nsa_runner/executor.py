@@ -1082,6 +1082,13 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     records = [] if records is None else records
     run_id = manifest.data["run_id"]
     entries = list(entries)
+    # the stages this run means to run, noted by the command that starts the run (a later ``stage X`` into it
+    # keeps the oneshot's): an interrupted run's report names those with no record (``interrupted_line``)
+    def plan(data: dict) -> None:
+        if "planned" not in data and not data.get("stages"):
+            data["planned"] = [e.name for e, _ in entries]
+
+    manifest.update(plan)
     ready: _Spare | None = None  # the next stage's worker, its imports done while this stage runs
     reapers: list[_Reaper] = []  # finished stages' tree kills, each joined before the stage after next
     try:

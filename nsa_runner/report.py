@@ -434,7 +434,7 @@ def _banner(m: dict, c: dict) -> str:
     if skipped:  # added to the note on an unfinished run, never in its place
         extra += f'<div class="note">skipped (not validated on this run): {_e(", ".join(skipped))}</div>'
     if m.get("interrupted"):
-        extra += '<div class="note">the run was interrupted (Ctrl-C / cancel): later stages are missing</div>'
+        extra += f'<div class="note">the run was interrupted {_e(results_summary.interrupted_line(m))}</div>'
     return f'<div class="banner {cls}">{word}: {_e(line)}{extra}</div>'
 
 
@@ -742,6 +742,7 @@ def commit(prepared: dict, written: list[str] | None = None) -> dict:
             "run_id": run.run_id, "counts": counts(run.stages),
             "unfinished": unfinished(run.manifest), "running": run.running(),
             "interrupted": bool(run.manifest.get("interrupted")),
+            "interrupted_line": results_summary.interrupted_line(run.manifest),
             "problems": list(run._cache.get("_problems", []))}
 
 

@@ -98,7 +98,8 @@ def report(
             con.print(f"[bold yellow]RUNNING[/]: {plain_text(info['running'])}; the counts below are of the "
                       "stages finished so far", soft_wrap=True)
         elif info.get("interrupted"):
-            con.print("[bold red]INTERRUPTED[/]: the run was stopped (Ctrl-C / cancel); later stages are missing")
+            con.print(f"[bold red]INTERRUPTED[/] {plain_text(info.get('interrupted_line') or '(Ctrl-C / cancel)')}",
+                      soft_wrap=True)
         k = info["counts"]
         con.print(f"{k['passed']} passed, {k['failed']} failed, {k['skipped']} skipped")
     # a link / folder / special file among them is named every time, not only when a plan was made (a

@@ -76,7 +76,7 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
         f"- command: {_md_cell(' '.join(m.get('argv', [])))}",
     ]
     if m.get("interrupted"):
-        lines.append("- **interrupted** (Ctrl-C / cancel): stages after the last one listed did not run")
+        lines.append(f"- **interrupted** {_md_cell(interrupted_line(m))}")
     died = unfinished(m)
     if died:
         lines.append(f"- **{_md_cell(died)}**")
@@ -105,11 +105,27 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+def interrupted_line(m: dict) -> str:
+    """What an interrupted run's stop cost, from the stages its oneshot planned (``planned``, noted by
+    ``executor.execute``): the planned stages with no record, or that every one was recorded (a stop during the
+    closing reports; round 17 A U-c: "later stages are missing" was said of a run that missed none)."""
+    planned = m.get("planned")
+    if not isinstance(planned, list) or not all(isinstance(n, str) for n in planned):
+        return "(Ctrl-C / cancel): stages after the last one listed did not run"
+    recorded = {s.get("name") for s in m.get("stages") or [] if isinstance(s, dict)}
+    missing = [n for n in planned if n not in recorded]
+    if not missing:
+        return "(Ctrl-C / cancel) after every planned stage was recorded: only the closing steps were cut short"
+    more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+    return f"(Ctrl-C / cancel): {len(missing)} planned stage(s) did not run: {', '.join(missing[:10])}{more}"
+
+
 def summary_json(m: dict, stages: list[dict] | None = None) -> dict:
     stages = m["stages"] if stages is None else stages
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "run_id": m["run_id"], "written": now_iso(),
             "started": m.get("started"), "finished": m.get("finished"),
             "interrupted": bool(m.get("interrupted")), "runner_died": runner_died(m),
+            "interrupted_line": interrupted_line(m) if m.get("interrupted") else None,
             "device": m.get("device"), "profile": m.get("profile"), "host": m.get("host"),
             "counts": counts(stages),
             "stages": [{k: s.get(k) for k in ("name", "order", "status", "duration_s", "reason", "hint",
