@@ -134,8 +134,17 @@ def check_out(out: Path) -> Path:
     relative ``--out`` never lands nested inside the run folder (DESIGN §7). What an earlier
     nsa-run killed mid-way left (``.incoming-`` folders, stage temp folders) is removed here.
     """
+    given = Path(out).expanduser()
+    for link in (given, *given.parents):  # a link to what is not there: an unmounted disk, a moved folder
+        try:
+            dangling = link.is_symlink() and not os.path.lexists(os.path.realpath(link))
+        except (OSError, RuntimeError):
+            dangling = False
+        if dangling:  # its target's folders were made and the run written there (round 17 A U-a)
+            fail(f"--out {out}: {link} is a symbolic link to {os.readlink(link)}, which does not exist",
+                 "create (or mount) what the link points to, or choose another folder with --out")
     try:
-        out = Path(out).expanduser().resolve()
+        out = given.resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
         fail(f"--out {out}: cannot be resolved ({getattr(e, 'strerror', None) or e})",
              "choose a folder that is not a symlink loop with --out")
