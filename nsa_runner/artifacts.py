@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsa_runner._text import shown
 from nsa_runner.stage import Status
 
 STATUSES = tuple(s.value for s in Status)  # DESIGN §5: PASS FAIL SKIP ERROR TIMEOUT
@@ -117,6 +118,17 @@ def _finite_float(token: str) -> float:
     return value
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    """An object whose keys are each written once: ``{"status": "FAIL", "status": "PASS"}`` is ambiguous (JSON
+    readers keep either one; Python the last: a hand edit read as PASS, round 17 A U-f)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise JsonTextError(f"the key {shown(twice)} is written twice in one object")
+    return out
+
+
 def json_loads(text: str, *, finite: bool = False) -> Any:
     """``json.loads`` where every way the text can be unusable is a ``JsonTextError`` saying what:
     bad syntax, nesting too deep, an integer longer than Python converts (4300 digits: a bare
@@ -125,7 +137,8 @@ def json_loads(text: str, *, finite: bool = False) -> Any:
     and writes again, like manifest.json, must be strict JSON: a NaN there made the next ``stage``
     command fail writing it)."""
     try:
-        return json.loads(text, **({"parse_constant": _not_json, "parse_float": _finite_float} if finite else {}))
+        return json.loads(text, **({"parse_constant": _not_json, "parse_float": _finite_float,
+                                    "object_pairs_hook": _no_duplicates} if finite else {}))
     except JsonTextError:
         raise
     except RecursionError:
@@ -358,6 +371,9 @@ def load_manifest(path: str | os.PathLike) -> dict:
                 if key in s and not _is(s[key], types):
                     raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): {key!r} must be {_names(types)},"
                                         f" got {type(s[key]).__name__}")
+            if isinstance(s.get("duration_s"), _NUMBER) and s["duration_s"] < 0:  # round 17 A U-f: shown as is
+                raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'duration_s' must not be negative, "
+                                    f"got {s['duration_s']!r}")
             if not all(isinstance(f, str) for f in s.get("files") or []):
                 raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'files' must be a list of strings")
     for i, p in enumerate(data.get("pending") or []):

@@ -45,6 +45,11 @@ BAD = {  # id: (how the run folder is spoiled, what the one line names)
     "manifest reason a number": (_stage0("reason", 5), "'reason' must be a string, got int"),
     "manifest host a string": (_manifest(lambda m: m.__setitem__("host", "x")), "'host' must be an object"),
     "manifest argv a string": (_manifest(lambda m: m.__setitem__("argv", "x")), "'argv' must be a list"),
+    # round 17 A U-f: a key written twice (Python keeps the last: a hand edit read as PASS), a negative duration
+    "manifest status key twice": (lambda folder: (folder / "manifest.json").write_text(
+        (folder / "manifest.json").read_text().replace('"status": "PASS"', '"status": "FAIL", "status": "PASS"', 1)),
+        "the key 'status' is written twice in one object"),
+    "manifest negative duration": (_stage0("duration_s", -5), "'duration_s' must not be negative"),
     # round 17 A-R2: an item of another type was "unexpected: TypeError" (summary.md joins them)
     "manifest argv item a number": (_manifest(lambda m: m.__setitem__("argv", ["nsa-run", 5])),
                                     "'argv' must be a list of strings"),
