@@ -45,7 +45,7 @@ from nsa_runner._python import python_m
 from nsa_runner._text import clip
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
-from nsa_runner.stage import Stage, StageResult, Status
+from nsa_runner.stage import MalformedResult, Stage, StageResult, Status
 
 COOKIE_ENV = "NSA_RUN_STAGE_COOKIE"
 PARENT_ENV = "NSA_RUN_PARENT_PID"
@@ -831,8 +831,50 @@ def _described(e: BaseException) -> str:
     return f"{name}: {first}" if first else name
 
 
-def _error(message: str, tb: str | None) -> dict:
-    return {"result": StageResult(Status.ERROR, message).to_dict(), "traceback": tb}
+def _type_name(obj: object) -> str:
+    """The name of ``obj``'s type, clipped, never raising (a hostile metaclass)."""
+    try:
+        name = type(obj).__name__
+        return clip(str.__str__(name), NAME_CHARS) if isinstance(name, str) else "object"
+    except Exception:  # noqa: BLE001
+        return "object"
+
+
+def _shown(value: object) -> str:
+    """A field of a stage's result in the worker's closing log line: text as it is, another value by its
+    type (its ``repr`` may raise: the runner names the wrong type)."""
+    return value if type(value) is str else f"({_type_name(value)})"
+
+
+def _error(message: str, tb: str | None, files: object = ()) -> dict:
+    """The stage's ERROR ``message``, with the stage's declared ``files`` when they are a list of text
+    (the runner checks them as any stage's)."""
+    kept = list(files) if isinstance(files, list) and all(type(f) is str for f in files) else []
+    return {"result": StageResult(Status.ERROR, message, files=kept).to_dict(), "traceback": tb}
+
+
+def _result_out(result: StageResult) -> dict:
+    """A stage's own result as what the worker writes (``StageResult.to_dict``: text read as plain str,
+    NaN / inf metrics as text, round 17 U-2 / U-3); a field that cannot be read at all is the stage's
+    ERROR naming it, its declared files kept where they could be read."""
+    from nsa_runner.artifacts import _json_default
+
+    try:
+        return {"result": result.to_dict(default=_json_default), "traceback": None}
+    except MalformedResult as e:
+        what = "; ".join(f"{field} could not be read ({_described(exc)})" for field, exc in e.problems)
+        return _error(f"the stage's StageResult is malformed: {what}", None, e.partial.get("files"))
+
+
+def _not_json(out: dict, e: BaseException) -> dict:
+    """The stage's ERROR for a result with no JSON form (an object, a cycle, a huge int in its metrics):
+    what it was (status, reason, clipped) said, its declared files kept (round 17 U-2: a FAIL's evidence
+    was dropped)."""
+    result = out["result"]
+    was = f"{_shown(result.get('status'))}: {_shown(result.get('reason'))}".strip().rstrip(":")
+    tb = out.get("traceback")
+    return _error(f"stage result is not JSON-serialisable ({_described(e)}); it was {clip(was, 200)}",
+                  tb if type(tb) is str else None, result.get("files"))
 
 
 def _keep_log_fds() -> dict[int, int]:
@@ -1098,11 +1140,9 @@ def main(argv: list[str]) -> int:
         stage = _load(job["spec"])
         result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
         if not isinstance(result, StageResult):
-            out = _error(f"run() returned {type(result).__name__}, expected a StageResult", None)
+            out = _error(f"run() returned {_type_name(result)}, expected a StageResult", None)
         else:
-            if not isinstance(result.status, Status):
-                result.status = Status(result.status)
-            out = {"result": result.to_dict(), "traceback": None}
+            out = _result_out(result)
     except SystemExit as e:
         try:
             code = clip(repr(e.code), FIRST_LINE_CHARS)
@@ -1122,21 +1162,21 @@ def main(argv: list[str]) -> int:
         _dump_profile(prof, ctx.stage, t0)
     try:
         out = _bounded(out)
-    except (TypeError, ValueError):  # not JSON: named where it is written (below)
-        pass
+    except Exception as e:  # noqa: BLE001 - no JSON form (an object in metrics, a cycle, a huge int)
+        out = _bounded(_not_json(out, e))
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        print(f"# stage {ctx.stage}: {out['result']['status']} after {time.monotonic() - t0:.1f}s "
-              f"{out['result']['reason']}", flush=True)
-    except (OSError, ValueError):  # the log is gone (a stage that closed sys.stdout): the result still counts
+        print(f"# stage {ctx.stage}: {_shown(out['result']['status'])} after {time.monotonic() - t0:.1f}s "
+              f"{_shown(out['result']['reason'])}", flush=True)
+    except Exception:  # noqa: BLE001 - the log is gone (a stage that closed sys.stdout): the result still counts
         pass
     try:
         write_json(result_path, out)
-    except (TypeError, ValueError) as e:  # e.g. NaN or an object in metrics
-        write_json(result_path, _error(f"stage result is not JSON-serialisable ({e}); "
-                                       f"it was {out['result']['status']}: {out['result']['reason']}",
-                                       out["traceback"]))
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an object whose JSON form changed since _bounded
+        write_json(result_path, _bounded(_not_json(out, e)))
     _tell_result()
     linger()  # what the stage left running stays in this tree until the runner kills it
     return 0

@@ -8,6 +8,7 @@ the entry-point group ``nsa_runner.stages``.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,122 @@ class Status(str, enum.Enum):
         return self in (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 
 
+# metrics nested deeper than this are passed on as they are (JSON decides: a cycle or 100 000 levels
+# is the worker's ERROR "not JSON-serialisable")
+METRICS_DEPTH = 200
+NOTED_METRICS, NOTED_NAME_CHARS = 5, 60  # in the note: this many metric names, each clipped
+
+
+class MalformedResult(ValueError):
+    """A field of a stage's StageResult that cannot be read (a property or a container that raises).
+    ``problems``: (field, exception) pairs; ``partial``: what ``to_dict`` could read (its ``files``
+    are the stage's declared files when they could be read)."""
+
+    def __init__(self, problems: list[tuple[str, BaseException]], partial: dict):
+        super().__init__("; ".join(field for field, _ in problems))
+        self.problems = problems
+        self.partial = partial
+
+
+def _plain_text(value: Any) -> Any:
+    """A str (or a str subclass) as the plain str it holds, read with str's own method (a subclass's
+    ``__str__`` / ``__format__`` / ``__len__`` ... are never called: round 17 U-3, one that raised
+    killed the worker); any other value as it is (the runner names a wrong type)."""
+    return str.__str__(value) if issubclass(type(value), str) else value
+
+
+def _nonfinite_text(f: float) -> str:
+    """NaN / inf / -inf (a metric JSON has no number for) as the text it is recorded as."""
+    return "nan" if f != f else ("inf" if f > 0 else "-inf")
+
+
+def _path_text(path: tuple | None) -> str:
+    """``stats.max`` / ``rows[1]`` from the linked (parent, segment) pairs ``_plain_metrics`` keeps."""
+    segs = []
+    while path is not None:
+        path, seg = path
+        segs.append(seg)
+    text = "".join(reversed(segs)).lstrip(".")
+    return text if len(text) <= NOTED_NAME_CHARS else text[:NOTED_NAME_CHARS] + "…"
+
+
+def _key_segment(key: Any) -> str:
+    """A metric key as a segment of a metric's name (clipped; a key of another type: ``?``)."""
+    if type(key) is str:
+        return "." + key[:NOTED_NAME_CHARS]
+    if key is None or type(key) in (bool, int):
+        return "." + repr(key)[:NOTED_NAME_CHARS]
+    return ".?"
+
+
+def _plain_metrics(value: Any, default: Callable[[Any], Any] | None, changed: list[str],
+                   path: tuple | None = None, depth: int = 0, seen: frozenset[int] = frozenset()) -> Any:
+    """``value`` (a stage's metrics, or a part of them) as plain JSON data: str / int / float / dict /
+    list / tuple subclasses as their plain type (read with the base type's own methods), NaN / inf / -inf
+    as the text ``"nan"`` / ``"inf"`` / ``"-inf"`` (their names appended to ``changed``), other objects
+    through ``default`` (``artifacts._json_default``: numpy / torch scalars, enums, sets, ...). What
+    cannot be converted (an object ``default`` refuses, a cycle, nesting deeper than ``METRICS_DEPTH``)
+    is passed on as it is: JSON refuses it where the result is written."""
+    t = type(value)
+    if value is None or t is bool:
+        return value
+    if issubclass(t, str):
+        return str.__str__(value)
+    if issubclass(t, int):
+        return int.__index__(value)
+    if issubclass(t, float):
+        f = float.__float__(value)
+        if math.isfinite(f):
+            return f
+        changed.append(_path_text(path) or "metrics")
+        return _nonfinite_text(f)
+    if depth >= METRICS_DEPTH or id(value) in seen:
+        return value
+    inner = seen | {id(value)}
+    if issubclass(t, dict):
+        out = {}
+        for k, v in dict.items(value):
+            kt = type(k)
+            if issubclass(kt, str):
+                key = str.__str__(k)
+            elif issubclass(kt, float) and not math.isfinite(float.__float__(k)):
+                key = _nonfinite_text(float.__float__(k))
+                changed.append(_path_text((path, "." + key)))
+            else:
+                key = k
+            out[key] = _plain_metrics(v, default, changed, (path, _key_segment(key)), depth + 1, inner)
+        return out
+    if issubclass(t, (list, tuple)):
+        items = list.__iter__(value) if issubclass(t, list) else tuple.__iter__(value)
+        return [_plain_metrics(v, default, changed, (path, f"[{i}]"), depth + 1, inner) for i, v in enumerate(items)]
+    if default is None:
+        return value
+    try:
+        converted = default(value)
+    except Exception:  # noqa: BLE001 - not JSON: refused (and named) where the result is written
+        return value
+    if converted is value:
+        return value
+    return _plain_metrics(converted, default, changed, path, depth + 1, inner)
+
+
+def _says_something(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees (what ``executor.visible`` keeps), looking at
+    its start only (a reason of 60 MB)."""
+    import unicodedata
+
+    from nsa_runner._text import CONTROL
+
+    return any(unicodedata.category(ch)[0] not in "CZ" for ch in CONTROL.sub("", text[:4096]))
+
+
+def _metrics_note(changed: list[str]) -> str:
+    """One clause naming the metrics recorded as text (the first ``NOTED_METRICS``, each clipped)."""
+    names = changed[:NOTED_METRICS]
+    more = f" and {len(changed) - NOTED_METRICS} more" if len(changed) > NOTED_METRICS else ""
+    return f"metric(s) not a JSON number, recorded as the text \"nan\" / \"inf\" / \"-inf\": {', '.join(names)}{more}"
+
+
 @dataclass
 class StageResult:
     status: Status
@@ -34,16 +151,66 @@ class StageResult:
     metrics: dict[str, Any] = field(default_factory=dict)  # small JSON-able facts for summary
     hint: str = ""  # the fix, for SKIP (e.g. an install command)
 
-    def to_dict(self) -> dict:
-        return {
-            "status": self.status.value,
-            "reason": self.reason,
+    def to_dict(self, default: Callable[[Any], Any] | None = None) -> dict:
+        """The result as plain data, what the stage's worker writes (round 17 U-2, U-3):
+
+        - text (the status, reason, hint, each declared file name, each metric key and text value) is
+          read as the plain str it holds, with str's own method: a str subclass's own methods (a
+          ``__str__`` that raises) are never called;
+        - a metric that is NaN, inf or -inf (a float, or what ``default`` makes of an object: a numpy or
+          torch scalar) is recorded as the text ``"nan"``, ``"inf"`` or ``"-inf"`` (JSON has no number
+          for them; readers of the record take metric values as they are), and one clause naming those
+          metrics is appended to the reason (to the hint when the stage gave no reason: a SKIP without
+          a reason stays the runner's ERROR);
+        - a value of another type is passed on as it is: the runner names a reason, hint or file name
+          that is not text, and the worker a metric with no JSON form.
+
+        Raises ``MalformedResult`` naming each field that cannot be read at all (a property that raises).
+        """
+        problems: list[tuple[str, BaseException]] = []
+        out: dict[str, Any] = {}
+
+        def read(name: str, convert: Callable[[Any], Any]) -> None:
+            try:
+                out[name] = convert(getattr(self, name))
+            except Exception as e:  # noqa: BLE001 - the stage's field: named, never the worker's end
+                problems.append((name, e))
+
+        def status(s: Any) -> str:
+            if type(s) is Status:
+                return s.value
+            return Status(_plain_text(s)).value
+
+        def files(f: Any) -> Any:
             # a list as given; anything else (e.g. one string) is passed on as is, so the runner
             # names the wrong type instead of splitting "a.txt" into letters
-            "files": list(self.files) if isinstance(self.files, (list, tuple)) else self.files,
-            "metrics": self.metrics,
-            "hint": self.hint,
-        }
+            t = type(f)
+            if issubclass(t, list):
+                return [_plain_text(x) for x in list.__iter__(f)]
+            if issubclass(t, tuple):
+                return [_plain_text(x) for x in tuple.__iter__(f)]
+            return _plain_text(f)
+
+        changed: list[str] = []
+
+        def metrics(m: Any) -> Any:
+            return _plain_metrics(m, default, changed)
+
+        read("status", status)
+        read("reason", _plain_text)
+        read("files", files)
+        read("metrics", metrics)
+        read("hint", _plain_text)
+        if changed:
+            note = _metrics_note(changed)
+            reason, hint = out.get("reason"), out.get("hint")
+            if type(reason) is str and _says_something(reason):
+                out["reason"] = f"{reason}; {note}"
+            elif type(hint) is str:
+                out["hint"] = f"{hint}; {note}" if _says_something(hint) else note
+        if problems:
+            raise MalformedResult(problems, out)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> StageResult:
