@@ -842,6 +842,9 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             rec.reason = (f"no result after {timeout_s:g}s: the stage's processes were killed" if t_stage is not None
                           else f"the stage did not begin within {timeout_s + PRELOAD_GRACE_S:g}s (its worker was "
                                "still starting): its processes were killed")
+            last = _last_line(log_path)
+            if visible(last):  # where it was: the case / implementation it ran last (round 17 B U-5)
+                rec.reason += f"; the last line of its log: {last}"
             rec.log_tail = tail(log_path)
         elif folder.exists(RESULT):
             try:

@@ -368,6 +368,7 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
                 print(f"[SKIP] {case.id}: {why}", flush=True)
                 continue
             t0 = time.perf_counter()
+            print(f"# {entry.name} {case.id} ...", flush=True)  # a TIMEOUT names what ran last (round 17 B U-5)
             try:
                 with adapter_code():
                     m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))

@@ -1,0 +1,44 @@
+"""Bad days, red-team round 17 (part B) U-5, through the CLI: an impl adapter that hangs made triton-fwd TIMEOUT
+"no result after 12s: the stage's processes were killed": neither the record nor the log named the implementation
+or the case it hung in. Expected: the stage logs each case before it runs, and a TIMEOUT's reason carries the last
+line of the stage's log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+try:
+    from _bad_days import MAIN
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import MAIN
+
+ADAPTER = '''
+import time
+from nsa_runner.impls import Impl
+
+
+def _hang(*args, **kwargs):
+    time.sleep(600)
+
+
+def slowpoke():
+    return Impl("slowpoke", {"selection_attention": _hang})
+'''
+
+
+def test_a_timeout_names_the_implementation_and_case_that_ran_last(plugins, tmp_path):
+    (plugins.site / "m17_slow.py").write_text(ADAPTER)
+    info = plugins.site / "m17_slow-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: m17-slow\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nslowpoke = m17_slow:slowpoke\n")
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "triton-fwd", "--device", "cpu",
+                        "--impl", "slowpoke", "--timeout", "20", "--out", str(out)],
+                       env=plugins.env() | {"NSA_RUN_SPARE_WORKER": "0"}, text=True, capture_output=True, timeout=600)
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    rec = next(s for s in m["stages"] if s["name"] == "triton-fwd")
+    assert rec["status"] == "TIMEOUT", (rec, r.stdout[-2000:], r.stderr[-2000:])
+    assert "the last line of its log: # slowpoke " in rec["reason"], rec["reason"]
