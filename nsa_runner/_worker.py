@@ -846,6 +846,16 @@ def _shown(value: object) -> str:
     return value if type(value) is str else f"({_type_name(value)})"
 
 
+def _traceback_text() -> str:
+    """``traceback.format_exc()`` of the exception being handled, never raising: a class refusing its
+    ``__qualname__`` / ``__module__`` (a metaclass) made it raise in the worker's ``except`` clause, and
+    the worker died without a result (the stage's ERROR "exited with code 1 without a result")."""
+    try:
+        return traceback.format_exc()
+    except Exception as e:  # noqa: BLE001 - a hostile exception class
+        return f"(the traceback could not be formatted: {_described(e)})\n"
+
+
 def _error(message: str, tb: str | None, files: object = ()) -> dict:
     """The stage's ERROR ``message``, with the stage's declared ``files`` when they are a list of text
     (the runner checks them as any stage's)."""
@@ -942,7 +952,10 @@ def _dump_profile(prof, stage: str, t0: float) -> None:
         with open(os.path.join(folder, f"{stage}.txt"), "w") as f:
             f.write(f"process age at the stage's start: {age:.2f} s (a spare: {_WAS_SPARE})\n" + buf.getvalue())
     except Exception as e:  # noqa: BLE001
-        print(f"# profile not written: {type(e).__name__}: {e}", file=sys.stderr)
+        try:
+            print(f"# profile not written: {_described(e)}", file=sys.stderr)
+        except Exception:  # noqa: BLE001 - the log is gone: never the stage's failure
+            pass
 
 
 def _preloads(flash: bool = True, fla: bool = False) -> list[str]:
@@ -1148,9 +1161,9 @@ def main(argv: list[str]) -> int:
             code = clip(repr(e.code), FIRST_LINE_CHARS)
         except Exception:  # noqa: BLE001 - an exit code whose repr raises
             code = "..."
-        out = _error(f"stage called sys.exit({code})", traceback.format_exc())
+        out = _error(f"stage called sys.exit({code})", _traceback_text())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
-        tb = traceback.format_exc()
+        tb = _traceback_text()
         _reopen_log_fds(log_fds)
         try:
             sys.stderr.write(tb)
