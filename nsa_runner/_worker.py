@@ -872,7 +872,9 @@ def _result_out(result: StageResult) -> dict:
     try:
         return {"result": result.to_dict(default=_json_default), "traceback": None}
     except MalformedResult as e:
-        what = "; ".join(f"{field} could not be read ({_described(exc)})" for field, exc in e.problems)
+        what = "; ".join(f"status must be one of {', '.join(s.value for s in Status)} ({_described(exc)})"
+                         if field == "status" and isinstance(exc, ValueError)
+                         else f"{field} could not be read ({_described(exc)})" for field, exc in e.problems)
         return _error(f"the stage's StageResult is malformed: {what}", None, e.partial.get("files"))
 
 

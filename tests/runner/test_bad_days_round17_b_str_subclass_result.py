@@ -5,7 +5,8 @@ ERROR "process exited with code 1 without a result", the problem not named.
 
 Expected: the text is taken as the plain str it holds (str's own methods, never the subclass's), the
 stage's own verdict recorded; a field that cannot be read at all (a property that raises) is the stage's
-ERROR "the stage's StageResult is malformed: <field> could not be read (...)", its declared files kept.
+ERROR "the stage's StageResult is malformed: <field> could not be read (...)" (a status that is no Status:
+"status must be one of ..."), its declared files kept.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class OddStatus(Stage):
     def run(self, ctx):
         return StageResult(Bad("SKIP"), "not on this machine")
 
+class BogusStatus(Stage):
+    name, order, timeout_s, preload = "bogusstatus", 13, 120.0, False
+    def run(self, ctx):
+        (ctx.dir / "c.txt").write_text("evidence")
+        return StageResult("bogus", "x", files=["c.txt"])
+
 class _NoReason(StageResult):
     @property
     def reason(self):
@@ -58,9 +65,10 @@ class Unreadable(Stage):
 def test_a_str_subclass_in_a_result_is_read_as_plain_text(plugins, tmp_path):
     plugins.make("b17-text", "b17_text_mod", STAGES,
                  {"oddtext": "b17_text_mod:Odd", "noreason": "b17_text_mod:Unreadable",
-                  "oddstatus": "b17_text_mod:OddStatus"})
+                  "oddstatus": "b17_text_mod:OddStatus", "bogusstatus": "b17_text_mod:BogusStatus"})
     out = tmp_path / "o"
-    proc = subprocess.run(cli_cmd("oneshot", "--only", "oddtext,noreason,oddstatus", "--out", out, "--device", "cpu"),
+    only = "oddtext,noreason,oddstatus,bogusstatus"
+    proc = subprocess.run(cli_cmd("oneshot", "--only", only, "--out", out, "--device", "cpu"),
                           env=env_with(plugins.env(), NSA_RUN_SPARE_WORKER="0"), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -76,3 +84,6 @@ def test_a_str_subclass_in_a_result_is_read_as_plain_text(plugins, tmp_path):
                                            "(RuntimeError: no reason here)"), unreadable
     assert unreadable["files"] == ["b.txt"], unreadable
     assert (stages["oddstatus"]["status"], stages["oddstatus"]["reason"]) == ("SKIP", "not on this machine")
+    bogus = stages["bogusstatus"]  # the field named, the declared files kept
+    assert bogus["status"] == "ERROR" and bogus["files"] == ["c.txt"], bogus
+    assert bogus["reason"].startswith("the stage's StageResult is malformed: status must be one of PASS, FAIL, "), bogus
