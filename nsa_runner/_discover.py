@@ -29,6 +29,7 @@ import importlib
 import importlib.metadata as md
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -151,28 +152,106 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module), attr)
 
 
+MAX_DIST_FILE_BYTES = 64 << 20  # one file of a distribution's metadata folder (METADATA, entry_points.txt, ...)
+
+
+class UnreadableDistFile(Exception):
+    """A file of an installed distribution's metadata folder that cannot be read safely: a FIFO, a device,
+    a socket, larger than MAX_DIST_FILE_BYTES, or no permission. The message names it and why."""
+
+
+def read_dist_file(folder: object, name: str) -> bytes | None:
+    """The bytes of file ``name`` of a distribution's metadata folder (``""``: the folder itself, an old
+    egg-info file), as ``importlib.metadata`` reads it but never a FIFO's wait, a device's endless read or a
+    huge file (round 17 U-6: a METADATA FIFO of a package that is no plugin at all stopped every command):
+    opened non-blocking, checked on the descriptor, bounded. None where importlib.metadata finds nothing
+    (missing, a dangling link, a folder); UnreadableDistFile for the rest."""
+    import stat
+
+    path = os.path.join(str(folder), name) if name else str(folder)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as e:  # no permission; a socket (ENXIO); ...
+        raise UnreadableDistFile(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            from nsa_runner.artifacts import file_kind
+
+            raise UnreadableDistFile(f"{path} is {file_kind(st.st_mode)}, not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_DIST_FILE_BYTES and (chunk := os.read(fd, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_DIST_FILE_BYTES:
+            raise UnreadableDistFile(f"{path} is larger than {MAX_DIST_FILE_BYTES >> 20} MiB")
+        return b"".join(chunks)
+    except OSError as e:
+        raise UnreadableDistFile(f"{path} cannot be read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+
+
+class SafeDistribution(md.PathDistribution):
+    """An installed distribution whose files are read by ``read_dist_file`` (each once: ``raw``). Its
+    ``entry_points``, ``metadata``, ``version``, ``files`` raise UnreadableDistFile naming a file that cannot
+    be read safely, UnicodeDecodeError for one that is not UTF-8 (as importlib.metadata does)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.raw: dict[str, bytes | None] = {}
+
+    def read_text(self, filename):
+        filename = str(filename)
+        if filename not in self.raw:
+            self.raw[filename] = read_dist_file(self._path, filename)
+        data = self.raw[filename]
+        if data is None:
+            return None
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # (text mode's newlines)
+
+
+def distributions():
+    """``importlib.metadata.distributions()``, a metadata folder's each as a SafeDistribution. Read a
+    distribution's ``entry_points`` first and its ``metadata`` only when it declares the group wanted:
+    a package that is no plugin then never matters, whatever its other files are."""
+    for dist in md.distributions():
+        path = getattr(dist, "_path", None)
+        yield SafeDistribution(path) if type(dist) is md.PathDistribution and path is not None else dist
+
+
+def _dist_stem_name(where: str) -> str:
+    base = os.path.basename(where.rstrip("/"))
+    for ext in (".dist-info", ".egg-info"):
+        if base.endswith(ext):
+            return base[:-len(ext)].partition("-")[0] or base
+    return base
+
+
 def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dict | None:
     """The record naming a distribution whose metadata cannot be read as broken, when its
     ``entry_points.txt`` may declare ``group`` (its raw bytes name the group's section, or there is
-    no way to tell); None for a distribution that plainly declares other groups only."""
+    no way to tell: it cannot be read itself); None for a distribution that plainly declares other
+    groups only. Read here through ``SafeDistribution`` only (``raw``: what was read already)."""
     where = str(getattr(dist, "_path", "?"))
-    try:
-        raw = (os.path.join(where, "entry_points.txt"))
-        with open(raw, "rb") as f:
-            text = f.read(1 << 20)
-        if f"[{group}]".encode() not in text:
-            return None
-    except OSError:
-        pass
-    try:
-        name = dist.metadata["Name"] or os.path.basename(where)
-    except Exception:  # noqa: BLE001
-        name = os.path.basename(where)
-    name = str(name).split("-")[0] if name.endswith(".dist-info") else str(name)
+    raw = getattr(dist, "raw", None)
+    text = raw.get("entry_points.txt", False) if isinstance(raw, dict) else False
+    if text is None or (isinstance(text, bytes) and f"[{group}]".encode() not in text):
+        return None
+    try:  # its Name, when its METADATA says one (read safely: SafeDistribution)
+        name = str(dist.metadata["Name"] or "") or _dist_stem_name(where)
+    except Exception:  # noqa: BLE001 - unreadable, not UTF-8, none at all: the folder's name
+        name = _dist_stem_name(where)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", name[:100]) or "?"
+    why = str(e) if isinstance(e, UnreadableDistFile) else f"{type(e).__name__}: {str(e)}"
     key = "\t".join((name.lower(), "invalid:distribution", where))
     return {"key": key, "name": f"{name}:distribution", "value": where, "dist": name, "version": "?",
             "error": f"distribution {name} ({where}): its metadata cannot be read "
-                     f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); its stages are left out, "
+                     f"({' '.join(why.split())[:300]}); its entry points of {group} are left out, "
                      f"the other distributions' are not"}
 
 
@@ -390,13 +469,15 @@ def main(argv: list[str]) -> int:
                                 "os._exit or sys.exit in C)")
         emit({"entry": rec}, fresh_line=True)
 
-    for dist in md.distributions():
+    for dist in distributions():
         if paths is not None and os.path.realpath(str(getattr(dist, "_path", "") or "")) not in paths:
             continue
         try:  # one distribution's broken metadata (any group) never hides the others
-            dist_name = dist.metadata["Name"] or "?"
             eps = [ep for ep in dist.entry_points if ep.group == req["group"]]
-        except Exception as e:  # noqa: BLE001 - malformed / binary entry_points.txt, METADATA, ...
+            if not eps:  # none of the group: its METADATA never read (round 17 U-6: a FIFO there stopped every
+                continue  # command of nsa-run, though the package was no plugin at all)
+            dist_name = dist.metadata["Name"] or "?"
+        except Exception as e:  # noqa: BLE001 - malformed / binary entry_points.txt, METADATA, a FIFO, ...
             rec = _broken_distribution(dist, req["group"], e)
             if rec is not None and rec["key"] not in seen and rec["key"] not in skip:
                 seen.add(rec["key"])

@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nsa_runner._discover import EXIT_TEMP_FULL, _why, entry_key, note, stdout_parked
+from nsa_runner._discover import (
+    EXIT_TEMP_FULL,
+    SafeDistribution,
+    _why,
+    distributions,
+    entry_key,
+    note,
+    stdout_parked,
+)
 from nsa_runner._text import clip, env_seconds, shown
 from nsa_runner.stage import Option, Stage
 
@@ -98,7 +106,7 @@ def own_dist_paths() -> frozenset[str]:
         return _OWN[0]
     pkg_init, root = _running_package()
     found = set()
-    for dist in md.distributions():
+    for dist in distributions():  # read safely: a FIFO / device / huge METADATA is never ours (round 17 U-6)
         try:
             if _norm(dist.metadata["Name"] or "") != BUILTIN_DIST:
                 continue
@@ -613,7 +621,7 @@ def builtin_entries(group: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in sorted(own_dist_paths()):
         try:
-            dist = md.PathDistribution(Path(path))
+            dist = SafeDistribution(Path(path))
             name = dist.metadata["Name"] or "?"
             for ep in dist.entry_points:
                 if ep.group == group and own_module_file(ep.value):
@@ -1018,16 +1026,20 @@ class Machine:
     device: str  # the device the run uses: "cuda" or "cpu"
 
 
-# files importlib.metadata reads whole (every ``import torch`` reads each distribution's
-# entry_points.txt: torch's device-backend hook) in the CLI, the discovery child and every stage
+# files importlib.metadata reads whole of EVERY installed distribution in every process of nsa-run (the CLI,
+# the discovery children, every stage): ``import torch`` reads each one's entry_points.txt (torch's device-
+# backend hook), and a folder whose name gives no distribution name has its METADATA / PKG-INFO read there
+# too. nsa-run's own reads of the others go through ``_discover.read_dist_file`` (never blocking, bounded):
+# a package that is no plugin never matters, one that may declare stages is listed as broken (round 17 U-6)
 METADATA_FILES = ("entry_points.txt", "METADATA", "PKG-INFO")
 MAX_METADATA_BYTES = 64 << 20
 
 
 def installed_metadata_problem() -> str:
-    """One line naming an installed distribution's metadata file that a read would hang on (a FIFO),
-    never end on (``/dev/zero``) or exhaust memory with; "" when there is none. Only ``stat`` is used
-    here: nothing is opened."""
+    """One line naming an installed distribution's metadata file that ``import torch`` would hang on (a
+    FIFO), never end on (``/dev/zero``) or exhaust memory with; "" when there is none. Only ``stat`` is
+    used here: nothing is opened. (A METADATA that nsa-run alone reads is not refused here: discovery
+    passes over or names that distribution, the rest runs.)"""
     import stat as st_
 
     for entry in sys.path:
@@ -1038,7 +1050,8 @@ def installed_metadata_problem() -> str:
         for name in names:
             if not name.endswith((".dist-info", ".egg-info")):
                 continue
-            for meta in METADATA_FILES:
+            named = bool(os.path.splitext(name)[0].partition("-")[0])  # (else importlib reads its METADATA for it)
+            for meta in METADATA_FILES if not named else METADATA_FILES[:1]:
                 path = os.path.join(entry or ".", name, meta)
                 try:
                     mode = os.stat(path)

@@ -126,10 +126,14 @@ def _builtin(dist: str, dist_path: str, value: str) -> bool:
 
 def _entry_points() -> list[tuple[md.EntryPoint, str, str, str]]:
     out, seen = [], set()
-    for dist in md.distributions():
+    from nsa_runner._discover import distributions
+
+    for dist in distributions():  # read safely; METADATA only of one declaring the group (round 17 U-6)
         try:  # one distribution's unreadable metadata never hides the others (nor crashes the CLI)
-            dist_name = dist.metadata["Name"] or "?"
             eps = [ep for ep in dist.entry_points if ep.group == GROUP]
+            if not eps:
+                continue
+            dist_name = dist.metadata["Name"] or "?"
         except Exception:  # noqa: BLE001 - malformed entry_points.txt / METADATA: describe_all names it
             continue
         for ep in eps:
@@ -322,7 +326,9 @@ def _row(rec: dict, device: str, error: str = "") -> dict:
 
     name = str(rec.get("name") or "?")
     if not NAME_RE.fullmatch(name):  # shown in tables and manifests: a plain word, never markup
-        error = error or f"entry-point name {clip(name, META_CHARS)!r} is not a plain word"
+        # (a record's own error first: a distribution whose metadata cannot be read, round 17 U-6)
+        error = (error or str(rec.get("error") or "")
+                 or f"entry-point name {clip(name, META_CHARS)!r} is not a plain word")
         name = invalid_name(name)
     info = rec.get("impl")
     error = error or str(rec.get("error") or "") or _info_problem(info)
