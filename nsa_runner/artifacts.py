@@ -87,9 +87,11 @@ def _json_default(obj: Any) -> Any:
         return dataclasses.asdict(obj)
     if hasattr(obj, "to_dict"):
         return obj.to_dict()
+    if hasattr(obj, "tolist") and callable(obj.tolist) and getattr(obj, "ndim", 0) != 0:  # numpy arrays / tensors
+        return obj.tolist()  # before .item(): a 2-element one raised there (round 17, noticed fixing U-2)
     if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
         return obj.item()
-    if hasattr(obj, "tolist") and callable(obj.tolist):  # small numpy arrays / tensors
+    if hasattr(obj, "tolist") and callable(obj.tolist):
         return obj.tolist()
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
