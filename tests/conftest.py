@@ -26,13 +26,15 @@ class PluginFactory:
         monkeypatch.syspath_prepend(str(self.site))
         self._mp = monkeypatch
 
-    def make(self, dist: str, module: str, source: str, stages: dict[str, str], version: str = "1.2.3") -> Path:
-        """Write ``module.py`` (``source``) and a dist-info declaring ``stages`` {entry name: "module:Attr"}."""
+    def make(self, dist: str, module: str, source: str, stages: dict[str, str], version: str = "1.2.3",
+             group: str = "nsa_runner.stages") -> Path:
+        """Write ``module.py`` (``source``) and a dist-info declaring ``stages`` {entry name: "module:Attr"} in
+        entry-point ``group`` (``nsa_runner.impls`` for implementation adapters)."""
         (self.site / f"{module}.py").write_text(textwrap.dedent(source))
         info = self.site / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        lines = ["[nsa_runner.stages]"] + [f"{k} = {v}" for k, v in stages.items()]
+        lines = [f"[{group}]"] + [f"{k} = {v}" for k, v in stages.items()]
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
         importlib.invalidate_caches()
         sys.modules.pop(module, None)

@@ -82,12 +82,9 @@ def clobd():
 
 
 def _stage(plugins, tmp_path, *args):
-    (plugins.site / "r17a_bench.py").write_text(SRC)
-    info = plugins.site / "r17a_bench-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: r17a-bench\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[nsa_runner.impls]\nclobp = r17a_bench:clobp\nprobep = r17a_bench:probep\nclobd = r17a_bench:clobd\n")
+    plugins.make("r17a-bench", "r17a_bench", SRC,
+                 {"clobp": "r17a_bench:clobp", "probep": "r17a_bench:probep", "clobd": "r17a_bench:clobd"},
+                 version="1.0", group="nsa_runner.impls")
     state, out = tmp_path / "state", tmp_path / "o"
     state.mkdir()
     r = subprocess.run([sys.executable, "-c", MAIN, "stage", *args, "--out", str(out), "--device", "cpu"],

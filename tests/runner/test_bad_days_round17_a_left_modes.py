@@ -85,11 +85,8 @@ def probe():
 
 
 def test_dispatch_modes_rng_and_environ_an_adapter_leaves_are_put_back(plugins, tmp_path):
-    (plugins.site / "r17a_leaky.py").write_text(ADAPTERS)
-    info = plugins.site / "r17a_leaky-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: r17a-leaky\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nleaky = r17a_leaky:leaky\nprobe = r17a_leaky:probe\n")
+    plugins.make("r17a-leaky", "r17a_leaky", ADAPTERS,
+                 {"leaky": "r17a_leaky:leaky", "probe": "r17a_leaky:probe"}, version="1.0", group="nsa_runner.impls")
     state = tmp_path / "state"
     state.mkdir()
     out = tmp_path / "runs"

@@ -44,11 +44,8 @@ CASE = "B1-T40-HQ6"  # the ragged fp32 case of the quick matrix, the smallest
 
 @pytest.mark.parametrize("to", ["float64", "float16"])
 def test_an_output_not_in_the_case_dtype_is_the_adapters_bad_output(plugins, tmp_path, to):
-    (plugins.site / "r17a_wide.py").write_text(WIDE)
-    info = plugins.site / "r17a_wide-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: r17a-wide\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nwide = r17a_wide:wide\n")
+    plugins.make("r17a-wide", "r17a_wide", WIDE,
+                 {"wide": "r17a_wide:wide"}, version="1.0", group="nsa_runner.impls")
     out = tmp_path / "o"
     r = subprocess.run([sys.executable, "-c", MAIN, "stage", "triton-fwd", "--impl", "wide,nsa_core", "--cases", CASE,
                         "--device", "cpu", "--profile", "quick", "--out", str(out)],
@@ -86,11 +83,8 @@ def widestep():
 
 
 def test_decode_bench_a_step_output_not_in_qs_dtype_is_its_error_row(plugins, tmp_path):
-    (plugins.site / "r17a_widestep.py").write_text(WIDE_STEP)
-    info = plugins.site / "r17a_widestep-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: r17a-widestep\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nwidestep = r17a_widestep:widestep\n")
+    plugins.make("r17a-widestep", "r17a_widestep", WIDE_STEP,
+                 {"widestep": "r17a_widestep:widestep"}, version="1.0", group="nsa_runner.impls")
     out = tmp_path / "o"
     r = subprocess.run([sys.executable, "-c", MAIN, "stage", "decode-bench", "--impl", "nsa_core,widestep", "--S-list",
                         "256", "--batch-list", "1", "--iters", "2", "--warmup", "1", "--device", "cpu", "--out",

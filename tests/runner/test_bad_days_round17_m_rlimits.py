@@ -57,11 +57,8 @@ def probe():
 
 
 def test_resource_limits_an_adapter_lowers_are_put_back(plugins, tmp_path):
-    (plugins.site / "m17_rlim.py").write_text(ADAPTERS)
-    info = plugins.site / "m17_rlim-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: m17-rlim\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nleaky = m17_rlim:leaky\nprobe = m17_rlim:probe\n")
+    plugins.make("m17-rlim", "m17_rlim", ADAPTERS,
+                 {"leaky": "m17_rlim:leaky", "probe": "m17_rlim:probe"}, version="1.0", group="nsa_runner.impls")
     state = tmp_path / "state"
     state.mkdir()
     out = tmp_path / "runs"

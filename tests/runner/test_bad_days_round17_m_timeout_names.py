@@ -29,11 +29,8 @@ def slowpoke():
 
 
 def test_a_timeout_names_the_implementation_and_case_that_ran_last(plugins, tmp_path):
-    (plugins.site / "m17_slow.py").write_text(ADAPTER)
-    info = plugins.site / "m17_slow-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: m17-slow\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nsa_runner.impls]\nslowpoke = m17_slow:slowpoke\n")
+    plugins.make("m17-slow", "m17_slow", ADAPTER,
+                 {"slowpoke": "m17_slow:slowpoke"}, version="1.0", group="nsa_runner.impls")
     out = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "triton-fwd", "--device", "cpu",
                         "--impl", "slowpoke", "--timeout", "20", "--out", str(out)],
