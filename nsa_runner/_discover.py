@@ -168,6 +168,8 @@ def read_dist_file(folder: object, name: str) -> bytes | None:
     (missing, a dangling link, a folder); UnreadableDistFile for the rest."""
     import stat
 
+    if not isinstance(folder, (str, os.PathLike)):  # a folder inside a zip on sys.path (zipfile.Path)
+        return _read_member(folder, name)
     path = os.path.join(str(folder), name) if name else str(folder)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
@@ -194,6 +196,28 @@ def read_dist_file(folder: object, name: str) -> bytes | None:
         raise UnreadableDistFile(f"{path} cannot be read ({e.strerror or e})") from None
     finally:
         os.close(fd)
+
+
+def _read_member(folder, name: str) -> bytes | None:
+    """``read_dist_file`` for a distribution whose metadata folder is no folder of the file system but a
+    path object of its own, e.g. ``zipfile.Path`` inside a zip on sys.path (round 18 B-2: os.open of
+    ``<zip>/<folder>/METADATA`` failed, NotADirectoryError, and the plugin was neither listed nor named
+    broken). Read through that object (a zip member is no FIFO nor device), at most MAX_DIST_FILE_BYTES;
+    None where importlib.metadata finds nothing, UnreadableDistFile naming it and why for the rest."""
+    where = f"{folder}{name}" if str(folder).endswith("/") else f"{folder}/{name}" if name else str(folder)
+    try:
+        path = folder.joinpath(name) if name else folder
+        if path.is_dir():
+            return None
+        with path.open("rb") as f:
+            data = f.read(MAX_DIST_FILE_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
+        return None
+    except Exception as e:  # noqa: BLE001 - a bad zip (BadZipFile, zlib.error), no permission, ...
+        raise UnreadableDistFile(f"{where} cannot be read ({type(e).__name__}: {e})") from None
+    if len(data) > MAX_DIST_FILE_BYTES:
+        raise UnreadableDistFile(f"{where} is larger than {MAX_DIST_FILE_BYTES >> 20} MiB")
+    return data
 
 
 class SafeDistribution(md.PathDistribution):
