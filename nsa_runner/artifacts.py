@@ -814,21 +814,47 @@ def runner_died(m: dict, dir: str | os.PathLike | None = None) -> str | None:
         return owner_alive(owner, folder) is False
 
     running = [p.get("stage") for p in m.get("pending") or [] if isinstance(p, dict) and dead(p.get("owner"))]
+    state = planned_state(m)
     if running:
         return (f"runner died / unfinished: the nsa-run running stage {', '.join(map(str, running))} is gone "
-                f"(its result is missing)")
+                f"(its result is missing)" + (f"; {state}" if state else ""))
+    state = state or "stages after the last one listed did not run"
     if m.get("finished") is None and not m.get("interrupted") and dead(m.get("runner")):
-        return run_died_line(m)
+        return f"runner died / unfinished: {run_died_fact(m)}; {state}"
     if isinstance(m.get("died"), str) and m["died"]:  # noted by a later ``stage`` into the run (``RunManifest.open``)
-        return m["died"]
+        return f"runner died / unfinished: {m['died']}; {state}"
     return None
 
 
-def run_died_line(m: dict) -> str:
-    """``runner_died``'s line for a run whose runner died before finishing it."""
+def run_died_fact(m: dict) -> str:
+    """What ``runner_died`` says of a run whose runner died before finishing it (``RunManifest.open`` keeps it as
+    ``died``; what the run then lacks is said from its records each time, ``planned_state``)."""
     runner = m.get("runner") if isinstance(m.get("runner"), dict) else {}
-    return (f"runner died / unfinished: nsa-run pid {runner.get('pid')} is gone and never finished "
-            f"the run; stages after the last one listed did not run")
+    return f"nsa-run pid {runner.get('pid')} is gone and never finished the run"
+
+
+_STOPPED = re.compile(r"interrupted \([^)]*\): the stage was stopped")  # ``executor.interrupt_reason``'s record
+
+
+def planned_state(m: dict) -> str | None:
+    """What of the stages the run planned (``planned``, noted by ``executor.execute``) lacks its own result now:
+    those stopped by an interrupt (their record is the interrupt's ERROR), those with no record; or that every one
+    has its own result. None when the run noted no plan (an older nsa-run). Said from the records each time, so a
+    later ``stage X`` into the run counts (round 18 A: the lines were judged once, or by the record's presence)."""
+    planned = m.get("planned")
+    if not isinstance(planned, list) or not all(isinstance(n, str) for n in planned):
+        return None
+    recs = {s.get("name"): s for s in m.get("stages") or [] if isinstance(s, dict)}
+
+    def names(ns: list[str]) -> str:
+        return ", ".join(ns[:10]) + (f" and {len(ns) - 10} more" if len(ns) > 10 else "")
+
+    stopped = [n for n in planned if n in recs and recs[n].get("status") == "ERROR"
+               and _STOPPED.match(str(recs[n].get("reason") or ""))]
+    missing = [n for n in planned if n not in recs]
+    parts = ([f"stopped by an interrupt: {names(stopped)}"] if stopped else []) + (
+        [f"{len(missing)} planned stage(s) have no result: {names(missing)}"] if missing else [])
+    return "; ".join(parts) if parts else "every planned stage has its own result"
 
 
 def still_running(m: dict, dir: str | os.PathLike | None = None) -> str | None:

@@ -62,7 +62,7 @@ from nsa_runner.artifacts import (
     pid_alive,
     process_started,
     read_limited,
-    run_died_line,
+    run_died_fact,
     runner_dirs_problem,
     stage_allowed,
     stage_owns,
@@ -1093,7 +1093,7 @@ class RunManifest:
             # oneshot's folder left a complete-looking, green oneshot)
             if (data.get("finished") is None and not data.get("interrupted") and not data.get("died")
                     and artifacts.owner_alive(data.get("runner"), m.dir) is False):  # as runner_died judges
-                data["died"] = run_died_line(data)
+                data["died"] = run_died_fact(data)
             data.setdefault("history", [])
             data.setdefault("updates", []).append({"argv": list(argv), "started": now_iso(), "token": m.token})
 

@@ -23,12 +23,19 @@ _SPELLINGS = {"PASSED": "PASS", "FAILED": "FAIL", "FAILURE": "FAIL", "SKIPPED": 
 
 
 def case_status(word: object) -> str | None:
-    """A case table row's status as one of ``STATUSES``: the word itself, or written another way (case,
-    spaces around it, invisible controls, a past tense: ``fail``, ``FAILED``, `` PASS``; round 17 U-1: such a
-    FAIL was a junit skip, green in CI); None for any other word (``N/A``: the row says it does not apply)."""
+    """A case table row's status as one of ``STATUSES``: the word itself, or written another way (case, spaces
+    around it, invisible controls and format characters, full-width letters, a past tense: ``fail``, ``FAILED``,
+    `` PASS``; round 17 U-1: such a FAIL was a junit skip, green in CI); None for any other word (``N/A``: the row
+    says it does not apply)."""
+    import unicodedata
+
     from nsa_runner._text import CONTROL
 
-    text = " ".join(CONTROL.sub("", str(word)).split()).upper()
+    # compatibility forms folded (full-width ＦＡＩＬ), invisible format characters dropped (a zero-width space,
+    # U+FEFF, a soft hyphen: round 18 A-R3, "FAIL\u200b" was a junit skip under a PASS)
+    text = unicodedata.normalize("NFKC", CONTROL.sub("", str(word)))
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    text = " ".join(text.split()).upper()
     text = _SPELLINGS.get(text, text)
     return text if text in STATUSES else None
 

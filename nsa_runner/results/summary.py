@@ -10,7 +10,7 @@ import os
 import re
 import urllib.parse
 
-from nsa_runner.artifacts import now_iso, runner_died, unfinished
+from nsa_runner.artifacts import now_iso, planned_state, runner_died, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
 from nsa_runner.results.junit import clean
 
@@ -106,18 +106,15 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
 
 
 def interrupted_line(m: dict) -> str:
-    """What an interrupted run's stop cost, from the stages its oneshot planned (``planned``, noted by
-    ``executor.execute``): the planned stages with no record, or that every one was recorded (a stop during the
-    closing reports; round 17 A U-c: "later stages are missing" was said of a run that missed none)."""
-    planned = m.get("planned")
-    if not isinstance(planned, list) or not all(isinstance(n, str) for n in planned):
+    """What an interrupted run lacks (``artifacts.planned_state``: the planned stages an interrupt stopped or that
+    have no result, or that every one has its own). The ``interrupted`` flag is the run folder's: set by any command
+    into it that was stopped, a rerun that was undone too (round 17 A U-c, round 18 A)."""
+    state = planned_state(m)
+    if state is None:
         return "(Ctrl-C / cancel): stages after the last one listed did not run"
-    recorded = {s.get("name") for s in m.get("stages") or [] if isinstance(s, dict)}
-    missing = [n for n in planned if n not in recorded]
-    if not missing:
-        return "(Ctrl-C / cancel) after every planned stage was recorded: only the closing steps were cut short"
-    more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-    return f"(Ctrl-C / cancel): {len(missing)} planned stage(s) did not run: {', '.join(missing[:10])}{more}"
+    if not state.startswith("every"):
+        return f"(Ctrl-C / cancel): {state}"
+    return f"(Ctrl-C / cancel): an nsa-run command into this run was stopped; {state}"
 
 
 def summary_json(m: dict, stages: list[dict] | None = None) -> dict:

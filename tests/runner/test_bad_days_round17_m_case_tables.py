@@ -54,3 +54,16 @@ def test_a_pass_whose_case_table_passes_stays_a_pass(plugins, tmp_path):
     proc, out = _run(plugins, tmp_path, "case,status,note\nc1,PASS,\nc2,N/A,not here\nc3,SKIP,no gpu\n")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(s["status"], s["reason"]) for s in manifest(out)["stages"]] == [("PASS", "all good")]
+
+
+def test_statuses_with_invisible_or_wide_characters_and_a_bom_header_are_read(plugins, tmp_path):
+    """Round 18 A-R3 / B U-a: ``FAIL`` with a zero-width space, U+FEFF or a soft hyphen, or in full-width letters,
+    was a junit skip under a PASS (rc 0); a table written with a byte-order mark (``utf-8-sig``) gave no testcases."""
+    table = "\ufeffcase,status\nc1,PASS\nc2,FAIL\u200b\nc3,\uff26\uff21\uff29\uff2c\nc4,Fail\u00ad\n"
+    proc, out = _run(plugins, tmp_path, table)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (rec,) = manifest(out)["stages"]
+    assert rec["status"] == "FAIL" and "3 row(s)" in rec["reason"], rec
+    suite = ET.parse(out / "testrun" / "junit.xml").getroot().find("testsuite")
+    results = {tc.get("name"): [child.tag for child in tc] for tc in suite.iter("testcase")}
+    assert results == {"c1": [], "c2": ["failure"], "c3": ["failure"], "c4": ["failure"]}, results

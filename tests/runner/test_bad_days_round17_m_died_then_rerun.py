@@ -49,3 +49,11 @@ def test_a_rerun_into_a_killed_oneshots_run_keeps_runner_died(plugins, cli, tmp_
     assert "runner died / unfinished" in (out / "testrun" / "summary.md").read_text()
     assert "runner died / unfinished" in (out / "testrun" / "report.html").read_text()
     assert json.loads((out / "testrun" / "summary.json").read_text()).get("runner_died"), "summary.json"
+    # what the run lacks is said from its records each time (round 18 A-R2: "stages after the last one listed did
+    # not run" stayed, named nothing, and was said of a run that lacked none)
+    assert "1 planned stage(s) have no result: z" in r.stdout, r.stdout
+    rerun = subprocess.run(cli_cmd("stage", "z", "--out", out, "--device", "cpu"), env=env_with(env),
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    r = cli("report", "testrun", "--out", out)
+    assert "runner died / unfinished" in r.stdout and "every planned stage has its own result" in r.stdout, r.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 try:
     from _bad_days import MAIN, cli_cmd, env_with, make, manifest, wait_for
@@ -40,7 +41,7 @@ def test_stopped_in_the_closing_reports_says_every_stage_was_recorded(plugins, t
     assert rep.returncode == 0, rep.stdout + rep.stderr
     for text in (rep.stdout, (out / "testrun" / "report.html").read_text(),
                  (out / "testrun" / "summary.md").read_text()):
-        assert "after every planned stage was recorded" in text and "missing" not in text, text[-2000:]
+        assert "every planned stage has its own result" in text and "missing" not in text, text[-2000:]
 
 
 def test_stopped_mid_run_names_the_planned_stages_that_did_not_run(plugins, tmp_path, spawn):
@@ -53,4 +54,45 @@ def test_stopped_mid_run_names_the_planned_stages_that_did_not_run(plugins, tmp_
     proc.communicate(timeout=120)
     assert proc.returncode == 130
     text = (out / "testrun" / "summary.md").read_text()
-    assert "did not run: y, z" in text, text  # "2 planned stage\\(s\\)": markdown-escaped
+    # (markdown-escaped: "2 planned stage\\(s\\)")
+    assert "stopped by an interrupt: x; 2 planned stage" in text and "have no result: y, z" in text, text
+
+
+def test_a_complete_run_then_an_undone_rerun_stopped_says_every_stage_has_its_result(plugins, tmp_path, spawn):
+    """Round 18 A-R1 (third path): a complete oneshot, then a ``stage y`` rerun Ctrl-C'd mid-stage (its earlier
+    result put back): the oneshot's reports said "only the closing steps were cut short" of a run that finished."""
+    out, env = tmp_path / "out", make(plugins)
+    r = subprocess.run(cli_cmd("oneshot", "--only", "x,y", "--out", out, "--device", "cpu"), env=env_with(env),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    mark = tmp_path / "y.started"
+    proc = spawn(cli_cmd("stage", "y", "--out", out, "--device", "cpu"),
+                 env=env_with(env, BD_MARK=mark, BD_SLEEP=60, BD_TEXT="v2"), stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
+    wait_for(mark, proc=proc)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    m = manifest(out)
+    assert [(s["name"], s["status"], s["reason"]) for s in m["stages"]] == [("x", "PASS", "x v1"),
+                                                                            ("y", "PASS", "y v1")]
+    text = (out / "testrun" / "summary.md").read_text()
+    assert "an nsa\\-run command into this run was stopped; every planned stage has its own result" in text, text
+
+
+def test_an_interrupt_that_stops_the_last_stage_names_it(plugins, tmp_path, spawn):
+    """Round 18 A-R1: SIGTERM while the last planned stage ran was "after every planned stage was recorded"."""
+    out = tmp_path / "out"
+    proc = spawn(cli_cmd("oneshot", "--only", "x,y", "--out", out, "--device", "cpu"),
+                 env=env_with(make(plugins), BD_SLEEP_Y=60), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "testrun" / "logs" / "y.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # y running (it printed), x recorded before it
+        if log.exists() and "y wrote" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    text = (out / "testrun" / "summary.md").read_text()
+    assert "stopped by an interrupt: y" in text and "every planned stage" not in text, text
