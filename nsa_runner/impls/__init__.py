@@ -284,7 +284,53 @@ def _torch_state(torch) -> dict:
             "threads": torch.get_num_threads(), "matmul": torch.get_float32_matmul_precision(),
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
-            "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch)}
+            "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch),
+            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch)}
+
+
+# round 18 B-3: autograd's saved-tensor hooks (an offload / checkpoint hook entered and never left made the next
+# implementation's backward fail: "unpack_hook expected to be a Tensor", nsa_core blamed) and autocast left on.
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _saved_tensor_hooks(torch) -> tuple | None:
+    """The innermost saved-tensor hooks (pack, unpack) in force, or None (none, or not readable here)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    try:
+        return top(False) if top is not None else None
+    except Exception:  # noqa: BLE001 - not readable in this torch: not put back
+        return None
+
+
+def _same_hooks(a: tuple | None, b: tuple | None) -> bool:
+    return (a is None) == (b is None) and (a is None or all(x is y for x, y in zip(a, b, strict=True)))
+
+
+def _restore_hooks(torch, saved: tuple | None) -> None:
+    """Pop the saved-tensor hooks an adapter pushed until the runner's own innermost ones are on top again."""
+    for _ in range(10_000):  # bounded: a stack the adapter emptied below the runner's own ends the loop
+        top = _saved_tensor_hooks(torch)
+        if _same_hooks(top, saved) or top is None:
+            break
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    if saved is not None and not _same_hooks(_saved_tensor_hooks(torch), saved):
+        torch._C._autograd._push_saved_tensors_default_hooks(*saved)
+
+
+def _autocast_state(torch) -> dict:
+    out = {}
+    for dev in _AUTOCAST_DEVICES:
+        try:
+            out[dev] = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        except Exception:  # noqa: BLE001 - an older torch or no such device type: not put back
+            pass
+    return out
+
+
+def _restore_autocast(torch, saved: dict) -> None:
+    for dev, (enabled, dtype) in saved.items():
+        torch.set_autocast_enabled(dev, enabled)
+        torch.set_autocast_dtype(dev, dtype)
 
 
 # round 17 a1: torch dispatch modes (a TorchDispatchMode entered and never left sees, and may change, every op of
@@ -353,7 +399,7 @@ def _torch_defaults(torch) -> dict:
     """torch's own state after its import (where torch was first imported by the adapter's code)."""
     return {"grad": True, "inference": False, "dtype": torch.float32, "deterministic": (False, False),
             "anomaly": (False, True), "threads": None, "matmul": "highest", "modes": [], "device_context": None,
-            "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None}
+            "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None, "hooks": None}
 
 
 def _saved_state() -> dict:
@@ -535,6 +581,10 @@ def _restore_torch(torch, saved: dict, put) -> None:
         put("torch's thread count", torch.set_num_threads, saved["threads"])
     if now["matmul"] != saved["matmul"]:
         put("torch's float32 matmul precision", torch.set_float32_matmul_precision, saved["matmul"])
+    if "hooks" in saved and not _same_hooks(now["hooks"], saved["hooks"]):
+        put("autograd's saved-tensor hooks", _restore_hooks, torch, saved["hooks"])
+    if saved.get("autocast") and now["autocast"] != saved["autocast"]:
+        put("torch's autocast", _restore_autocast, torch, saved["autocast"])
 
 
 RUNNER_INTERRUPTS = ("Terminated", "_Interrupted", "_FinishedThenInterrupted", "RunInterrupted")
