@@ -279,6 +279,30 @@ def _broken_distribution(dist: md.Distribution, group: str, e: Exception) -> dic
                      f"the other distributions' are not"}
 
 
+def group_distributions(group: str, paths=None):
+    """(dist, its Name, its entry points of ``group``, None) for every installed distribution declaring
+    some, read safely (``distributions``: never a FIFO's wait nor an unbounded read), or (dist, name, [],
+    the ``_broken_distribution`` record) for one whose metadata cannot be read; a distribution of other
+    groups only is passed over, its METADATA never read. ``paths``: only those metadata folders (real
+    paths). Not deduplicated (the caller's ``entry_key``s: the first on sys.path wins). Shared by
+    discovery and the env-pairing stage's plugin list (round 18 B-1: it read them through
+    importlib.metadata and hung on a plugin's METADATA FIFO)."""
+    for dist in distributions():
+        if paths is not None and os.path.realpath(str(getattr(dist, "_path", "") or "")) not in paths:
+            continue
+        try:  # one distribution's broken metadata (any group) never hides the others
+            eps = [ep for ep in dist.entry_points if ep.group == group]
+            if not eps:  # none of the group: its METADATA never read (round 17 U-6: a FIFO there stopped every
+                continue  # command of nsa-run, though the package was no plugin at all)
+            dist_name = dist.metadata["Name"] or "?"
+        except Exception as e:  # noqa: BLE001 - malformed / binary entry_points.txt, METADATA, a FIFO, ...
+            rec = _broken_distribution(dist, group, e)
+            if rec is not None:
+                yield dist, rec["dist"], [], rec
+            continue
+        yield dist, dist_name, eps, None
+
+
 def _cannot_write(e: OSError) -> None:
     """The result file cannot grow (a full temp folder: ENOSPC / EDQUOT): end with the status that
     tells the parent so (``registry.EXIT_TEMP_FULL``; it checks the folder), never the plugin's."""
@@ -493,17 +517,9 @@ def main(argv: list[str]) -> int:
                                 "os._exit or sys.exit in C)")
         emit({"entry": rec}, fresh_line=True)
 
-    for dist in distributions():
-        if paths is not None and os.path.realpath(str(getattr(dist, "_path", "") or "")) not in paths:
-            continue
-        try:  # one distribution's broken metadata (any group) never hides the others
-            eps = [ep for ep in dist.entry_points if ep.group == req["group"]]
-            if not eps:  # none of the group: its METADATA never read (round 17 U-6: a FIFO there stopped every
-                continue  # command of nsa-run, though the package was no plugin at all)
-            dist_name = dist.metadata["Name"] or "?"
-        except Exception as e:  # noqa: BLE001 - malformed / binary entry_points.txt, METADATA, a FIFO, ...
-            rec = _broken_distribution(dist, req["group"], e)
-            if rec is not None and rec["key"] not in seen and rec["key"] not in skip:
+    for dist, dist_name, eps, rec in group_distributions(req["group"], paths):
+        if rec is not None:
+            if rec["key"] not in seen and rec["key"] not in skip:
                 seen.add(rec["key"])
                 emit({"entry": rec})
             continue

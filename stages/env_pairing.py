@@ -20,7 +20,6 @@ Writes env.txt (for people) and env.json (schema_version 1).
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import sys
 import threading
@@ -251,12 +250,29 @@ def _paths(facts: dict, checks: dict[str, dict], device: str, flash: list[dict] 
 
 
 def _plugins() -> list[dict]:
-    """Entry points of the stage group with their distributions (not imported here)."""
-    out = []
-    for ep in md.entry_points(group=GROUP):
-        dist = getattr(ep, "dist", None)
-        out.append({"name": ep.name, "value": ep.value, "dist": dist.metadata["Name"] if dist else "?",
-                    "version": dist.version if dist else "?"})
+    """Entry points of the stage group with their distributions (not imported here), read as discovery
+    reads them (``_discover.group_distributions``: non-blocking, bounded; round 18 B-1, a plugin whose
+    METADATA was a FIFO hung this stage, a symlink loop made it ERROR): a distribution whose metadata
+    cannot be read is listed with ``error`` naming the file and why, the others as usual."""
+    from nsa_runner._discover import entry_key, group_distributions
+
+    out, seen = [], set()
+    for dist, dist_name, eps, broken in group_distributions(GROUP):
+        if broken is not None:
+            if broken["key"] not in seen:
+                seen.add(broken["key"])
+                out.append({"name": broken["name"], "value": broken["value"], "dist": broken["dist"],
+                            "version": "?", "error": broken["error"]})
+            continue
+        try:
+            version = dist.version or "?"
+        except Exception:  # noqa: BLE001 - its METADATA was read already (the Name); never raising here
+            version = "?"
+        for ep in eps:
+            key = entry_key(dist_name, ep)
+            if key not in seen:  # the same distribution found twice on sys.path: the first one wins
+                seen.add(key)
+                out.append({"name": ep.name, "value": ep.value, "dist": dist_name, "version": version})
     return sorted(out, key=lambda p: p["name"])
 
 
@@ -316,7 +332,10 @@ def _render(env: dict) -> str:
     lines += ["", f"routing thresholds file  {thr.get('file')}  "
               + (f"(copied into this run as {thr['copy']})" if thr.get("copy") else f"({thr.get('note', '')})")]
     lines += ["", f"stage plugins (entry-point group {GROUP}):"]
-    lines += [f"  {p['name']:<16} {p['value']:<36} {p['dist']} {p['version']}" for p in env["plugins"]]
+    for p in env["plugins"]:
+        lines.append(f"  {p['name']:<16} {p['value']:<36} {p['dist']} {p['version']}")
+        if p.get("error"):
+            lines.append(f"  {'':<16} unreadable: {p['error']}")
     smi = f["nvidia_smi"]
     lines += ["", "nvidia-smi:", *(("  " + x) for x in (smi.get("summary") or "").splitlines())] \
         if smi.get("present") else ["", "nvidia-smi: not present"]
