@@ -139,8 +139,9 @@ def json_loads(text: str, *, finite: bool = False) -> Any:
     and writes again, like manifest.json, must be strict JSON: a NaN there made the next ``stage``
     command fail writing it)."""
     try:
-        return json.loads(text, **({"parse_constant": _not_json, "parse_float": _finite_float,
-                                    "object_pairs_hook": _no_duplicates} if finite else {}))
+        # a key written twice refused in every file nsa-run reads (round 18 A-R4: a baseline read last-wins)
+        return json.loads(text, object_pairs_hook=_no_duplicates,
+                          **({"parse_constant": _not_json, "parse_float": _finite_float} if finite else {}))
     except JsonTextError:
         raise
     except RecursionError:

@@ -40,7 +40,9 @@ from nsa_runner._readers import (
     spread_columns,
 )
 from nsa_runner._ui import _CONTROL
+from nsa_runner.artifacts import unfinished
 from nsa_runner.results import FAILED, PARITY_REQUIRED
+from nsa_runner.results.summary import interrupted_line
 
 SCHEMA_VERSION = 1
 MARKS = {
@@ -230,7 +232,9 @@ def _stage_rows(A: Run, B: Run, comparable: bool) -> list[Row]:
         row = Row("stage", "manifest.json", name, "status", a or "-", b or "-")
         reason_b = ((sb or {}).get("reason") or "")[:160]
         reason_a = ((sa or {}).get("reason") or "")[:160]
-        if sb is None:
+        if sb is None and name in _planned(B):  # B meant to run it and has no result: its run was stopped or died
+            row.mark, row.note = "!", "planned in B, no result there (its run was stopped or its runner died)"
+        elif sb is None:
             row.mark, row.note = "x", "not in B"
         elif sa is None:
             row.mark, row.note = ("!", f"new in B and failing: {reason_b}") if b in FAILED else ("x", "not in A")
@@ -552,8 +556,30 @@ def compare_runs(A: Run, B: Run, settings: Settings | None = None) -> Comparison
         cmp.rows += _timing_rows(A, B, name, comparable, settings.threshold, cpu)
     if A.dir.resolve() == B.dir.resolve():
         cmp.notes.append("A and B are the same run folder: every ratio is 1 by construction")
-    cmp.notes += running_notes({"A": A, "B": B})
+    cmp.notes += running_notes({"A": A, "B": B}) + unfinished_notes({"A": A, "B": B})
     return cmp
+
+
+def _planned(run: Run) -> list[str]:
+    """The stages ``run``'s oneshot planned (``planned`` in its manifest; [] when not noted)."""
+    planned = run.manifest.get("planned")
+    return [n for n in planned if isinstance(n, str)] if isinstance(planned, list) else []
+
+
+def unfinished_notes(runs: dict[str, Run]) -> list[str]:
+    """An UNFINISHED note per run whose runner died or stopped it (``artifacts.unfinished``) and an INTERRUPTED
+    note per run stopped by a signal: a run killed half-way was "no regression" with only "not comparable" rows
+    for what it never ran (round 18 A-R5)."""
+    notes = []
+    for which, run in runs.items():
+        if which == "B" and runs.get("A") is not None and runs["A"].dir == run.dir:
+            continue
+        line = unfinished(run.manifest)
+        if line is not None:
+            notes.append(f"UNFINISHED: run {which} ({run.run_id}): {line}")
+        elif run.manifest.get("interrupted"):
+            notes.append(f"INTERRUPTED: run {which} ({run.run_id}) {interrupted_line(run.manifest)}")
+    return notes
 
 
 def running_notes(runs: dict[str, Run]) -> list[str]:

@@ -1631,6 +1631,12 @@ class RunManifest:
                 mine[-1]["finished"] = now_iso()
             data["finished"] = now_iso()
             data["interrupted"] = bool(interrupted or data.get("interrupted"))
+            # this process's claims of stages that moved nothing aside (``mark_running``): the run is leaving, so
+            # none of them runs any more. An interrupt between a claim and its stage's start left it behind: the
+            # run read "runner died: the nsa-run running stage pc is gone" though it exited 130 (round 18 A-R6)
+            if isinstance(data.get("pending"), list):
+                data["pending"] = [p for p in data["pending"] if not (
+                    isinstance(p, dict) and p.get("token") == self.token and "moved_to" not in p)]
             return any(isinstance(p, dict) and p.get("token") == self.token for p in data.get("pending") or [])
 
         if not self.update(change):  # nothing of this process's left running here: its owner lock goes
