@@ -39,11 +39,17 @@ _WHEEL_TAG = re.compile(r"\+cu(?P<cuda>\d+)torch(?P<torch>\d+\.\d+)(?:cxx11abi(?
 
 
 def dist_version(*names: str) -> str | None:
+    """The version of the first installed of ``names``; None when none is, or its metadata cannot be read safely
+    (``detect.safe_distribution``: a FIFO as METADATA hung env-pairing, round 18 B-1)."""
+    from nsa_core.flash.detect import UnreadableDistribution, safe_distribution
+
     for n in names:
         try:
-            return md.version(n)
+            return safe_distribution(n).version
         except md.PackageNotFoundError:
             continue
+        except (UnreadableDistribution, UnicodeError):
+            return None
     return None
 
 
@@ -295,13 +301,17 @@ def flash_build(dists: tuple[str, ...]) -> dict:
     the distribution's version and its wheel tag (``+cu12torch2.7cxx11abiTRUE`` in the version or
     in direct_url.json), the CUDA runtime / torch libraries its compiled extensions link, and for
     FA-4 the CUDA flavour of the CuTe DSL libraries (nvidia-cutlass-dsl-libs-cu12 / -cu13)."""
+    from nsa_core.flash.detect import UnreadableDistribution, safe_distribution
+
     dist = None
     for n in dists:
         try:
-            dist = md.distribution(n)
+            dist = safe_distribution(n)
             break
         except md.PackageNotFoundError:
             continue
+        except (UnreadableDistribution, UnicodeError) as e:
+            return {"dist": n, "error": f"its metadata cannot be read: {e}"}
     if dist is None:
         return {}
     out: dict = {"dist": dist.metadata["Name"], "version": dist.version, "wheel_tag": None,

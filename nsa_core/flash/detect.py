@@ -39,6 +39,7 @@ import importlib.util
 import inspect
 import os
 import re
+import stat
 
 MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa4": "flash_attn.cute"}
 WHAT = {"fa2": "FA-2", "fa3": "FA-3", "fa4": "FA-4"}
@@ -51,11 +52,44 @@ FA2_SYMBOLS = ("flash_attn_func", "flash_attn_varlen_func")
 _CUTE_INIT = "flash_attn/cute/__init__.py"
 
 
+DIST_FILE_MAX = 64 << 20  # a dist-info file read for facts, at most (as nsa-run's plugin discovery)
+_DIST_FILES = ("METADATA", "PKG-INFO", "RECORD", "direct_url.json")
+
+
+class UnreadableDistribution(OSError):
+    """An installed distribution whose metadata files cannot be read safely (a FIFO, a device, a link loop, a
+    huge file); the message names the distribution and the file."""
+
+
+def safe_distribution(name: str):
+    """``importlib.metadata.distribution(name)`` once the files its readers open are regular files of a bounded
+    size (raises UnreadableDistribution naming the file): a FIFO as flash-attn's METADATA hung env-pairing to its
+    timeout, a link loop made it ERROR (round 18 B-1; importlib reads them blocking and whole). Finding the
+    distribution reads folder names only. PackageNotFoundError when it is not installed."""
+    dist = md.distribution(name)
+    folder = getattr(dist, "_path", None)  # a dist-info / egg-info folder (not one inside a zip)
+    if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder):
+        for f in _DIST_FILES:
+            path = os.path.join(folder, f)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise UnreadableDistribution(f"{name}'s {f} cannot be read ({e.strerror or e})") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise UnreadableDistribution(f"{name}'s {f} is not a regular file: not read")
+            if st.st_size > DIST_FILE_MAX:
+                raise UnreadableDistribution(f"{name}'s {f} is {st.st_size / 2**20:.0f} MiB: not read")
+    return dist
+
+
 def dist_info(names) -> tuple[str | None, str | None, object]:
-    """(distribution name, version, distribution) of the first installed of ``names``."""
+    """(distribution name, version, distribution) of the first installed of ``names``; UnreadableDistribution
+    (``safe_distribution``) for one whose metadata cannot be read: ``detect`` says so."""
     for n in names:
         try:
-            d = md.distribution(n)
+            d = safe_distribution(n)
         except md.PackageNotFoundError:
             continue
         return d.metadata["Name"], d.version, d

@@ -18,12 +18,12 @@ import importlib.util
 import inspect
 import time
 from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _dist_version
 
 import torch
 
 from nsa_core import _dense
 from nsa_core.flash import adapters as _k
+from nsa_core.flash.detect import UnreadableDistribution, safe_distribution
 from nsa_core.testing import compare
 from nsa_core.window import reference as win_ref
 
@@ -41,8 +41,8 @@ INSTALL = {
 
 def _version(dist: str) -> str | None:
     try:
-        return _dist_version(dist)
-    except PackageNotFoundError:
+        return safe_distribution(dist).version  # never a blocking read (round 18 B-1)
+    except (PackageNotFoundError, UnreadableDistribution, UnicodeError):
         return None
 
 
