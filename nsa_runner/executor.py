@@ -845,6 +845,11 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             last = _last_line(log_path)
             if visible(last):  # where it was: the case / implementation it ran last (round 17 B U-5)
                 rec.reason += f"; the last line of its log: {last}"
+            # and its last progress line ("# ..."), where the code it ran printed after it (round 18 B U-c)
+            progress = [ln.strip() for ln in tail(log_path, lines=200, max_bytes=65536).splitlines()
+                        if ln.startswith("# ") and not ln.startswith("# nsa-run stage ")]
+            if progress and progress[-1][-120:] != last.strip():
+                rec.reason += f" (its last progress line: {progress[-1][-120:]})"
             rec.log_tail = tail(log_path)
         elif folder.exists(RESULT):
             try:

@@ -395,6 +395,7 @@ class SelectionMap(Stage):
             if why:
                 skips.append((e.name, why))
                 continue
+            print(f"# {e.name}: select ...", flush=True)  # a TIMEOUT names what ran last (round 18 B U-c)
             try:  # any BaseException of its code is its failure (round 13 B5); a real SIGINT stops the stage
                 with adapter_code():
                     mine = _parity.handed(q, k)

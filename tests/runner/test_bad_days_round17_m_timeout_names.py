@@ -39,3 +39,32 @@ def test_a_timeout_names_the_implementation_and_case_that_ran_last(plugins, tmp_
     rec = next(s for s in m["stages"] if s["name"] == "triton-fwd")
     assert rec["status"] == "TIMEOUT", (rec, r.stdout[-2000:], r.stderr[-2000:])
     assert "the last line of its log: # slowpoke " in rec["reason"], rec["reason"]
+
+
+SELECT = '''
+import time
+from nsa_runner.impls import Impl
+
+
+def _hang(*args, **kwargs):
+    print("working...", flush=True)  # its own line after the stage's
+    time.sleep(600)
+
+
+def hg():
+    return Impl("hg", {"select": _hang})
+'''
+
+
+def test_a_timeout_names_the_implementation_that_printed_then_hung(plugins, tmp_path):
+    """Round 18 B U-c: selection-map with an adapter that printed a line, then hung: the reason quoted its line only."""
+    plugins.make("m18-hg", "m18_hg", SELECT, {"hg": "m18_hg:hg"}, version="1.0", group="nsa_runner.impls")
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "selection-map", "--device", "cpu",
+                        "--impl", "hg", "--timeout", "20", "--out", str(out)],
+                       env=plugins.env() | {"NSA_RUN_SPARE_WORKER": "0"}, text=True, capture_output=True, timeout=600)
+    m = json.loads((out / "testrun" / "manifest.json").read_text())
+    rec = next(s for s in m["stages"] if s["name"] == "selection-map")
+    assert rec["status"] == "TIMEOUT", (rec, r.stdout[-2000:], r.stderr[-2000:])
+    assert "the last line of its log: working..." in rec["reason"], rec["reason"]
+    assert "(its last progress line: # hg: select ...)" in rec["reason"], rec["reason"]
