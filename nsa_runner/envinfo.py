@@ -78,20 +78,61 @@ def torch_info() -> dict:
     return info
 
 
-def torch_triton_requirement() -> dict:
-    """The triton requirement torch itself declares in its metadata (markers evaluated here)."""
+def _torch_requires() -> tuple[list[str] | None, str | None]:
+    """(torch's Requires-Dist lines, None), (None, a note) when torch's distribution is not found, or (None, a fact
+    naming the file) when its metadata cannot be read: read through ``detect.safe_distribution`` (a torch
+    dist-info first on sys.path whose METADATA was a FIFO hung env-pairing, a latin-1 one or a link loop made it
+    ERROR: round 19 B19-1; importlib reads them blocking and whole)."""
+    import os
+    import stat
+
+    from nsa_core.flash.detect import UnreadableDistribution, safe_distribution
+
     try:
-        reqs = md.requires("torch") or []
+        dist = safe_distribution("torch")
     except md.PackageNotFoundError:
-        return {"declared": None, "raw": [], "note": "torch distribution metadata not found"}
-    from packaging.requirements import Requirement
+        return None, "torch distribution metadata not found"
+    except UnreadableDistribution as e:
+        return None, str(e)
+    except (OSError, UnicodeError) as e:
+        return None, f"torch's METADATA cannot be read: {type(e).__name__}: {e}"
+    # an egg-info without Requires-Dist lines: importlib reads requires.txt (safe_distribution checks the others)
+    folder = getattr(dist, "_path", None)
+    if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder):
+        try:
+            st = os.stat(os.path.join(folder, "requires.txt"))
+            if not stat.S_ISREG(st.st_mode) or st.st_size > (64 << 20):
+                return None, "torch's requires.txt is not a regular file of a bounded size: not read"
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            return None, f"torch's requires.txt cannot be read ({e.strerror or e})"
+    try:
+        return list(dist.requires or []), None
+    except UnicodeError as e:
+        return None, f"torch's METADATA cannot be read: not UTF-8 ({e})"
+    except Exception as e:  # noqa: BLE001 - facts are best effort: the file's fault said, never an ERROR
+        return None, f"torch's METADATA cannot be read: {type(e).__name__}: {e}"
+
+
+def torch_triton_requirement() -> dict:
+    """The triton requirement torch itself declares in its metadata (markers evaluated here); ``note`` says why
+    there is none (not declared, torch's metadata not found or not readable: a fact, never a hang or an ERROR)."""
+    reqs, problem = _torch_requires()
+    if reqs is None:
+        return {"declared": None, "raw": [], "note": problem}
+    from packaging.requirements import InvalidRequirement, Requirement
 
     raw = [r for r in reqs if r.split(";")[0].strip().lower().startswith(("triton", "pytorch-triton"))]
     applicable = []
     for r in raw:
-        req = Requirement(r)
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
-            applicable.append(req)
+        try:
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                applicable.append(req)
+        except (InvalidRequirement, ValueError) as e:  # packaging's marker errors are ValueErrors too
+            return {"declared": None, "raw": raw,
+                    "note": f"torch's METADATA declares a triton requirement that cannot be read: {r!r} ({e})"}
     if not applicable:
         return {"declared": None, "raw": raw,
                 "note": "torch declares no triton requirement for this platform"
