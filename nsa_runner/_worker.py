@@ -596,12 +596,12 @@ class Watchdog:
             if self._stopped(proc) != "traced":
                 return
             self._kill(proc)  # held by a tracer (a debugger): SIGCONT does not wake it; a new one then
-        if self.w is not None:
+        w, self.w = self.w, None  # (forgotten first, as in ``done``)
+        if w is not None:
             try:
-                os.close(self.w)
+                os.close(w)
             except OSError:
                 pass
-            self.w = None
         self.proc = None
         self._start(*self._args)
 
@@ -652,9 +652,9 @@ class Watchdog:
             del _GUARDS[self._args[0]]
         proc = self.proc
         try:
-            if self.w is not None:
-                os.close(self.w)
-                self.w = None
+            w, self.w = self.w, None  # forgotten before it is closed: an interrupt between the two made the
+            if w is not None:  # next ``done`` close the number again (EBADF, or another file's descriptor)
+                os.close(w)
             if proc is not None:
                 self._kill(proc)
         finally:

@@ -1018,7 +1018,10 @@ class TempFolder:
     def close(self) -> None:
         """Remove the folder and what is in it; when its name no longer leads to it (a stage moved it),
         empty it through its descriptor, remove it where it lies now, and remove what was put at its
-        name (a symlink is unlinked, never followed). Never raises."""
+        name (a symlink is unlinked, never followed). Never raises; a second call does nothing (its
+        descriptor is forgotten before it is closed: a number closed twice is EBADF, or another file's)."""
+        if self.fd < 0:
+            return
         try:
             if self.problem() is None:
                 shutil.rmtree(self.path, ignore_errors=True)
@@ -1038,7 +1041,8 @@ class TempFolder:
             except OSError:
                 pass
         finally:
-            os.close(self.fd)
+            fd, self.fd = self.fd, -1
+            os.close(fd)
             release_owned(self.path)  # (its marker's lock, when it was marked: ``mark_owned``)
 
 

@@ -445,13 +445,16 @@ class _TempFolder(TempFolder):
     """A stage's temp folder (``artifacts.TempFolder``), its marker removed last (``_remove_marker_last``)."""
 
     def close(self) -> None:
+        if self.fd < 0:  # closed already
+            return
         if self.problem() is not None:  # moved or replaced by the stage: emptied through its descriptor
             super().close()
             return
         try:
             _remove_marker_last(self.path)
         finally:
-            os.close(self.fd)
+            fd, self.fd = self.fd, -1  # forgotten before it is closed: never closed twice (round 19 A19-R1)
+            os.close(fd)
 
 
 class _UntilRecorded:
@@ -557,9 +560,9 @@ class _Spare:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        if self.pre_fd is not None:
-            os.close(self.pre_fd)
-            self.pre_fd = None
+        fd, self.pre_fd = self.pre_fd, None  # forgotten before it is closed (``Watchdog.done``: round 19 A19-R1)
+        if fd is not None:
+            os.close(fd)
         if self.tmp is not None:
             _remove_marker_last(self.tmp)  # a symlink put in its place: left (never followed)
 
