@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata as md
 import json
+import os
 import platform
 import re
 import shutil
@@ -214,15 +215,21 @@ def nvidia_smi() -> dict:
 # hide the facts): the one detection adapters / routing / fa2-probe use too. A module name is not
 # enough: FA-4's wheel leaves an empty `flash_attn` namespace (no FA-2), FA-2's bundles an early
 # flash_attn.cute (no FA-4).
+# Its records go to a file of their own (argv[2]), never to stdout: the flash package's import writes to stdout /
+# stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
+# B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
     import faulthandler, importlib.util, json, sys
     faulthandler.enable()
     spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
     det = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(det)
-    for path in sys.argv[2:]:
-        print(json.dumps({"path": path, "start": True}), flush=True)
-        print(json.dumps(det.detect(path)), flush=True)
+    with open(sys.argv[2], "a", encoding="utf-8") as records:
+        for path in sys.argv[3:]:
+            records.write(json.dumps({"path": path, "start": True}) + "\\n")
+            records.flush()
+            records.write(json.dumps(det.detect(path)) + "\\n")
+            records.flush()
 """)
 
 
@@ -240,6 +247,15 @@ def detect_file() -> str | None:
         if f.is_file():
             return str(f)
     return None
+
+
+def _read_records(path: str) -> list[str]:
+    """The probe child's record lines (a file only it writes; at most 16 MiB read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
 
 
 def probe_flash(timeout_s: float = 300.0) -> list[dict]:
@@ -260,13 +276,22 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
     if det is None:
         lines, rc, stderr = [], None, "nsa_core/flash/detect.py not found (nsa_core not installed?)"
     else:
-        try:
-            r = subprocess.run(python_c(_FLASH_PROBE, det, *paths), capture_output=True, text=True,
-                               timeout=timeout_s)
-            lines, rc, stderr = r.stdout.splitlines(), r.returncode, r.stderr
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            lines, rc, stderr = out.splitlines(), None, f"timed out after {timeout_s:g}s"
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-") as tmp:
+            result = os.path.join(tmp, "records.jsonl")
+            printed = ""
+            try:
+                r = subprocess.run(python_c(_FLASH_PROBE, det, result, *paths), capture_output=True, text=True,
+                                   errors="replace", timeout=timeout_s)
+                rc, stderr, printed = r.returncode, r.stderr, r.stdout + r.stderr
+            except subprocess.TimeoutExpired as e:
+                rc, stderr = None, f"timed out after {timeout_s:g}s"
+                printed = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                                  for x in (e.stdout, e.stderr))
+            lines = _read_records(result)
+        if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
+            print(f"# the flash probe's child printed (not parsed):\n{printed[-4000:]}", file=sys.stderr, flush=True)
     started = None
     for line in lines:
         try:
