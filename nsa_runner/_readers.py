@@ -30,6 +30,7 @@ from nsa_runner.artifacts import (
     declared_type_problem,
     json_loads,
     load_manifest,
+    not_a_file_words,
     outside_problem,
     read_limited,
     read_text_limited,
@@ -126,7 +127,7 @@ def resolve_run(arg: str, out: Path) -> Path:
             raise ArtifactError(f"no run {arg!r} under {out} (runs there: {listing}; for a folder elsewhere give "
                                 f"its path, e.g. ./{arg})")
     if not _is(folder / MANIFEST_NAME, "file"):
-        raise ArtifactError(f"{folder}: not a run folder (no {MANIFEST_NAME})")
+        raise ArtifactError(f"{folder}: not a run folder ({not_a_file_words(folder / MANIFEST_NAME)})")
     return folder
 
 

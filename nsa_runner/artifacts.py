@@ -196,6 +196,23 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def not_a_file_words(path: str | os.PathLike) -> str:
+    """Why ``path`` (a name nsa-run reads, e.g. a run folder's manifest.json) is no regular file, in words:
+    "no manifest.json", "manifest.json is a FIFO, not a regular file", "manifest.json is a link to a character
+    device, not a regular file" (round 19 A U-2: a FIFO there was reported as "no manifest.json")."""
+    name = os.path.basename(os.fspath(path))
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"{name} is a link to nothing" if os.path.islink(path) else f"no {name}"
+    except OSError as e:
+        return f"{name} cannot be looked at ({e.strerror or e})"
+    if stat.S_ISREG(st.st_mode):
+        return f"{name} is there"
+    link = "a link to " if os.path.islink(path) else ""
+    return f"{name} is {link}{file_kind(st.st_mode)}, not a regular file"
+
+
 def read_limited(path: str | os.PathLike, limit: int | None = None) -> bytes:
     """The bytes of ``path``, refused by type and size before reading (``UnsafeFileError``).
 
