@@ -219,8 +219,42 @@ def nvidia_smi() -> dict:
 # stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
 # B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
-    import faulthandler, importlib.util, json, sys
+    import ctypes, faulthandler, importlib.util, json, os, signal, sys, time
     faulthandler.enable()
+    try:  # a subreaper: a helper a flash package's import starts and orphans comes back here, to be ended below
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+    except Exception:
+        pass
+
+    def children():
+        out = []
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{tid}/children") as f:
+                    out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def end_helpers():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            kids = children()
+            if not kids:
+                return
+            for pid in kids:
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
+            time.sleep(0.01)
+
     spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
     det = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(det)
@@ -230,6 +264,7 @@ _FLASH_PROBE = textwrap.dedent("""
             records.flush()
             records.write(json.dumps(det.detect(path)) + "\\n")
             records.flush()
+    end_helpers()
 """)
 
 
@@ -247,6 +282,84 @@ def detect_file() -> str | None:
         if f.is_file():
             return str(f)
     return None
+
+
+PROBE_ENV = "NSA_RUN_FLASH_PROBE"  # marks the probe child and all it starts (``_end_probe``)
+PROBE_OUTPUT_MAX = 8000  # characters of what the probe child printed, kept for the stage log (its end)
+
+
+def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | None, bool, str]:
+    """(exit status or None, timed out, the end of what it printed) of the probe child ``cmd``.
+
+    Its stdout / stderr go to the file ``output``, never to a pipe: a flash package whose import starts a helper
+    process inheriting them kept the pipes open, and env-pairing waited for their EOF to its 300 s timeout
+    (round 19 B19-6). Here the child is waited for, then its whole tree is ended (``_end_probe``), then the file
+    is read."""
+    import secrets
+
+    token = secrets.token_hex(8)
+    env = {**os.environ, PROBE_ENV: token}
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    # waited for without being reaped (WNOWAIT): while it is a zombie its pid, which names its process group, is
+    # nobody else's, so the group kill below cannot reach another process
+    deadline, timed_out = time.monotonic() + timeout_s, True
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    timed_out = False
+                    break
+            except ChildProcessError:
+                timed_out = False
+                break
+            time.sleep(0.02)
+    finally:
+        _end_probe(proc, token)
+    rc = None if timed_out else proc.returncode
+    try:
+        with open(output, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4 * PROBE_OUTPUT_MAX))
+            printed = f.read().decode("utf-8", "replace")[-PROBE_OUTPUT_MAX:]
+    except OSError:
+        printed = ""
+    return rc, timed_out, printed
+
+
+def _end_probe(proc: subprocess.Popen, token: str) -> None:
+    """Kill (SIGKILL) the probe child and everything it started: its descendants, its process group (a session
+    of its own) and every process of this user carrying ``token`` in ``PROBE_ENV`` (a helper that left the
+    session; the child itself, a subreaper, ends what was re-parented to it before it exits)."""
+    import signal
+
+    import psutil
+
+    victims: dict[int, psutil.Process] = {}
+    try:  # (not reaped yet: the pid is still the child's)
+        victims.update((c.pid, c) for c in psutil.Process(proc.pid).children(recursive=True))
+    except psutil.Error:
+        pass
+    for kill in (os.kill, os.killpg):
+        try:
+            kill(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    me, uid = os.getpid(), os.getuid()
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.pid in victims or p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if p.environ().get(PROBE_ENV) == token:
+                victims[p.pid] = p
+        except psutil.Error:
+            continue
+    for p in victims.values():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    proc.wait()  # reaped only now
 
 
 def _read_records(path: str) -> list[str]:
@@ -280,18 +393,12 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
 
         with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-") as tmp:
             result = os.path.join(tmp, "records.jsonl")
-            printed = ""
-            try:
-                r = subprocess.run(python_c(_FLASH_PROBE, det, result, *paths), capture_output=True, text=True,
-                                   errors="replace", timeout=timeout_s)
-                rc, stderr, printed = r.returncode, r.stderr, r.stdout + r.stderr
-            except subprocess.TimeoutExpired as e:
-                rc, stderr = None, f"timed out after {timeout_s:g}s"
-                printed = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                                  for x in (e.stdout, e.stderr))
+            rc, timed_out, printed = _run_probe(python_c(_FLASH_PROBE, det, result, *paths),
+                                                os.path.join(tmp, "output.txt"), timeout_s)
             lines = _read_records(result)
+        stderr = f"timed out after {timeout_s:g}s" if timed_out else printed
         if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
-            print(f"# the flash probe's child printed (not parsed):\n{printed[-4000:]}", file=sys.stderr, flush=True)
+            print(f"# the flash probe's child printed (not parsed):\n{printed}", file=sys.stderr, flush=True)
     started = None
     for line in lines:
         try:

@@ -377,7 +377,7 @@ class EnvPairing(Stage):
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter is Triton's CPU path
         # the flash-attn child (import torch + each flash package: ~10 s with FA-4 on an H100) runs
         # while this process collects its own facts (import torch, a Triton launch, a CUDA op):
-        # this side only waits on the child's pipe, so the two overlap (issue 13: the oneshot's wall)
+        # this side only waits for the child (envinfo._run_probe), so the two overlap (issue 13: the oneshot's wall)
         t0 = time.perf_counter()
         flash_probe = _Background(probe_flash)
         facts = collect()
