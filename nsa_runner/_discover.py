@@ -152,100 +152,36 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module), attr)
 
 
-MAX_DIST_FILE_BYTES = 64 << 20  # one file of a distribution's metadata folder (METADATA, entry_points.txt, ...)
+def _load_distfiles():
+    """nsa_core/_distfiles.py, the one safe reader of installed distributions' files, loaded from its file
+    beside the running nsa_runner without importing the nsa_core package (its ``__init__`` imports torch,
+    whose import reads every distribution's entry_points.txt: what the reader exists to check first)."""
+    import importlib.util
+
+    name = "nsa_core._distfiles"
+    mod = sys.modules.get(name)
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nsa_core", "_distfiles.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+    return mod
 
 
-class UnreadableDistFile(Exception):
-    """A file of an installed distribution's metadata folder that cannot be read safely: a FIFO, a device,
-    a socket, larger than MAX_DIST_FILE_BYTES, or no permission. The message names it and why."""
-
-
-def read_dist_file(folder: object, name: str) -> bytes | None:
-    """The bytes of file ``name`` of a distribution's metadata folder (``""``: the folder itself, an old
-    egg-info file), as ``importlib.metadata`` reads it but never a FIFO's wait, a device's endless read or a
-    huge file (round 17 U-6: a METADATA FIFO of a package that is no plugin at all stopped every command):
-    opened non-blocking, checked on the descriptor, bounded. None where importlib.metadata finds nothing
-    (missing, a dangling link, a folder); UnreadableDistFile for the rest."""
-    import stat
-
-    if not isinstance(folder, (str, os.PathLike)):  # a folder inside a zip on sys.path (zipfile.Path)
-        return _read_member(folder, name)
-    path = os.path.join(str(folder), name) if name else str(folder)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-    except OSError as e:  # no permission; a socket (ENXIO); ...
-        raise UnreadableDistFile(f"{path} cannot be read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            from nsa_runner.artifacts import file_kind
-
-            raise UnreadableDistFile(f"{path} is {file_kind(st.st_mode)}, not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_DIST_FILE_BYTES and (chunk := os.read(fd, 1 << 20)):
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_DIST_FILE_BYTES:
-            raise UnreadableDistFile(f"{path} is larger than {MAX_DIST_FILE_BYTES >> 20} MiB")
-        return b"".join(chunks)
-    except OSError as e:
-        raise UnreadableDistFile(f"{path} cannot be read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-
-
-def _read_member(folder, name: str) -> bytes | None:
-    """``read_dist_file`` for a distribution whose metadata folder is no folder of the file system but a
-    path object of its own, e.g. ``zipfile.Path`` inside a zip on sys.path (round 18 B-2: os.open of
-    ``<zip>/<folder>/METADATA`` failed, NotADirectoryError, and the plugin was neither listed nor named
-    broken). Read through that object (a zip member is no FIFO nor device), at most MAX_DIST_FILE_BYTES;
-    None where importlib.metadata finds nothing, UnreadableDistFile naming it and why for the rest."""
-    where = f"{folder}{name}" if str(folder).endswith("/") else f"{folder}/{name}" if name else str(folder)
-    try:
-        path = folder.joinpath(name) if name else folder
-        if path.is_dir():
-            return None
-        with path.open("rb") as f:
-            data = f.read(MAX_DIST_FILE_BYTES + 1)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
-        return None
-    except Exception as e:  # noqa: BLE001 - a bad zip (BadZipFile, zlib.error), no permission, ...
-        raise UnreadableDistFile(f"{where} cannot be read ({type(e).__name__}: {e})") from None
-    if len(data) > MAX_DIST_FILE_BYTES:
-        raise UnreadableDistFile(f"{where} is larger than {MAX_DIST_FILE_BYTES >> 20} MiB")
-    return data
-
-
-class SafeDistribution(md.PathDistribution):
-    """An installed distribution whose files are read by ``read_dist_file`` (each once: ``raw``). Its
-    ``entry_points``, ``metadata``, ``version``, ``files`` raise UnreadableDistFile naming a file that cannot
-    be read safely, UnicodeDecodeError for one that is not UTF-8 (as importlib.metadata does)."""
-
-    def __init__(self, path):
-        super().__init__(path)
-        self.raw: dict[str, bytes | None] = {}
-
-    def read_text(self, filename):
-        filename = str(filename)
-        if filename not in self.raw:
-            self.raw[filename] = read_dist_file(self._path, filename)
-        data = self.raw[filename]
-        if data is None:
-            return None
-        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # (text mode's newlines)
-
-
-def distributions():
-    """``importlib.metadata.distributions()``, a metadata folder's each as a SafeDistribution. Read a
-    distribution's ``entry_points`` first and its ``metadata`` only when it declares the group wanted:
-    a package that is no plugin then never matters, whatever its other files are."""
-    for dist in md.distributions():
-        path = getattr(dist, "_path", None)
-        yield SafeDistribution(path) if type(dist) is md.PathDistribution and path is not None else dist
+_distfiles = _load_distfiles()
+MAX_DIST_FILE_BYTES = _distfiles.MAX_DIST_FILE_BYTES
+UnreadableDistFile = _distfiles.UnreadableDistFile
+read_dist_file = _distfiles.read_dist_file
+SafeDistribution = _distfiles.SafeDistribution
+# ``importlib.metadata.distributions()``, a metadata folder's each as a SafeDistribution. Read a
+# distribution's ``entry_points`` first and its ``metadata`` only when it declares the group wanted:
+# a package that is no plugin then never matters, whatever its other files are.
+distributions = _distfiles.distributions
 
 
 def _dist_stem_name(where: str) -> str:
@@ -415,12 +351,8 @@ def main(argv: list[str]) -> int:
         return {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
                 "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
 
-    def one(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:
-        """Import entry point ``ep`` and describe it: its ``loading`` line, then its ``entry``."""
-        nonlocal swapped
-        emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
-        rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
-               "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
+    def _load_and_describe(ep: md.EntryPoint, key: str, rec: dict) -> bool:
+        """Import ``ep`` and describe it into ``rec``; False (``rec["error"]`` says why) when it did not import."""
         try:
             obj = ep.load()
         except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
@@ -428,12 +360,7 @@ def main(argv: list[str]) -> int:
                 raise
             rec["error"] = f"failed to import {ep.value}: {_why(e)}"
             rec["traceback"] = _traceback()
-            problem = None if swapped else folder_swapped()
-            if problem is not None:
-                swapped = True
-                rec["error"] = f"{ep.value}: importing it {problem}; and it {rec['error']}"
-            emit({"entry": rec})
-            return
+            return False
         try:
             rec.update(describe(obj, ep, parse["args"] if parse and parse.get("key") == key else None))
         except BaseException as e:  # noqa: BLE001
@@ -441,6 +368,22 @@ def main(argv: list[str]) -> int:
                 raise
             rec["error"] = f"{ep.value}: describing it raised {_why(e)}"
             rec["traceback"] = _traceback()
+        return True
+
+    def one(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:
+        """Import entry point ``ep`` and describe it: its ``loading`` line, then its ``entry``."""
+        nonlocal swapped
+        emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
+        rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
+               "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
+        loaded = _load_and_describe(ep, key, rec)
+        if not loaded:
+            problem = None if swapped else folder_swapped()
+            if problem is not None:
+                swapped = True
+                rec["error"] = f"{ep.value}: importing it {problem}; and it {rec['error']}"
+            emit({"entry": rec})
+            return
         problem = None if swapped else folder_swapped()
         if problem is not None:  # this import (or its description) did it: the entry point is broken
             swapped = True

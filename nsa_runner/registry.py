@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from nsa_runner._discover import (
     EXIT_TEMP_FULL,
     SafeDistribution,
+    _distfiles,
     _why,
     distributions,
     entry_key,
@@ -137,11 +138,14 @@ def _lists_running_package(dist: md.Distribution, pkg_init: str, root: str) -> b
                     os.path.realpath(str(dist.locate_file(f))):
                 return True
         elif base.endswith(".pth"):
-            try:
-                with open(str(dist.locate_file(f)), encoding="utf-8", errors="replace") as fh:
-                    lines = fh.read(1 << 20).splitlines()
-            except OSError:
+            try:  # never a blocking open (round 19 B19-2: a FIFO there hung every command): a FIFO, a
+                # device, a file over 1 MiB is not ours
+                data = _distfiles.read_regular_file(str(dist.locate_file(f)), 1 << 20)
+            except (_distfiles.UnreadableDistFile, OSError, ValueError):
                 continue
+            if data is None:
+                continue
+            lines = data.decode("utf-8", errors="replace").splitlines()
             if any(ln.strip() and not ln.startswith(("#", "import")) and os.path.realpath(ln.strip()) == root
                    for ln in lines):
                 return True
@@ -1029,7 +1033,7 @@ class Machine:
 # files importlib.metadata reads whole of EVERY installed distribution in every process of nsa-run (the CLI,
 # the discovery children, every stage): ``import torch`` reads each one's entry_points.txt (torch's device-
 # backend hook), and a folder whose name gives no distribution name has its METADATA / PKG-INFO read there
-# too. nsa-run's own reads of the others go through ``_discover.read_dist_file`` (never blocking, bounded):
+# too. nsa-run's own reads of the others go through ``nsa_core._distfiles`` (never blocking, bounded):
 # a package that is no plugin never matters, one that may declare stages is listed as broken (round 17 U-6)
 METADATA_FILES = ("entry_points.txt", "METADATA", "PKG-INFO")
 MAX_METADATA_BYTES = 64 << 20
@@ -1058,9 +1062,7 @@ def installed_metadata_problem() -> str:
                 except OSError:  # missing, a dangling link, a dist-info that is a file: read as absent
                     continue
                 if not st_.S_ISREG(mode.st_mode):
-                    from nsa_runner.artifacts import file_kind
-
-                    return f"{path} is {file_kind(mode.st_mode)}, not a regular file"
+                    return f"{path} is {_distfiles.file_kind(mode.st_mode)}, not a regular file"
                 if mode.st_size > MAX_METADATA_BYTES:
                     return f"{path} is {mode.st_size / 2**20:.0f} MiB (more than {MAX_METADATA_BYTES >> 20} MiB)"
     return ""

@@ -39,7 +39,6 @@ import importlib.util
 import inspect
 import os
 import re
-import stat
 
 MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa4": "flash_attn.cute"}
 WHAT = {"fa2": "FA-2", "fa3": "FA-3", "fa4": "FA-4"}
@@ -52,8 +51,32 @@ FA2_SYMBOLS = ("flash_attn_func", "flash_attn_varlen_func")
 _CUTE_INIT = "flash_attn/cute/__init__.py"
 
 
-DIST_FILE_MAX = 64 << 20  # a dist-info file read for facts, at most (as nsa-run's plugin discovery)
 _DIST_FILES = ("METADATA", "PKG-INFO", "RECORD", "direct_url.json")
+
+
+def _distfiles():
+    """nsa_core/_distfiles.py (the one safe reader of installed distributions' files), loaded from its file
+    beside this one when it is not loaded yet: this file also runs loaded by its path, in env-pairing's
+    probe child, where importing the nsa_core package may fail (``envinfo.probe_flash``)."""
+    import importlib.util
+    import sys
+
+    name = "nsa_core._distfiles"
+    mod = sys.modules.get(name)
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_distfiles.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+    return mod
+
+
+DIST_FILE_MAX = _distfiles().MAX_DIST_FILE_BYTES  # a dist-info file read for facts, at most
 
 
 class UnreadableDistribution(OSError):
@@ -62,25 +85,24 @@ class UnreadableDistribution(OSError):
 
 
 def safe_distribution(name: str):
-    """``importlib.metadata.distribution(name)`` once the files its readers open are regular files of a bounded
-    size (raises UnreadableDistribution naming the file): a FIFO as flash-attn's METADATA hung env-pairing to its
-    timeout, a link loop made it ERROR (round 18 B-1; importlib reads them blocking and whole). Finding the
-    distribution reads folder names only. PackageNotFoundError when it is not installed."""
-    dist = md.distribution(name)
-    folder = getattr(dist, "_path", None)  # a dist-info / egg-info folder (not one inside a zip)
-    if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder):
+    """``importlib.metadata.distribution(name)`` whose files (METADATA, PKG-INFO, RECORD, direct_url.json) are
+    read here, once, through the safe reader (``nsa_core._distfiles``: non-blocking, regular files only, at most
+    DIST_FILE_MAX), and served from that read after: raises UnreadableDistribution naming the distribution, the
+    file and why (a FIFO as flash-attn's METADATA hung env-pairing to its timeout, a link loop made it ERROR:
+    round 18 B-1; importlib reads them blocking and whole). Finding the distribution reads folder names only.
+    PackageNotFoundError when it is not installed. (Another finder's distribution is returned as it is.)"""
+    df = _distfiles()
+    dist = df.safe(md.distribution(name))
+    if isinstance(dist, df.SafeDistribution):
         for f in _DIST_FILES:
-            path = os.path.join(folder, f)
             try:
-                st = os.stat(path)
-            except FileNotFoundError:
+                dist.read_text(f)
+            except df.UnreadableDistFile as e:
+                why = (f"is not a regular file ({e.kind}): not read" if e.kind
+                       else f"{e.why}: not read" if e.why.startswith("is larger") else e.why)
+                raise UnreadableDistribution(f"{name}'s {f} {why}") from None
+            except UnicodeDecodeError:  # read (raw); decoding it again raises where it is used, as importlib
                 continue
-            except OSError as e:
-                raise UnreadableDistribution(f"{name}'s {f} cannot be read ({e.strerror or e})") from None
-            if not stat.S_ISREG(st.st_mode):
-                raise UnreadableDistribution(f"{name}'s {f} is not a regular file: not read")
-            if st.st_size > DIST_FILE_MAX:
-                raise UnreadableDistribution(f"{name}'s {f} is {st.st_size / 2**20:.0f} MiB: not read")
     return dist
 
 
