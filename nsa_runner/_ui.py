@@ -44,6 +44,22 @@ def plain_text(text: object) -> str:
     return escape(_CONTROL.sub("", str(text)))
 
 
+def path_shown(path: object) -> str:
+    """A path as a terminal line names it, one rule for every printed path (``-> PATH``, ``artifacts:``,
+    ``report:``): as it is when every character of it is printable (copy-pasteable), else its repr, as
+    the error lines show user input (``shown``): ``'runs\\x1b[0m/52a815b'``, each control character
+    (newline, C1, the bidi / format characters) written out, never dropped (round 19 A19-R2: the
+    ESC of ``--out $'runs\\x1b[0m'`` was stripped and the line named ANOTHER run's folder ``runs/...``;
+    a newline split the line). Plain text: callers printing on a rich console use ``path_text``."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def path_text(path: object) -> str:
+    """``path_shown`` with rich markup escaped, for a rich console line."""
+    return escape(path_shown(path))
+
+
 TABLE_REASON_CHARS = 2000  # a reason's characters in the terminal table (the files keep it whole)
 MESSAGE_CHARS = 2000  # an error line's / hint's characters at most (a last net: inputs are clipped first)
 

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from nsa_runner._text import PARITY_JOBS_ENV, parity_jobs
-from nsa_runner._ui import ProgressObserver, err_console, fail, plain_text, report, shown
+from nsa_runner._ui import ProgressObserver, err_console, fail, path_text, plain_text, report, shown
 from nsa_runner.artifacts import (
     ManifestError,
     _folder_number,
@@ -244,11 +244,11 @@ def _say_passed_over(out: Path, rid: str, made: Path) -> None:
         p = out / (rid if i == 1 else f"{rid}.{i}")
         if os.path.lexists(p) and not p.is_dir():
             try:
-                what = f"a link to no folder ({plain_text(os.readlink(p))})" if p.is_symlink() else "a file"
+                what = f"a link to no folder ({path_text(os.readlink(p))})" if p.is_symlink() else "a file"
             except OSError:
                 what = "not a folder"
-            err_console().print(f"note: {plain_text(p)} is {what}, not a run folder: passed over (left as it is); "
-                                f"this run's folder is {plain_text(made.name)}", soft_wrap=True)
+            err_console().print(f"note: {path_text(p)} is {what}, not a run folder: passed over (left as it is); "
+                                f"this run's folder is {path_text(made.name)}", soft_wrap=True)
 
 
 def set_aside(manifest: RunManifest, name: str) -> Path | None:
@@ -302,7 +302,7 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     """
     settings = Settings(device=machine.device, profile=profile, timeout_s=timeout, strict=strict)
     err = err_console()
-    err.print(f"[bold]nsa-run[/] run {plain_text(manifest.data['run_id'])} -> {plain_text(manifest.dir)}  "
+    err.print(f"[bold]nsa-run[/] run {plain_text(manifest.data['run_id'])} -> {path_text(manifest.dir)}  "
               f"(device={machine.device}, profile={profile})")
     previous = signal.getsignal(signal.SIGTERM)
     previous_hup = signal.getsignal(signal.SIGHUP)
@@ -527,7 +527,7 @@ def _print_run(records, manifest: RunManifest, machine: Machine, profile: str, s
     }
     if interrupted:
         err.print("[bold red]interrupted[/]: the running stage was stopped; finished stages are kept")
-    err.print(f"artifacts: {plain_text(manifest.dir)}", soft_wrap=True)  # a path stays copy-pasteable
+    err.print(f"artifacts: {path_text(manifest.dir)}", soft_wrap=True)  # _ui.path_shown: control chars shown
     report(records, as_json=as_json, payload=payload, strict=strict,
            title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")
     sys.stdout.flush()

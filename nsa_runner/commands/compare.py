@@ -22,7 +22,7 @@ from rich.table import Table
 
 from nsa_runner import baseline as bl
 from nsa_runner._readers import ArtifactError, Run, resolve_run
-from nsa_runner._ui import err_console, fail, out_console, plain_text, shown
+from nsa_runner._ui import err_console, fail, out_console, path_text, plain_text, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.compare import (
     MARKS,
@@ -179,7 +179,7 @@ def compare(
             fail(f"cannot write --save-baseline {save_baseline}: {e.strerror or e}",
                  "nothing was written; choose a new file in a writable folder with free space")
     if saved is not None:
-        err_console().print(f"baseline written: {plain_text(saved)} ({plain_text(subject.machine()['label'])})")
+        err_console().print(f"baseline written: {path_text(saved)} ({plain_text(subject.machine()['label'])})")
     if as_json:
         print(json.dumps(cmp.to_dict(), indent=2, default=str))
     elif markdown:

@@ -23,7 +23,7 @@ import typer
 from nsa_runner import baseline as bl
 from nsa_runner import report as report_mod
 from nsa_runner._readers import ArtifactError, Run, resolve_run
-from nsa_runner._ui import err_console, fail, out_console, plain_text
+from nsa_runner._ui import err_console, fail, out_console, path_shown, path_text, plain_text
 from nsa_runner.commands import _common as c
 from nsa_runner.results import SUMMARY_MD
 
@@ -74,7 +74,7 @@ def report(
                           "left_alone": odd, "not_written": left}, indent=2))
     else:
         con = out_console()
-        con.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
+        con.print(f"report: {path_text(info['report'])}", soft_wrap=True)
         if SUMMARY_MD in odd:
             kept = "left as it is (not a regular file: a link, folder or special file is not the runner's)"
         elif stale:
@@ -87,7 +87,7 @@ def report(
             kept = "missing, not written"
         else:
             kept = "kept (written when the run ended)"
-        con.print(f"summary.md: {plain_text(info['summary'])} {kept}", soft_wrap=True)
+        con.print(f"summary.md: {path_text(info['summary'])} {kept}", soft_wrap=True)
         others = [n for n in added if n != SUMMARY_MD]
         if others and not stale:  # the run's copies of the others restored; summary.md said above
             con.print(f"{', '.join(others)}: missing, written from manifest.json", soft_wrap=True)
@@ -106,7 +106,7 @@ def report(
     # dangling junit.xml link beside an agreeing summary.md was "kept", left_alone [], round 16 B3)
     if odd:  # reports the runner does not own: named, never followed
         for name in odd:
-            err_console().print(f"[yellow]note:[/] {plain_text(str(folder / name))} is not a regular file "
+            err_console().print(f"[yellow]note:[/] {path_text(folder / name)} is not a regular file "
                                 "(a link, folder or special file): left as it is, so it may disagree with "
                                 "manifest.json; move it aside and rerun nsa-run report to have it written",
                                 soft_wrap=True)
@@ -137,8 +137,8 @@ def _target_of(e: OSError, fallback: Path) -> str:
             p = Path(os.fsdecode(name))
             if p.name.startswith(".") and p.name.endswith(".tmp"):  # .report.html.XXXX.tmp
                 continue
-            return plain_text(str(p))
-    return plain_text(str(fallback))
+            return path_shown(p)
+    return path_shown(fallback)
 
 
 def _names() -> tuple[str, str, str]:
@@ -300,7 +300,7 @@ def finish_oneshot(folder: Path, code: int, baseline: dict | None) -> int:
     err = err_console()
     try:
         info = report_mod.write(folder)
-        err.print(f"report: {plain_text(info['report'])}", soft_wrap=True)
+        err.print(f"report: {path_text(info['report'])}", soft_wrap=True)
     except (ArtifactError, OSError) as e:
         err.print(f"[yellow]report not written:[/] {plain_text(e)}")
     if baseline is not None:
@@ -324,7 +324,7 @@ def refresh_report(folder: Path, code: int) -> int:
     if (folder / report_mod.REPORT_NAME).exists():
         try:
             info = report_mod.write(folder)
-            err_console().print(f"report: {plain_text(info['report'])}", soft_wrap=True)
+            err_console().print(f"report: {path_text(info['report'])}", soft_wrap=True)
         except (ArtifactError, OSError) as e:
             err_console().print(f"[yellow]report not refreshed:[/] {plain_text(e)}")
     return code

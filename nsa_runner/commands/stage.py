@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from nsa_runner._ui import err_console, fail, out_console, plain_text, shown
+from nsa_runner._ui import err_console, fail, out_console, path_text, shown
 from nsa_runner.commands import _common as c
 from nsa_runner.commands import report as report_cmd
 from nsa_runner.registry import discover
@@ -50,7 +50,7 @@ def stage(
                                  command="stage")
     moved = c.set_aside(manifest, name)
     if moved is not None:
-        err_console().print(f"earlier {name} result set aside in {plain_text(moved)} (put back if this run does not "
+        err_console().print(f"earlier {name} result set aside in {path_text(moved)} (put back if this run does not "
                             "finish)")
     c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json,
                      after=lambda code: report_cmd.refresh_report(manifest.dir, code))
