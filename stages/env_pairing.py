@@ -342,6 +342,20 @@ def _render(env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shown(text: str) -> str:
+    """``text`` as env.txt and the stage log show it: what the project's one rule for the terminal and the files
+    takes out (``_text.CONTROL``: escape sequences with their bodies, C0 / C1 controls, DEL, bidi controls) is
+    written visibly as its escapes (``\\x1b]0;pwn\\x07``), line by line, never sent raw: a plugin's METADATA Name
+    or a flash import error holding ESC / OSC / BEL / U+009B reached env.txt as is (``cat env.txt`` retitled
+    the terminal; round 19 B U-1). env.json keeps the text as it was (JSON escapes it)."""
+    from nsa_runner._text import CONTROL
+
+    def escaped(m) -> str:
+        return m.group(0).encode("unicode_escape").decode("ascii")
+
+    return "\n".join(CONTROL.sub(escaped, line) for line in text.split("\n"))
+
+
 class _Background:
     """``fn()`` in a thread from now; ``result()`` waits for it and returns its value, or raises
     what it raised (as if it had been called where ``result()`` is)."""
@@ -411,7 +425,7 @@ class EnvPairing(Stage):
         wall["plugins, thresholds, checks"] = round(time.perf_counter() - t0 - sum(wall.values()), 3)
         env["wall_s"] = wall
         write_json(ctx.dir / "env.json", env)
-        text = _render(env)
+        text = _shown(_render(env))
         write_text(ctx.dir / "env.txt", text)
         print(text)
         return StageResult(status, reason, files=["env.txt", "env.json", *extra],
