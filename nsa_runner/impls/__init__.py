@@ -20,6 +20,7 @@ as broken; a part that raises or returns the wrong shape is that case's ERROR / 
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import resource
@@ -27,6 +28,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -426,6 +428,10 @@ def _saved_state() -> dict:
         state["torch"] = _torch_state(torch) if torch is not None and hasattr(torch, "_C") else None
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
         pass
+    try:
+        state["attributes"] = _torch_namespaces()
+    except Exception:  # noqa: BLE001
+        pass
     return state
 
 
@@ -492,6 +498,8 @@ def _restore_state(state: dict) -> None:
         put("the random module's generator state", random.setstate, state["random"])
     if state.get("numpy") is not None and not _same_numpy(_numpy_rng(), state["numpy"]):
         put("numpy's random state", sys.modules["numpy"].random.set_state, state["numpy"])
+    for name, (obj, before) in state.get("attributes", {}).items():  # first: what follows calls torch's functions
+        _restore_namespace(name, obj, before, put)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "_C") and "torch" in state:  # None: torch was not imported yet
         _restore_torch(torch, state["torch"] or _torch_defaults(torch), put)
@@ -501,6 +509,87 @@ def _restore_state(state: dict) -> None:
                   "(the next one runs in the runner's own state)", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - the log is gone: nothing to say it in
             pass
+
+
+# round 19 B19-4: torch's functions an adapter rebinds (``torch.softmax = fast_bf16_softmax``, installed process-wide
+# inside its call) made the next implementation, nsa_core, FAIL, blamed on it, nothing in the log. The attribute dicts
+# of these namespaces are copied on the way in (a few thousand references: tens of microseconds) and every attribute
+# rebound, added or deleted is put back on the way out; torch's own changes are kept: a submodule imported meanwhile
+# (``torch._dynamo``) and a rebinding by torch's code (``torch._dynamo``'s import wraps ``torch.manual_seed``).
+_NAMESPACES = ("torch", "torch.nn.functional", "torch.Tensor", "torch.linalg", "torch.special", "torch.fft",
+               "torch.nn.init")
+_MODULE_NOISE = frozenset({"__warningregistry__"})  # written by the warnings machinery, not by an adapter
+
+
+def _torch_namespaces() -> dict:
+    """{name: (the namespace, a copy of its attribute dict)} for ``_NAMESPACES`` loaded here (nothing is imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    out = {}
+    for name in _NAMESPACES:
+        obj = torch.__dict__.get("Tensor") if name == "torch.Tensor" else sys.modules.get(name)
+        if name == "torch.Tensor" and not isinstance(obj, type):
+            continue
+        if obj is not None:
+            out[name] = (obj, dict(vars(obj)))
+    return out
+
+
+def _same_attributes(live, before: dict) -> bool:
+    """The same names, in the same order, each bound to the very same object (values by identity: no adapter's
+    ``__eq__`` runs; ``before`` holds its objects, so their ids are not reused). ``live``: the namespace's own dict,
+    not copied (this runs after every adapter call: tens of microseconds)."""
+    return (len(live) == len(before) and all(map(operator.is_, live.values(), before.values()))
+            and list(live) == list(before))
+
+
+def _torch_own(name: str, value) -> bool:
+    """Is ``value``, left at an attribute of ``name``, torch's own doing: a submodule of it imported meanwhile, or a
+    function whose code lies in torch's package (e.g. a wrapper torch's import installs)? Never raises."""
+    try:
+        if isinstance(value, types.ModuleType):
+            return getattr(value, "__name__", None) == name and isinstance(name, str)
+        code = getattr(value, "__code__", None)
+        if not isinstance(code, types.CodeType):
+            return False
+        torch = sys.modules.get("torch")
+        root = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+        return os.path.realpath(code.co_filename).startswith(root)
+    except Exception:  # noqa: BLE001 - a hostile value: the adapter's
+        return False
+
+
+def _restore_namespace(name: str, obj, before: dict, put) -> None:
+    """Put back the attributes of ``obj`` (the namespace ``name``) an adapter rebound, added or deleted."""
+    try:
+        if _same_attributes(vars(obj), before):
+            return
+        now = dict(vars(obj))
+    except Exception:  # noqa: BLE001 - not readable: not put back
+        return
+    is_module = isinstance(obj, types.ModuleType)
+    rebound = [k for k, v in before.items() if k not in _MODULE_NOISE and (k not in now or now[k] is not v)
+               and not (k in now and _torch_own(f"{name}.{k}", now[k]))]
+    added = [k for k in now if k not in before and k not in _MODULE_NOISE and not _torch_own(f"{name}.{k}", now[k])]
+    if not rebound and not added:
+        return
+
+    def back():
+        for k in rebound:
+            if is_module:
+                vars(obj)[k] = before[k]
+            else:
+                setattr(obj, k, before[k])
+        for k in added:
+            if is_module:
+                vars(obj).pop(k, None)
+            else:
+                delattr(obj, k)
+
+    names = [f"{name}.{clip(str(k), 60)}" + ("" if k in now else " (deleted)") for k in rebound]
+    names += [f"{name}.{clip(str(k), 60)} (added)" for k in added]
+    put(", ".join(names[:5]) + (f" and {len(names) - 5} more of {name}'s attributes" if len(names) > 5 else ""), back)
 
 
 def _restore_environ(environ, saved: dict, put) -> None:
