@@ -461,7 +461,7 @@ _TOP_TYPES = {"host": (dict,), "argv": (list,), "device": (str,), "profile": (st
 _ENTRY_TYPES = {"files": (list,), "reason": (str,), "hint": (str,), "log": (str,), "metrics": (dict,),
                 "options": (dict,), "duration_s": _NUMBER, "traceback": (str,), "log_tail": (str,),
                 "order": (int, type(None)), "source": (str,), "device": (str,), "profile": (str,),
-                "started": (str,), "finished": (str,), "moved_to": (str,)}
+                "started": (str,), "finished": (str,), "moved_to": (str,), "interrupted": (bool,)}
 
 
 def _is(value: Any, types: tuple) -> bool:
@@ -865,7 +865,19 @@ def run_died_fact(m: dict) -> str:
     return f"nsa-run pid {runner.get('pid')} is gone and never finished the run"
 
 
-_STOPPED = re.compile(r"interrupted \([^)]*\): the stage was stopped")  # ``executor.interrupt_reason``'s record
+# ``executor.interrupt_reason``'s record, as an nsa-run before round 19 wrote it (no "interrupted" flag on the record)
+_STOPPED = re.compile(r"interrupted \([^)]*\): the stage was stopped")
+
+
+def stopped_by_interrupt(rec: dict) -> bool:
+    """Whether stage record ``rec`` is the runner's interrupt of the stage: its ``interrupted`` flag (the executor
+    writes it on every ERROR record), or, on an ERROR record of an older nsa-run (no flag), the interrupt's own
+    reason. A stage's own ERROR whose reason reads like an interrupt is never taken for one (round 19 review)."""
+    if rec.get("status") != "ERROR":
+        return False
+    if "interrupted" in rec:
+        return rec["interrupted"] is True
+    return bool(_STOPPED.match(str(rec.get("reason") or "")))
 
 
 def planned_state(m: dict) -> str | None:
@@ -881,8 +893,7 @@ def planned_state(m: dict) -> str | None:
     def names(ns: list[str]) -> str:
         return ", ".join(ns[:10]) + (f" and {len(ns) - 10} more" if len(ns) > 10 else "")
 
-    stopped = [n for n in planned if n in recs and recs[n].get("status") == "ERROR"
-               and _STOPPED.match(str(recs[n].get("reason") or ""))]
+    stopped = [n for n in planned if n in recs and stopped_by_interrupt(recs[n])]
     missing = [n for n in planned if n not in recs]
     parts = ([f"stopped by an interrupt: {names(stopped)}"] if stopped else []) + (
         [f"{len(missing)} planned stage(s) have no result: {names(missing)}"] if missing else [])

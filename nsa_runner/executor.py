@@ -154,6 +154,9 @@ class StageRecord:
     log_tail: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     strict_fail: bool = False  # a SKIP that --strict counts as a failure
+    # an ERROR that is the runner's interrupt of the stage (Ctrl-C, SIGTERM, SIGHUP), never the stage's own: written
+    # on every ERROR record (``artifacts.planned_state`` reads it; an ERROR without it is an older nsa-run's)
+    interrupted: bool = False
     device: str = ""
     profile: str = ""
 
@@ -177,6 +180,8 @@ class StageRecord:
         }
         if self.status is Status.SKIP:
             d["strict_fail"] = self.strict_fail
+        if self.status is Status.ERROR:
+            d["interrupted"] = self.interrupted
         if self.traceback:
             d["traceback"] = clipped(self.traceback, TRACEBACK_CHARS)
         if self.log_tail:
@@ -811,6 +816,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             if not ended:
                 rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
                 rec.reason = interrupt_reason(e)
+                rec.interrupted = True
                 rec.log_tail = tail(log_path)
                 rec.finished = now_iso()
                 raise _Interrupted(rec) from None
