@@ -24,7 +24,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nsa_runner._readers import ArtifactError, Run, is_reads, is_speedup, key_columns, metric_columns, read_json
+from nsa_runner._readers import (
+    KERNEL_BENCH_GLOBS,
+    TIMING_FILES,
+    ArtifactError,
+    Run,
+    is_reads,
+    is_speedup,
+    is_time,
+    key_columns,
+    metric_columns,
+    read_json,
+)
 from nsa_runner.artifacts import file_kind, now_iso, write_json
 from nsa_runner.compare import Row, _same, _spread, judge_time
 
@@ -74,6 +85,7 @@ def load(path: str | Path) -> dict:
             raise _bad(path, where, "must be an object with a 'figures' list")
         if "profile" in sec and sec["profile"] not in ("quick", "full"):
             raise _bad(path, f"{where}.profile", f"must be quick or full, got {sec['profile']!r}")
+        seen: dict[tuple, int] = {}
         for i, f in enumerate(sec["figures"]):
             w = f"{where}.figures[{i}]"
             if not isinstance(f, dict):
@@ -87,6 +99,15 @@ def load(path: str | Path) -> dict:
                 raise _bad(path, f"{w}.key", f"must be an object of column: value, got {key!r}")
             if not isinstance(f.get("metric"), str) or not f["metric"]:
                 raise _bad(path, f"{w}.metric", f"must be a column name, got {f.get('metric')!r}")
+            # a name no timing table can have ("zz", "MS_STEP") was "not comparable" and the gate passed:
+            # a typo disabled the guard (round 19 A U-5)
+            m = f["metric"]
+            if not (is_time(m) or is_reads(m) or is_speedup(m)):
+                raise _bad(path, f"{w}.metric", f"{m!r} is not a timing column (ms, ms_*, *_ms, reads_*, speedup*; "
+                                                "names are case-sensitive)")
+            near = _case_twin(file)
+            if near is not None:
+                raise _bad(path, f"{w}.file", f"{file!r} is not {near!r} (file names are case-sensitive)")
             v = f.get("value")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise _bad(path, f"{w}.value", f"must be a finite number >= 0, got {v!r}")
@@ -98,8 +119,63 @@ def load(path: str | Path) -> dict:
             if better not in ("lower", "higher"):
                 raise _bad(path, f"{w}.better", f"must be 'lower' or 'higher', got {better!r}")
             f["better"] = better
+            # one figure per file + key + metric: two contradictory ones were both used ("1 worse, 1 better")
+            ident = (file, tuple(sorted((k, _key_value(v)) for k, v in key.items())), m)
+            if ident in seen:
+                raise _bad(path, w, f"a second figure for {file} {_key_text(key)} {m} "
+                                    f"(the first is {where}.figures[{seen[ident]}]): keep one")
+            seen[ident] = i
     data["_path"] = str(path)
     return data
+
+
+def _case_twin(file: str) -> str | None:
+    """The built-in timing table name ``file`` spells in another case (``Decode.csv``), else None."""
+    import fnmatch
+
+    for name in TIMING_FILES:
+        if file != name and file.lower() == name.lower():
+            return name
+    for pattern in KERNEL_BENCH_GLOBS:
+        if fnmatch.fnmatchcase(file.lower(), pattern) and not fnmatch.fnmatchcase(file, pattern):
+            return pattern
+    return None
+
+
+def _key_value(v: Any) -> Any:
+    """A key value as the row match sees it (1024 and 1024.0 are one key)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return (type(v).__name__, v)
+    return ("number", float(v))
+
+
+def _key_text(key: dict) -> str:
+    return " ".join(f"{k}={v!r}" for k, v in key.items()) or "(all rows)"
+
+
+def _key_problem(df, key: dict) -> str | None:
+    """Why ``key`` cannot name a row of ``df``: a column that is not one of its key columns (an extra
+    field, a typo) or a value of the wrong type for its column (``{"S": true}``); None when it fits.
+    Such a figure matched nothing and was "not comparable": the gate passed (round 19 A U-5)."""
+    import pandas as pd
+
+    keys = key_columns(df)
+    t = pd.api.types
+    for k, v in key.items():
+        if k not in keys:
+            return (f"key column {k!r} is not a key column of this run's table (its key columns: "
+                    f"{', '.join(keys) or 'none'})")
+        s = df[k]
+        if t.is_bool_dtype(s):
+            fits = isinstance(v, bool)
+        elif t.is_numeric_dtype(s):
+            fits = isinstance(v, (int, float)) and not isinstance(v, bool)
+        else:  # text (object / string): a text value, or a number where the column holds numbers as text
+            fits = isinstance(v, str) or (not isinstance(v, bool) and isinstance(v, (int, float))
+                                          and s.map(lambda x: not isinstance(x, str)).all())
+        if not fits:
+            return f"key {k}={v!r} ({type(v).__name__}) does not fit column {k} ({s.dtype})"
+    return None
 
 
 def _match(df, key: dict, path: str, fig_where: str) -> dict | None:
@@ -140,7 +216,11 @@ def check(run: Run, baseline: dict) -> tuple[list[Row], list[str]]:
         elif f["metric"] not in df.columns:
             row.mark, row.note = "x", f"no column {f['metric']} in {f['file']}"
         else:
-            hit = _match(df, f["key"], path, f"machines[{label!r}].figures[{i}]")
+            fig_where = f"machines[{label!r}].figures[{i}]"
+            problem = _key_problem(df, f["key"])
+            if problem is not None:
+                raise BaselineError(f"{path}: {fig_where}.key: {problem} in {f['file']} (format: docs/baselines.md)")
+            hit = _match(df, f["key"], path, fig_where)
             v = None if hit is None else hit.get(f["metric"])
             if hit is None:
                 row.mark, row.note = "x", "row not measured in this run"

@@ -70,10 +70,10 @@ def test_hostile_baseline_figure_key_is_plain_text(cli, out, tmp_path, fmt):
             {"file": "decode.csv", "key": {"S": 65536, "B": 1}, "metric": HOSTILE, "value": 1.0}]}}}))
     r = cli("compare", "aaaaaaa", "--out", out, "--baseline", base, "--all",
             *(["--markdown"] if fmt == "markdown" else []))
-    assert r.exit_code in (0, 1), r.output
-    _no_terminal_control(r.stdout + r.stderr)
-    if fmt == "markdown":
-        assert "<script>" not in r.stdout and "&lt;script&gt;" in r.stdout
+    # round 19 A U-5: a metric no timing table can have is refused when the file is read (one line, exit 2),
+    # its text shown escaped ('\x1b...', as every error line shows input), never as terminal control
+    assert r.exit_code == 2 and "is not a timing column" in r.stderr and r.stdout == "", r.output
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr
 
 
 # ---- c7 / d2 / c8: --save-baseline where nothing can be written ---------------------------------
