@@ -185,6 +185,12 @@ def _spread_cols(timings: dict, names: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def _first_line(e: BaseException, limit: int) -> str:
+    """The first line of an exception's message, at most ``limit`` characters; "" for an empty or blank one
+    (``str(e).strip().splitlines()[0]`` raised IndexError inside the handler that words it: round 19 B U-3)."""
+    return (str(e).strip().splitlines() or [""])[0][:limit]
+
+
 def _sdpa_backends(device: str):
     """[(name, context factory)]: each SDPA backend alone on CUDA; the default dispatch on CPU."""
     import contextlib
@@ -218,7 +224,7 @@ def _full_baselines(qf, kf, vf, scale, device, dtype, tag, outs, fns, problems, 
         try:
             full()
         except RuntimeError as e:  # backend not available for these shapes / dtype
-            tried.append(f"{name}: unavailable ({str(e).strip().splitlines()[0][:80]})")
+            tried.append(f"{name}: unavailable ({_first_line(e, 80)})")
             continue
         c = compare(outs[f"full:{name}"], ref_full, dtype)
         full_err[name] = c
@@ -234,7 +240,7 @@ def _full_baselines(qf, kf, vf, scale, device, dtype, tag, outs, fns, problems, 
         try:
             full_fa4()
         except Exception as e:  # noqa: BLE001 - a JIT / shape refusal of the package: the others still run
-            tried.append(f"fa4: failed ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]})")
+            tried.append(f"fa4: failed ({type(e).__name__}: {_first_line(e, 80)})")
         else:
             c = compare(outs["full:fa4"], ref_full, dtype)
             full_err["fa4"] = c
@@ -357,7 +363,7 @@ def measure(S: int, B: int, o: dict, device: str, log) -> tuple[list[dict], list
                 raise
             log(traceback.format_exc())
             problems.append(f"{tag} kernel {k}: the step raised {type(e).__name__}: "
-                            f"{(str(e).strip().splitlines() or [''])[0][:300]}")
+                            f"{_first_line(e, 300)}")
             continue
         decs[k] = dec
     if not decs:
@@ -1077,7 +1083,7 @@ def _points(o, dev, log, rows, problems, errors) -> None:
             try:
                 new_rows, probs = measure(S, B, o, dev, log)
             except Exception as e:  # noqa: BLE001 - one point failing must not hide the others
-                msg = f"S={S} B={B}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                msg = f"S={S} B={B}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
                 log(traceback.format_exc())
                 errors.append(msg)
                 continue

@@ -407,7 +407,7 @@ def full_attention_fns(path: str, q, k, v, do):
             except (RuntimeError, TypeError) as e:
                 kw.pop("enable_gqa")
                 kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
-                note = f"K/V expanded to {q.shape[2]} heads (enable_gqa refused: {str(e).splitlines()[0][:60]})"
+                note = f"K/V expanded to {q.shape[2]} heads (enable_gqa refused: {_first_line(e, 60)})"
         leaves = [x.detach().requires_grad_(True) for x in (qh, kh, vh)]
 
         def out_fn():
@@ -530,6 +530,12 @@ class _Wrote(Exception):
     """An implementation wrote into its inputs (round 17 a3): its FAIL, not a warning."""
 
 
+def _first_line(e: BaseException, limit: int) -> str:
+    """The first line of an exception's message, at most ``limit`` characters; "" for an empty or blank one
+    (``str(e).strip().splitlines()[0]`` raised IndexError inside the handler that words it: round 19 B U-3)."""
+    return (str(e).strip().splitlines() or [""])[0][:limit]
+
+
 def full_paths(device: str, wanted) -> list[tuple[str, str]]:
     """[(path, why not)] in order; why = '' when the path is worth trying here."""
     out = []
@@ -575,7 +581,7 @@ def check_baselines(o: dict, device: str, log) -> tuple[dict[str, str], list[str
             _, _, out_fn, _ = full_attention_fns(path, q, k, v, do)
             c = compare(out_fn(), ref, dtype)
         except Exception as e:  # noqa: BLE001 - unavailable here (backend refuses the shape, import error)
-            skipped[path] = f"cannot run here: {type(e).__name__}: {str(e).strip().splitlines()[0][:100]}"
+            skipped[path] = f"cannot run here: {type(e).__name__}: {_first_line(e, 100)}"
             log(f"baseline {path}: skipped ({skipped[path]})")
             continue
         rows.append({"case": _case(T, o), "backend": path, "what": "full attention o", "max_abs": c.max_abs,
@@ -762,7 +768,7 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
             for pas in o["passes"]:
                 row(path, "whole", pas, timing.bench(fwd if pas == "fwd" else fwdbwd, **tk), note=note)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory at this T: logged, the row is absent
-            msg = f"T={T} {path}: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e) else ''}"
+            msg = f"T={T} {path}: {type(e).__name__}: {_first_line(e, 120)}"
             warnings.append(f"baseline not timed: {msg}")
             log(f"baseline not timed: {msg}")
         _free(device)
@@ -932,7 +938,7 @@ class PrefillBench(Stage):
                         r, p, w = measure_T(T, o, dev, log)
                     except Exception as e:  # noqa: BLE001 - one T failing must not hide the others
                         log(traceback.format_exc())
-                        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+                        first = _first_line(e, 160)
                         errors.append(f"T={T}: {type(e).__name__}: {first}")
                         _free(dev)
                         continue
