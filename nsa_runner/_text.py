@@ -71,3 +71,55 @@ def parity_jobs() -> int | None:
         raise ValueError(f"{PARITY_JOBS_ENV}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
                          + f" is not a whole number of processes from 1 to {PARITY_JOBS_MAX}")
     return int(text)
+
+
+# ---- a hostile object's class name and first line, never raising (one helper for the worker and the impls) ----
+# A class name can be any size (a metaclass property: 30 MB, round 16 B4) or not a str; a ``__str__`` can raise or
+# return a str subclass with hostile methods. The worker (a stage's exception) and ``nsa_runner.impls`` (an
+# adapter's values) both word them here; each says which exceptions are not swallowed (``let_through``).
+NAME_CHARS = 100  # a class name as any text of the runner gives it, at most
+
+
+def _not_an_exception(e: BaseException) -> bool:
+    return not isinstance(e, Exception)  # the default: SystemExit / KeyboardInterrupt / ... go on up
+
+
+def type_name(value: object, let_through=_not_an_exception, fallback: str = "object") -> str:
+    """The name of ``value``'s class, plain and clipped to ``NAME_CHARS``; ``fallback`` when it is not a str or
+    reading it raises (an exception for which ``let_through(e)`` is true is re-raised)."""
+    try:
+        name = type(value).__name__
+        if not issubclass(type(name), str):
+            return fallback
+        return clip(str.__str__(name), NAME_CHARS)
+    except BaseException as e:  # noqa: BLE001 - a hostile metaclass
+        if let_through(e):
+            raise
+        return fallback
+
+
+def first_line(value: object, limit: int, *, marked: bool = False, let_through=_not_an_exception) -> str | None:
+    """The first line of ``str(value)`` (stripped), cut to ``limit`` characters (``marked``: with ``clip``'s
+    marker of what was left out); None when ``str()`` raised or gave no str (``let_through`` as ``type_name``)."""
+    try:
+        text = value if type(value) is str else str(value)
+        if type(text) is not str:  # a str subclass from __str__: its own methods may be hostile
+            text = str.__getitem__(text, slice(0, None))
+        line = (str.splitlines(str.strip(text)) or [""])[0]
+        return clip(line, limit) if marked else line[:limit]
+    except BaseException as e:  # noqa: BLE001 - a hostile value
+        if let_through(e):
+            raise
+        return None
+
+
+def described(e: BaseException, limit: int, *, marked: bool = False, unreadable: str | None = None,
+              let_through=_not_an_exception) -> str:
+    """``TYPE: first line of its message`` (``TYPE`` alone when it has none), each part clipped, never raising;
+    ``TYPE`` is "Exception" when its class name cannot be read; the message, when reading it raised, is
+    ``unreadable`` (default "<unprintable TYPE>")."""
+    first = first_line(e, limit, marked=marked, let_through=let_through)
+    name = type_name(e, let_through, "Exception")
+    if first is None:
+        first = f"<unprintable {name}>" if unreadable is None else unreadable
+    return f"{name}: {first}" if first else name

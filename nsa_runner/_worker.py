@@ -42,7 +42,7 @@ import time
 import traceback
 
 from nsa_runner._python import python_m
-from nsa_runner._text import clip
+from nsa_runner._text import clip, described, type_name
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
 from nsa_runner.stage import MalformedResult, Stage, StageResult, Status
@@ -811,39 +811,20 @@ def _load(spec: str) -> Stage:
     return stage
 
 
-NAME_CHARS, FIRST_LINE_CHARS = 100, 2000  # a stage's exception in its reason: class name, first line of its text
+FIRST_LINE_CHARS = 2000  # a stage's exception in its reason: the first line of its text (its class name: NAME_CHARS)
 
 
 def _described(e: BaseException) -> str:
     """``TYPE: first line`` of a stage's exception, each part clipped, never raising: a class name of
     30 MB (a metaclass, ``type("E" * n, ...)``) made the stage's ERROR "result too large" with its own
     reason lost, and a ``__str__`` that raises killed the worker in its own error path."""
-    try:
-        name = type(e).__name__
-        name = clip(str.__str__(name), NAME_CHARS) if isinstance(name, str) else "Exception"
-    except Exception:  # noqa: BLE001 - a hostile metaclass
-        name = "Exception"
-    try:
-        text = str.__str__(str(e)).strip()
-        first = clip(text.splitlines()[0], FIRST_LINE_CHARS) if text else ""
-    except Exception:  # noqa: BLE001 - a __str__ that raises
-        first = "(its text could not be read: str() of it raised)"
-    return f"{name}: {first}" if first else name
-
-
-def _type_name(obj: object) -> str:
-    """The name of ``obj``'s type, clipped, never raising (a hostile metaclass)."""
-    try:
-        name = type(obj).__name__
-        return clip(str.__str__(name), NAME_CHARS) if isinstance(name, str) else "object"
-    except Exception:  # noqa: BLE001
-        return "object"
+    return described(e, FIRST_LINE_CHARS, marked=True, unreadable="(its text could not be read: str() of it raised)")
 
 
 def _shown(value: object) -> str:
     """A field of a stage's result in the worker's closing log line: text as it is, another value by its
     type (its ``repr`` may raise: the runner names the wrong type)."""
-    return value if type(value) is str else f"({_type_name(value)})"
+    return value if type(value) is str else f"({type_name(value)})"
 
 
 def _traceback_text() -> str:
@@ -1155,7 +1136,7 @@ def main(argv: list[str]) -> int:
         stage = _load(job["spec"])
         result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
         if not isinstance(result, StageResult):
-            out = _error(f"run() returned {_type_name(result)}, expected a StageResult", None)
+            out = _error(f"run() returned {type_name(result)}, expected a StageResult", None)
         else:
             out = _result_out(result)
     except SystemExit as e:

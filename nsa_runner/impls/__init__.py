@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsa_runner import _text
 from nsa_runner._text import clip
 
 GROUP = "nsa_runner.impls"
@@ -721,34 +722,19 @@ def _runner_received() -> bool:
 def text_of(value: Any, limit: int = 300) -> str:
     """The first line of ``str(value)``, clipped: never raises (a ``__str__`` that raises or returns
     no str gives "<unprintable TYPE>"), except to let a real stop through (``stops``)."""
-    try:
-        text = value if type(value) is str else str(value)
-        if type(text) is not str:  # a str subclass from __str__: its own methods may be hostile
-            text = str.__getitem__(text, slice(0, None))
-        line = (str.splitlines(str.strip(text)) or [""])[0]
-        return line[:limit]
-    except BaseException as e:  # noqa: BLE001 - an adapter's hostile value
-        if stops(e):
-            raise
-        return f"<unprintable {type_name(value)}>"
+    line = _text.first_line(value, limit, let_through=stops)
+    return f"<unprintable {type_name(value)}>" if line is None else line
 
 
-TYPE_CHARS = 100  # an adapter's class name as any text of the runner gives it, at most
+TYPE_CHARS = _text.NAME_CHARS  # an adapter's class name as any text of the runner gives it, at most
 
 
 def type_name(value: Any) -> str:
     """The name of ``value``'s class, plain and clipped to ``TYPE_CHARS`` (round 16 B4: a metaclass property
     made it 30 MB, written whole into every "raised TYPE: ..." text: sanity's record too large to keep);
-    "object" when it is not a str or reading it raises. Never raises but a real stop (``stops``)."""
-    try:
-        name = type(value).__name__
-        if not issubclass(type(name), str):
-            return "object"
-        return clip(str.__str__(name), TYPE_CHARS)
-    except BaseException as e:  # noqa: BLE001
-        if stops(e):
-            raise
-        return "object"
+    "object" when it is not a str or reading it raises. Never raises but a real stop (``stops``).
+    (``_text.type_name``, shared with the worker.)"""
+    return _text.type_name(value, stops)
 
 
 def adapter_failed(e: BaseException) -> None:
@@ -769,10 +755,9 @@ def adapter_failed(e: BaseException) -> None:
 
 
 def describe_failure(e: BaseException, limit: int = 300) -> str:
-    """``TYPE: first line of its message`` (``TYPE`` alone when it has none), never raising."""
-    first = text_of(e, limit)
-    name = type_name(e)
-    return f"{name}: {first}" if first else name
+    """``TYPE: first line of its message`` (``TYPE`` alone when it has none), never raising but a real stop
+    (``stops``). (``_text.described``, shared with the worker.)"""
+    return _text.described(e, limit, let_through=stops)
 
 
 def _int(v) -> bool:
