@@ -487,13 +487,17 @@ def flash_build(dists: tuple[str, ...]) -> dict:
             return {"dist": n, "error": f"its metadata cannot be read: {e}"}
     if dist is None:
         return {}
-    out: dict = {"dist": dist.metadata["Name"], "version": dist.version, "wheel_tag": None,
+    try:  # (safe_distribution checked the files are regular and bounded; an undecodable one is said, naming it)
+        name, version, direct, files = (dist.metadata["Name"], dist.version, dist.read_text("direct_url.json") or "",
+                                        dist.files or [])
+    except UnicodeError as e:
+        return {"dist": n, "error": f"{n}'s metadata cannot be read: not UTF-8 ({e})"}
+    out: dict = {"dist": name or n, "version": version, "wheel_tag": None,
                  "extensions": [], "cuda_needed": [], "links_torch": False}
-    direct = dist.read_text("direct_url.json") or ""
-    m = _WHEEL_TAG.search(dist.version) or _WHEEL_TAG.search(direct)
+    m = _WHEEL_TAG.search(version or "") or _WHEEL_TAG.search(direct)
     if m:
         out["wheel_tag"] = {"text": m.group(0), "cuda": m["cuda"], "torch": m["torch"], "cxx11abi": m["abi"]}
-    for f in dist.files or []:
+    for f in files:
         if not (f.name.endswith(".so") or ".so." in f.name):
             continue
         p = f.locate()

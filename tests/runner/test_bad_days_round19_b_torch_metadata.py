@@ -39,3 +39,20 @@ def test_an_unreadable_torch_metadata_is_a_fact_not_a_hang_or_an_error(plugins, 
     note = doc["facts"]["torch_triton_requirement"]["note"]
     assert note.startswith(said), note
     assert said in (out / "testrun" / "env.txt").read_text()
+
+
+def test_an_undecodable_flash_attn_metadata_is_named_in_its_build_facts(plugins, tmp_path):
+    """The same root in ``envinfo.flash_build`` (the other importlib.metadata read of env-pairing): a latin-1
+    flash-attn METADATA gave the build facts a bare "UnicodeDecodeError: ..." naming no file."""
+    env = make(plugins)
+    info = plugins.site / "flash_attn-2.6.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: flash-attn\nVersion: 2.6.3\nAuthor: J\xfcrgen\n")
+    out = tmp_path / "out"
+    r = subprocess.run(cli_cmd("oneshot", "--only", "env-pairing", "--out", out, "--device", "cpu", "--timeout", "60"),
+                       env=env_with(env), capture_output=True, text=True, timeout=300)
+    (rec,) = manifest(out)["stages"]
+    assert rec["status"] in ("PASS", "FAIL"), (rec["status"], rec["reason"], r.stderr[-2000:])
+    doc = json.loads((out / "testrun" / "env.json").read_text())
+    fa2 = next(p for p in doc["flash"] if p["module"] == "flash_attn")
+    assert fa2["build"]["error"].startswith("flash-attn's metadata cannot be read: not UTF-8"), fa2["build"]
