@@ -296,6 +296,11 @@ def note_signal(signum: int) -> None:
     RECEIVED.append(signum)
 
 
+def received_count() -> int:
+    """How many interrupting signals this process's own handlers received so far (``note_signal``)."""
+    return len(RECEIVED)
+
+
 def received() -> bool:
     """Did this process's own handler receive an interrupting signal (``note_signal``)?"""
     return bool(RECEIVED)

@@ -35,6 +35,7 @@ from nsa_runner.executor import (
     execute,
     exit_code,
     note_signal,
+    received_count,
     spare_on,
 )
 from nsa_runner.manifest import (
@@ -420,6 +421,7 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
     interrupted = False
     records: list = []  # filled by execute as each stage is recorded
     closing = _Closing()
+    signals_before = received_count()  # an error after one of the user's signals is part of that interrupt
     try:
         with ProgressObserver(err, total=len(plan)) as obs:
             execute(plan, manifest, settings, machine, obs, records=records)
@@ -430,7 +432,14 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
         if not isinstance(intr, RunInterrupted):  # the manifest's finish may not have happened
             _finish_interrupted(manifest)
     except (OSError, ManifestError) as e:  # e.g. the disk filled up: the run cannot be recorded
-        run_broke(manifest, e)
+        if received_count() == signals_before:
+            run_broke(manifest, e)
+        # raised while the run stopped on the user's Ctrl-C / TERM / HUP (round 19 A19-R1: an errno of the
+        # interrupt's own unwinding was recorded as the run's reason, "incomplete", on a finished run): the
+        # interrupt it is; a rerun's earlier result is put back, the run recorded interrupted, never incomplete
+        closing.start()
+        interrupted = True
+        _interrupted_broke(manifest, e, err)
     code = EXIT_INTERRUPTED if interrupted else exit_code(records, strict)
     # the closing records (summaries, junit.xml, the exit code) are always written: a signal from
     # here on is noted, never raised in the middle of them (a SIGTERM after a rerun's record
@@ -460,7 +469,10 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
             manifest.set_fields(exit_code=code, interrupted=True)
             finish_run(manifest, err)
     except (OSError, ManifestError) as e:
-        run_broke(manifest, e)
+        if not interrupted:
+            run_broke(manifest, e)
+        err.print(f"[yellow]note:[/] the exit code of the interrupted run was not recorded: {_what(e)}",
+                  soft_wrap=True)
     # the exit code is recorded: a late Ctrl-C / TERM / HUP ends the command with that same code
     _late = _exit_with(code)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -494,6 +506,23 @@ def signals_noted():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _what(e: Exception) -> str:
+    return plain_text(f"{e.strerror or e}" if isinstance(e, OSError) else str(e))
+
+
+def _interrupted_broke(manifest: RunManifest, e: Exception, err) -> None:
+    """An error that escaped the stages while the run stopped on an interrupt: the rerun's earlier result put
+    back (``abandon``), the run recorded interrupted (never ``incomplete``: the run was stopped, not broken);
+    what could not be put back is named, as ``run_broke`` names it."""
+    waiting = manifest.abandon()
+    _finish_interrupted(manifest)
+    if waiting:
+        where = plain_text(", ".join(waiting))
+        err.print(f"[yellow]warning:[/] the earlier result could not be put back yet ({where}, recorded in "
+                  f"manifest.json's pending; {_what(e)}): the next nsa-run stage / oneshot into this --out puts it "
+                  "back", soft_wrap=True)
 
 
 def _finish_interrupted(manifest: RunManifest) -> None:

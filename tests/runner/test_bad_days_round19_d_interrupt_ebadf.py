@@ -73,3 +73,41 @@ def test_a_second_signal_in_the_watchdogs_close_is_the_interrupt_not_an_errno(pl
     rep = subprocess.run(cli_cmd("report", "testrun", "--out", out), env=env, capture_output=True, text=True,
                          timeout=300)
     assert "Bad file descriptor" not in rep.stdout + rep.stderr and "UNFINISHED" not in rep.stdout, rep.stdout
+
+
+# any errno raised while the run unwinds on the user's interrupt (here: the rerun's put-back): EBADF, as above
+_RESTORE_FAILS = MAIN.replace("from nsa_runner.cli import main", (
+    "import errno\n"
+    "from nsa_runner import manifest as mf\n"
+    "def restore(self, name, attempt):\n"
+    "    raise OSError(errno.EBADF, 'Bad file descriptor')\n"
+    "mf.RunManifest.restore = restore\n"
+    "from nsa_runner.cli import main"))
+assert _RESTORE_FAILS != MAIN
+
+
+def test_an_errno_while_the_run_stops_on_an_interrupt_is_recorded_as_the_interrupt(plugins, tmp_path):
+    out, env = tmp_path / "out", make(plugins)
+    first = subprocess.run(cli_cmd("oneshot", "--only", "x,y,z", "--out", out, "--device", "cpu"),
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    mark = tmp_path / "mark"
+    p = subprocess.Popen([sys.executable, "-c", _RESTORE_FAILS, "stage", "y", "--out", str(out), "--device", "cpu"],
+                         env=env_with(env, BD_TEXT="v2", BD_SLEEP_Y=120, BD_MARK=mark),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(mark, proc=p)
+        p.send_signal(signal.SIGINT)
+        so, se = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, so + se
+    assert "incomplete" not in se and "interrupted" in se, se
+    m = manifest(out)
+    assert "incomplete" not in m and m["finished"] and m["interrupted"] is True, m
+    assert not m.get("pending"), m.get("pending")
+    y = [s for s in m["stages"] if s["name"] == "y"]
+    assert len(y) == 1 and y[0]["reason"] == "y v1", json.dumps(y)  # the earlier result put back (abandon)
+    assert (out / "testrun" / "y.txt").read_text() == "v1"
