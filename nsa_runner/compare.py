@@ -225,7 +225,10 @@ def _backends(routing: dict | None) -> dict[str, str]:
 
 def _stage_rows(A: Run, B: Run, comparable: bool) -> list[Row]:
     rows = []
-    names = list(dict.fromkeys([s["name"] for s in A.stages] + [s["name"] for s in B.stages]))
+    # with the stages B planned and has no result for, whether A ran them or not: B set out to run them and did
+    # not (killed, stopped, still running), so it passes no gate on what it has (round 19 A U-1: B planned
+    # pa,pb,pc, was kill -9'd in pb, A ran only pa: "no regression", exit 0; ``compare K K`` of it too)
+    names = list(dict.fromkeys([s["name"] for s in A.stages] + [s["name"] for s in B.stages] + _planned(B)))
     for name in names:
         sa, sb = A.stage(name), B.stage(name)
         a, b = (sa or {}).get("status"), (sb or {}).get("status")
