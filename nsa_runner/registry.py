@@ -1041,9 +1041,74 @@ MAX_METADATA_BYTES = 64 << 20
 
 def installed_metadata_problem() -> str:
     """One line naming an installed distribution's metadata file that ``import torch`` would hang on (a
-    FIFO), never end on (``/dev/zero``) or exhaust memory with; "" when there is none. Only ``stat`` is
-    used here: nothing is opened. (A METADATA that nsa-run alone reads is not refused here: discovery
-    passes over or names that distribution, the rest runs.)"""
+    FIFO), never end on (``/dev/zero``), exhaust memory with, or fail on (an entry_points.txt it cannot
+    parse: ``entry_points_problem``); "" when there is none. (A METADATA that nsa-run alone reads is not
+    refused here: discovery passes over or names that distribution, the rest runs.)"""
+    return _special_metadata_file() or entry_points_problem()
+
+
+def entry_points_problem() -> str:
+    """One line naming the first entry_points.txt that importlib.metadata cannot parse (a line without "=",
+    not UTF-8), among the distributions ``importlib.metadata.entry_points()`` parses: "" when none. Round 19
+    B19-3: ``import torch`` parses every distribution's entry points (its device-backend hook), so one such
+    file of any package, plugin or not, failed every stage of every run with torch's "Only a single
+    TORCH_LIBRARY ..." naming nothing. The same distributions in the same order as that function (one per
+    normalised name, the first on sys.path), each read through the safe reader, parsed by importlib."""
+    seen: set[str] = set()
+    for dist in distributions():
+        try:
+            name = dist._normalized_name  # (importlib's key: a name-less folder's METADATA is read for it)
+            if name in seen:
+                continue
+            seen.add(name)
+            dist.entry_points  # noqa: B018 - parsed as importlib does, or raises as it does
+        except Exception as e:  # noqa: BLE001 - what importlib raises on it, torch's import raises too
+            return _entry_points_why(dist, e)
+    return ""
+
+
+def _entry_points_why(dist: md.Distribution, e: Exception) -> str:
+    """The line ``entry_points_problem`` gives for distribution ``dist`` whose entry points raised ``e``."""
+    folder = str(getattr(dist, "_path", "?")).rstrip("/")  # (a folder inside a zip ends with "/")
+    path = f"{folder}/entry_points.txt"
+    if isinstance(e, _distfiles.UnreadableDistFile):
+        why = str(e)
+        return f"{why}: import torch fails with it" if why.startswith(path) else \
+            f"{folder}: {why}: import torch fails with it"
+    if isinstance(e, UnicodeDecodeError):
+        raw = getattr(dist, "raw", {})
+        if raw.get("entry_points.txt") is None:  # the name-less folder's METADATA, not its entry points
+            return f"{folder}: its metadata is not UTF-8 ({_why(e)}): import torch fails with it"
+        return (f"{path} cannot be parsed (not UTF-8: byte 0x{e.object[e.start]:02x} at position {e.start}): "
+                "import torch fails with it")
+    text = getattr(dist, "raw", {}).get("entry_points.txt")
+    line = _line_without_equals(text.decode("utf-8", errors="replace")) if isinstance(text, bytes) else None
+    if line is not None:
+        return f"{path} cannot be parsed (line {line[0]} {shown(line[1])} has no '='): import torch fails with it"
+    if not isinstance(text, bytes):
+        return f"{folder}: its metadata cannot be read ({' '.join(_why(e).split())[:300]}): import torch fails with it"
+    return f"{path} cannot be parsed ({' '.join(_why(e).split())[:300]}): import torch fails with it"
+
+
+def _line_without_equals(text: str) -> tuple[int, str] | None:
+    """(number, text) of the first entry line of an entry_points.txt that has no "=" (a line of a section,
+    neither blank nor a comment: what importlib.metadata's ``Pair.parse`` fails on)."""
+    section = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line
+        elif section is not None and "=" not in line:
+            return n, line
+    return None
+
+
+def _special_metadata_file() -> str:
+    """One line naming an installed distribution's metadata file ``import torch`` reads that is no regular
+    file or is huge (``METADATA_FILES``); "" when there is none. Only ``stat`` is used here: nothing is
+    opened."""
     import stat as st_
 
     for entry in sys.path:
