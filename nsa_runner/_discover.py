@@ -239,6 +239,55 @@ def group_distributions(group: str, paths=None):
         yield dist, dist_name, eps, None
 
 
+@contextlib.contextmanager
+def plugin_import():
+    """(The discovery child) around one plugin's import and description: the process's state that code may
+    leave changed is put back after it, so the next plugin is imported in the child's own state (round 19
+    B19-5: p-aa's import set ``warnings.simplefilter("error")`` and the next, healthy plugin, whose import
+    warns, was listed broken and recorded ERROR by ``oneshot --only`` it; an alarm p-aa armed killed the
+    child while it imported the next one, blamed). What ``impls.adapter_code`` puts back after an adapter
+    (signal handlers and mask, armed alarms / interval timers cancelled, the recursion limit, cwd,
+    os.environ, sys.stdin / stdout / stderr and fds 0-2, resource limits, random generators, torch's modes
+    and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks, the umask, the
+    trace and profile functions, the switch interval and socket's default timeout."""
+    import socket as socket_
+    import warnings
+
+    from nsa_runner.impls import adapter_code
+
+    saved = {"path": (sys.path, list(sys.path)), "meta_path": (sys.meta_path, list(sys.meta_path)),
+             "path_hooks": (sys.path_hooks, list(sys.path_hooks)), "trace": sys.gettrace(),
+             "profile": sys.getprofile(), "switch": sys.getswitchinterval(),
+             "timeout": socket_.getdefaulttimeout()}
+    umask = os.umask(0o022)
+    os.umask(umask)
+    filters = warnings.catch_warnings()
+    filters.__enter__()
+    try:
+        with adapter_code():
+            yield
+    finally:
+        for put in (lambda: filters.__exit__(None, None, None),
+                    lambda: os.umask(umask),
+                    lambda: sys.settrace(saved["trace"]),
+                    lambda: sys.setprofile(saved["profile"]),
+                    lambda: sys.setswitchinterval(saved["switch"]),
+                    lambda: socket_.setdefaulttimeout(saved["timeout"]),
+                    *(lambda n=n: _put_list(n, *saved[n]) for n in ("path", "meta_path", "path_hooks"))):
+            try:  # each on its own: one that cannot be put back never keeps the others
+                put()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _put_list(name: str, obj: list, items: list) -> None:
+    """sys.<name> the same list object again, holding ``items``."""
+    if getattr(sys, name, None) is not obj:
+        setattr(sys, name, obj)
+    if obj != items:
+        obj[:] = items
+
+
 def _cannot_write(e: OSError) -> None:
     """The result file cannot grow (a full temp folder: ENOSPC / EDQUOT): end with the status that
     tells the parent so (``registry.EXIT_TEMP_FULL``; it checks the folder), never the plugin's."""
@@ -376,7 +425,8 @@ def main(argv: list[str]) -> int:
         emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
         rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
                "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
-        loaded = _load_and_describe(ep, key, rec)
+        with plugin_import():  # what its code leaves changed is put back before the next one (B19-5)
+            loaded = _load_and_describe(ep, key, rec)
         if not loaded:
             problem = None if swapped else folder_swapped()
             if problem is not None:
