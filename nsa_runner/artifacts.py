@@ -845,17 +845,34 @@ def runner_died(m: dict, dir: str | os.PathLike | None = None) -> str | None:
     def dead(owner: Any) -> bool:
         return owner_alive(owner, folder) is False
 
-    running = [p.get("stage") for p in m.get("pending") or [] if isinstance(p, dict) and dead(p.get("owner"))]
+    running = [p for p in m.get("pending") or [] if isinstance(p, dict) and dead(p.get("owner"))]
     state = planned_state(m)
     if running:
-        return (f"runner died / unfinished: the nsa-run running stage {', '.join(map(str, running))} is gone "
-                f"(its result is missing)" + (f"; {state}" if state else ""))
+        names = ", ".join(str(p.get("stage")) for p in running)
+        said = [_left_by(p, m, folder) for p in running]
+        what = said[0] if len(set(said)) == 1 else "; ".join(
+            f"{p.get('stage')}: {w}" for p, w in zip(running, said, strict=True))
+        return (f"runner died / unfinished: the nsa-run running stage {names} is gone ({what})"
+                + (f"; {state}" if state else ""))
     state = state or "stages after the last one listed did not run"
     if m.get("finished") is None and not m.get("interrupted") and dead(m.get("runner")):
         return f"runner died / unfinished: {run_died_fact(m)}; {state}"
     if isinstance(m.get("died"), str) and m["died"]:  # noted by a later ``stage`` into the run (``RunManifest.open``)
         return f"runner died / unfinished: {m['died']}; {state}"
     return None
+
+
+def _left_by(note: dict, m: dict, folder: str | os.PathLike | None) -> str:
+    """What a dead nsa-run's ``pending`` note left of its stage, as the files say: a rerun whose earlier result
+    was set aside (it waits in that folder, or is back in place: the folder is gone, e.g. put back before a full
+    disk kept the manifest from saying so, round 19 A U-4), or a stage with no result."""
+    moved, name = note.get("moved_to"), note.get("stage")
+    recorded = any(isinstance(s, dict) and s.get("name") == name for s in m.get("stages") or [])
+    if isinstance(moved, str) and moved and recorded and folder is not None:
+        if os.path.lexists(os.path.join(folder, moved)):
+            return f"its earlier result waits in {moved}: the next nsa-run stage / oneshot into this --out puts it back"
+        return "its earlier result is in place"
+    return "its result is missing"
 
 
 def run_died_fact(m: dict) -> str:

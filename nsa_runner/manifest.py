@@ -755,6 +755,9 @@ class RunManifest:
         self._on_disk: str | None = None
         # the stage entries this process recorded, as written: kept whatever the file says (``_keep_mine``)
         self._mine: dict[str, dict] = {}
+        # (``abandon``) the stages whose earlier result is back in place while manifest.json's pending still
+        # names its move (the manifest could not be written: a full disk)
+        self.back_unnoted: list[str] = []
 
     @property
     def path(self) -> Path:
@@ -1554,8 +1557,12 @@ class RunManifest:
                     self._say_not_back(name, not_back)
                     left.append(f"{name}: {note['moved_to']}")
             except (OSError, ManifestError):
-                if note.get("moved_to"):
+                # the put-back may have moved the files before the manifest's write failed: named by what is
+                # there (round 19 A U-4: a set-aside folder already put back and removed was named as waiting)
+                if note.get("moved_to") and os.path.lexists(self.dir / note["moved_to"]):
                     left.append(f"{name}: {note['moved_to']}")
+                elif note.get("moved_to"):
+                    self.back_unnoted.append(name)
         if not left:  # nothing of this process's pending here any more: its owner lock goes
             _let_go(self.dir, self.token)
         return left

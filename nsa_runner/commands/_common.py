@@ -578,6 +578,10 @@ def run_broke(manifest: RunManifest, e: Exception) -> None:
              f"({', '.join(waiting)}, recorded in manifest.json's pending)",
              ("free some space" if _disk_full(e) else "fix what is named above") +
              ", then rerun: the next nsa-run stage / oneshot into this --out puts it back")
+    if manifest.back_unnoted:  # put back, but the manifest could not say so (round 19 A U-4)
+        fail(f"run {manifest.dir.name} is incomplete: {what}; the earlier {', '.join(manifest.back_unnoted)} result "
+             "is back in place (manifest.json's pending still names its move: the next nsa-run stage / oneshot "
+             "into this --out drops it)", _disk_hint(e) if isinstance(e, OSError) else "nothing else was changed")
     fail(f"run {manifest.dir.name} is incomplete: {what}",
          _disk_hint(e) if isinstance(e, OSError) else "nothing else was changed")
 
