@@ -515,8 +515,9 @@ def _restore_state(state: dict) -> None:
 # round 19 B19-4: torch's functions an adapter rebinds (``torch.softmax = fast_bf16_softmax``, installed process-wide
 # inside its call) made the next implementation, nsa_core, FAIL, blamed on it, nothing in the log. The attribute dicts
 # of these namespaces are copied on the way in (a few thousand references: tens of microseconds) and every attribute
-# rebound, added or deleted is put back on the way out; torch's own changes are kept: a submodule imported meanwhile
+# rebound or deleted is put back on the way out; torch's own changes are kept: a submodule imported meanwhile
 # (``torch._dynamo``) and a rebinding by torch's code (``torch._dynamo``'s import wraps ``torch.manual_seed``).
+# A new attribute is put back only where it hides one of torch's (round 20 B20-4: ``_shadows``).
 _NAMESPACES = ("torch", "torch.nn.functional", "torch.Tensor", "torch.linalg", "torch.special", "torch.fft",
                "torch.nn.init")
 _MODULE_NOISE = frozenset({"__warningregistry__"})  # written by the warnings machinery, not by an adapter
@@ -561,8 +562,26 @@ def _torch_own(name: str, value) -> bool:
         return False
 
 
+def _shadows(obj, key) -> bool:
+    """Does a new attribute ``key`` of ``obj`` hide one of torch's own: a Tensor method defined on a base class
+    (``torch.Tensor.add_ = ...`` shadows ``TensorBase.add_``), a lazily imported submodule or a deprecated name
+    that the torch module's ``__getattr__`` answers? A name torch does not have changes nothing of torch's
+    (round 20 B20-4): it is kept. Never raises (not readable: treated as shadowing, so put back)."""
+    try:
+        if isinstance(obj, type):
+            return any(key in vars(base) for base in obj.__mro__[1:])
+        lazy = vars(obj).get("_lazy_modules", ())
+        deprecated = vars(obj).get("_deprecated_attrs", {})
+        return isinstance(key, str) and (key in lazy or key in deprecated)
+    except Exception:  # noqa: BLE001 - a hostile namespace
+        return True
+
+
 def _restore_namespace(name: str, obj, before: dict, put) -> None:
-    """Put back the attributes of ``obj`` (the namespace ``name``) an adapter rebound, added or deleted."""
+    """Put back the attributes of ``obj`` (the namespace ``name``) an adapter rebound or deleted, and the new ones
+    that shadow one of torch's (``_shadows``). A new name torch does not have is kept (round 20 B20-4: a library's
+    import adds ``torch.Tensor.mylib_prepare`` or ``torch.libx`` once, stays imported and uses it later; deleting
+    it made a working adapter FAIL and a healthy plugin listed broken); it changes nothing of nsa_core's."""
     try:
         if _same_attributes(vars(obj), before):
             return
@@ -572,7 +591,8 @@ def _restore_namespace(name: str, obj, before: dict, put) -> None:
     is_module = isinstance(obj, types.ModuleType)
     rebound = [k for k, v in before.items() if k not in _MODULE_NOISE and (k not in now or now[k] is not v)
                and not (k in now and _torch_own(f"{name}.{k}", now[k]))]
-    added = [k for k in now if k not in before and k not in _MODULE_NOISE and not _torch_own(f"{name}.{k}", now[k])]
+    added = [k for k in now if k not in before and k not in _MODULE_NOISE and _shadows(obj, k)
+             and not _torch_own(f"{name}.{k}", now[k])]
     if not rebound and not added:
         return
 
