@@ -219,7 +219,7 @@ def nvidia_smi() -> dict:
 # stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
 # B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
-    import ctypes, faulthandler, importlib.util, json, os, signal, sys, time
+    import ctypes, faulthandler, importlib.util, json, os, signal, sys, time, warnings
     faulthandler.enable()
     try:  # a subreaper: a helper a flash package's import starts and orphans comes back here, to be ended below
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
@@ -255,6 +255,39 @@ _FLASH_PROBE = textwrap.dedent("""
                 pass
             time.sleep(0.01)
 
+    # what a package's import may leave armed or changed that would kill or disturb the next path's detect: a
+    # timer (signal.alarm, setitimer), a faulthandler watchdog, signal handlers, the blocked signals, warnings
+    # filters. Saved before each path, put back after it (round 20 B20-2: an alarm armed by flash_attn's import
+    # killed the child during flash_attn_interface's slow import, which was blamed).
+    SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+    TIMERS = [signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF]
+
+    def state():
+        handlers = {}
+        for s in SIGNALS:
+            try:
+                handlers[s] = signal.getsignal(s)
+            except (OSError, ValueError):
+                pass
+        return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    def put_back(saved):
+        handlers, filters, mask = saved
+        signal.alarm(0)
+        for t in TIMERS:
+            signal.setitimer(t, 0)
+        faulthandler.cancel_dump_traceback_later()
+        for s, h in handlers.items():
+            try:
+                if h is not None and signal.getsignal(s) is not h:
+                    signal.signal(s, h)
+            except (OSError, ValueError, TypeError):
+                pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        warnings.filters[:] = filters
+        getattr(warnings, "_filters_mutated", lambda: None)()
+        faulthandler.enable()
+
     spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
     det = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(det)
@@ -262,7 +295,12 @@ _FLASH_PROBE = textwrap.dedent("""
         for path in sys.argv[3:]:
             records.write(json.dumps({"path": path, "start": True}) + "\\n")
             records.flush()
-            records.write(json.dumps(det.detect(path)) + "\\n")
+            saved = state()
+            try:
+                rec = det.detect(path)
+            finally:
+                put_back(saved)
+            records.write(json.dumps(rec) + "\\n")
             records.flush()
     end_helpers()
 """)
@@ -371,6 +409,56 @@ def _read_records(path: str) -> list[str]:
         return []
 
 
+def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[str, dict], dict[str, str], str]:
+    """Run the probe child on ``paths`` and, when it dies during path i (an abort, an exit, a timer a package left
+    armed), blame path i and probe the paths after it again in a fresh child, until every path is probed or a child
+    probes nothing new; all within ``timeout_s`` (round 20 B20-2: the paths after a crash were "not probed", and
+    FA-4, not even installed, was BROKEN). Returns (records by path, why each crashed path is blamed, why the
+    paths left were not probed)."""
+    import tempfile
+
+    recs: dict[str, dict] = {}
+    crashed: dict[str, str] = {}
+    left, why_left = list(paths), ""
+    deadline = time.monotonic() + timeout_s
+    while left:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            why_left = f"timed out after {timeout_s:g}s"
+            break
+        with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-") as tmp:
+            result = os.path.join(tmp, "records.jsonl")
+            rc, timed_out, printed = _run_probe(python_c(_FLASH_PROBE, det, result, *left),
+                                                os.path.join(tmp, "output.txt"), remaining)
+            lines = _read_records(result)
+        if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
+            print(f"# the flash probe's child printed (not parsed):\n{printed}", file=sys.stderr, flush=True)
+        stderr = f"timed out after {timeout_s:g}s" if timed_out else printed
+        status = f"exit status {rc}" if rc is not None else stderr
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
+        started = None
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict) or rec.get("path") not in left:
+                continue
+            if rec.get("start"):
+                started = rec["path"]
+            else:
+                recs[rec["path"]] = rec
+                started = None
+        if started is not None:
+            crashed[started] = f"import crashed the interpreter ({status}) {tail}".strip()
+        done = [p for p in left if p in recs or p in crashed]
+        left = [p for p in left if p not in done]
+        why_left = f"({status}) {tail}".strip()
+        if not done or timed_out:
+            break
+    return recs, crashed, why_left
+
+
 def probe_flash(timeout_s: float = 300.0) -> list[dict]:
     """Detect each flash-attn package in a child process (``nsa_core.flash.detect``); one record per
     package.
@@ -380,49 +468,29 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
     calls; ``not_installed``: absent, ``reason`` says what is there instead (e.g. "absent (the
     `flash_attn` package here is FA-4's namespace: flash_attn.cute only, ...)"); neither: broken
     (``error``). An import that kills the child (abort, segfault) is recorded as an error with the
-    exit status.
+    exit status; the packages after it are probed in a fresh child (``_probe_children``).
     """
     paths = [FLASH_PATH[m] for m, *_ in FLASH_MODULES]
-    recs: dict[str, dict] = {}
-    crashed: str | None = None
     det = detect_file()
     if det is None:
-        lines, rc, stderr = [], None, "nsa_core/flash/detect.py not found (nsa_core not installed?)"
+        recs, crashed, why_left = {}, {}, "(nsa_core/flash/detect.py not found (nsa_core not installed?))"
     else:
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-") as tmp:
-            result = os.path.join(tmp, "records.jsonl")
-            rc, timed_out, printed = _run_probe(python_c(_FLASH_PROBE, det, result, *paths),
-                                                os.path.join(tmp, "output.txt"), timeout_s)
-            lines = _read_records(result)
-        stderr = f"timed out after {timeout_s:g}s" if timed_out else printed
-        if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
-            print(f"# the flash probe's child printed (not parsed):\n{printed}", file=sys.stderr, flush=True)
-    started = None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or "path" not in rec:
-            continue
-        if rec.get("start"):
-            started = rec["path"]
-        else:
-            recs[rec["path"]] = rec
-            started = None
-    if started is not None:
-        crashed = started
+        recs, crashed, why_left = _probe_children(det, paths, timeout_s)
     out = []
     for mod, what, dists, hint in FLASH_MODULES:
         path = FLASH_PATH[mod]
         d = recs.get(path)
-        if d is None:
-            why = ("import crashed the interpreter" if path == crashed else "not probed")
-            status = f"exit status {rc}" if rc is not None else stderr
-            tail = " | ".join(stderr.strip().splitlines()[-3:])
-            err = f"{why} ({status}) {tail}".strip()
+        installed = dist_version(*dists)
+        if d is None and path == "fa4" and "fa2" in crashed and path in crashed and installed is None:
+            # locating flash_attn.cute imports its parent flash_attn, whose import kills the interpreter (FA-2's
+            # crash, blamed there); with no flash-attn-4 distribution that is no broken FA-4 (detect's own rule
+            # for a parent that raises)
+            why = ("not installed (no flash-attn-4 distribution; locating flash_attn.cute imports flash_attn, "
+                   "whose import crashed the interpreter: see FA-2)")
+            rec = {"module": mod, "ok": False, "not_installed": True, "version": None, "file": None,
+                   "error": "", "reason": why}
+        elif d is None:
+            err = crashed.get(path) or f"not probed {why_left}".strip()
             rec = {"module": mod, "ok": False, "not_installed": False, "version": None, "file": None,
                    "error": err, "reason": err}
         else:
@@ -431,7 +499,7 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
                    "error": d.get("error") or ("" if d.get("present") or d.get("not_installed")
                                                else d.get("reason") or "unknown"),
                    "dist": d.get("dist")}
-        rec.update({"what": what, "hint": hint, "dist_version": dist_version(*dists), "path": path})
+        rec.update({"what": what, "hint": hint, "dist_version": installed, "path": path})
         try:
             rec["build"] = flash_build(dists)
         except Exception as e:  # noqa: BLE001 - facts are best effort, never a crash
