@@ -246,7 +246,8 @@ def plugin_import():
     B19-5: p-aa's import set ``warnings.simplefilter("error")`` and the next, healthy plugin, whose import
     warns, was listed broken and recorded ERROR by ``oneshot --only`` it; an alarm p-aa armed killed the
     child while it imported the next one, blamed). What ``impls.adapter_code`` puts back after an adapter
-    (signal handlers and mask, armed alarms / interval timers cancelled, the recursion limit, cwd,
+    (signal handlers and mask, armed alarms / interval timers and a faulthandler
+    watchdog cancelled, the recursion limit, cwd,
     os.environ, sys.stdin / stdout / stderr and fds 0-2, resource limits, random generators, torch's modes
     and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks, the umask, the
     trace and profile functions, the switch interval and socket's default timeout."""

@@ -436,6 +436,20 @@ def _saved_state() -> dict:
     return state
 
 
+def _cancel_watchdog() -> None:
+    """Cancel a faulthandler watchdog (``faulthandler.dump_traceback_later(t, exit=True)``) the code left armed:
+    it fired during the next plugin's import (discovery: the next one listed broken) or in the stage's own code
+    after the adapter returned (the stage ERROR "exited with code 1 without a result", nsa_core's verdict lost;
+    round 20 B20-1). The runner never arms one; faulthandler cannot say whether one is armed (its watchdog is a
+    C thread, not in ``threading.enumerate()``), so it is cancelled every time, silently (a no-op when none)."""
+    try:
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()
+    except Exception:  # noqa: BLE001 - a faulthandler module replaced by the code: nothing to cancel
+        pass
+
+
 def _restore_state(state: dict) -> None:
     """Put back what an adapter's code left changed of ``state`` (``_saved_state``), each thing on its own
     (one that cannot be put back never keeps the others); a line in the stage's log names what. Never raises
@@ -471,6 +485,7 @@ def _restore_state(state: dict) -> None:
     for t, before in state.get("timers", {}).items():
         if before == (0.0, 0.0) and signal.getitimer(t) != (0.0, 0.0):  # an alarm / timer left armed
             put("an armed timer (signal.alarm / setitimer)", signal.setitimer, t, 0)
+    _cancel_watchdog()
     for name, (r, before) in state.get("rlimits", {}).items():
         try:
             now = resource.getrlimit(r)
