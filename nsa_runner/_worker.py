@@ -42,7 +42,7 @@ import time
 import traceback
 
 from nsa_runner._python import python_m
-from nsa_runner._text import clip, described, type_name
+from nsa_runner._text import CONTROL, clip, described, type_name
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
 from nsa_runner.stage import MalformedResult, Stage, StageResult, Status
@@ -822,9 +822,13 @@ def _described(e: BaseException) -> str:
 
 
 def _shown(value: object) -> str:
-    """A field of a stage's result in the worker's closing log line: text as it is, another value by its
-    type (its ``repr`` may raise: the runner names the wrong type)."""
-    return value if type(value) is str else f"({type_name(value)})"
+    """A field of a stage's result in the worker's closing log line: text under the one text rule (what
+    ``_text.CONTROL`` matches written visibly as its escapes, ``\\x1b]0;pwn\\x07``, as env.txt does: a flash import
+    error's raw ESC / OSC / BEL / U+009B in the reason reached the log, ``cat`` of it retitled the terminal;
+    round 20 B U-1), another value by its type (its ``repr`` may raise: the runner names the wrong type)."""
+    if type(value) is not str:
+        return f"({type_name(value)})"
+    return CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), value)
 
 
 def _traceback_text() -> str:
