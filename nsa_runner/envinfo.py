@@ -39,19 +39,51 @@ FLASH_PATH = {"flash_attn": "fa2", "flash_attn_interface": "fa3", "flash_attn.cu
 _WHEEL_TAG = re.compile(r"\+cu(?P<cuda>\d+)torch(?P<torch>\d+\.\d+)(?:cxx11abi(?P<abi>TRUE|FALSE))?", re.I)
 
 
-def dist_version(*names: str) -> str | None:
-    """The version of the first installed of ``names``; None when none is, or its metadata cannot be read safely
-    (``detect.safe_distribution``: a FIFO as METADATA hung env-pairing, round 18 B-1)."""
+def dist_fact(*names: str) -> tuple[str | None, str | None]:
+    """(version, None) of the first installed of ``names``; (None, None) when none is; (None, a fact naming the file)
+    when its metadata cannot be read safely (``detect.safe_distribution``: a FIFO as METADATA hung env-pairing, round
+    18 B-1; a latin-1 one: round 20 B20-3, triton's made it "not installed"). Installed but unreadable is no absence:
+    a caller decides from what it can see otherwise (the module imports)."""
     from nsa_core.flash.detect import UnreadableDistribution, safe_distribution
 
     for n in names:
         try:
-            return safe_distribution(n).version
+            dist = safe_distribution(n)
         except md.PackageNotFoundError:
             continue
-        except (UnreadableDistribution, UnicodeError):
-            return None
-    return None
+        except UnreadableDistribution as e:
+            return None, f"{e}{_where(n)}"
+        except (OSError, UnicodeError) as e:
+            return None, f"{n}'s METADATA cannot be read: {type(e).__name__}: {e}{_where(n)}"
+        try:
+            return dist.version, None
+        except UnicodeError:
+            return None, f"{n}'s METADATA cannot be read: not UTF-8{_where(n)}"
+        except Exception as e:  # noqa: BLE001 - a fact, never an ERROR
+            return None, f"{n}'s METADATA cannot be read: {type(e).__name__}: {e}{_where(n)}"
+    return None, None
+
+
+def _where(name: str) -> str:
+    """' (in <its dist-info folder>)', or '' (finding a distribution reads folder names only)."""
+    try:
+        folder = getattr(md.distribution(name), "_path", None)
+    except Exception:  # noqa: BLE001
+        folder = None
+    return f" (in {folder})" if folder is not None else ""
+
+
+def dist_version(*names: str) -> str | None:
+    """The version of the first installed of ``names``; None when none is, or its metadata cannot be read safely
+    (``dist_fact`` says which)."""
+    return dist_fact(*names)[0]
+
+
+def _dist_word(*names: str) -> str | None:
+    """The version of the first installed of ``names``, 'installed, metadata unreadable: <the fact>' for one whose
+    metadata cannot be read (installed all the same), None when none is."""
+    version, problem = dist_fact(*names)
+    return version if problem is None else f"installed, metadata unreadable: {problem}"
 
 
 def python_info() -> dict:
@@ -143,17 +175,30 @@ def torch_triton_requirement() -> dict:
 
 
 def triton_info() -> dict:
-    version = dist_version("triton", "pytorch-triton", "pytorch-triton-rocm")
+    """Installed triton: its distribution's version; when its metadata cannot be read (``metadata_error``, the fact
+    naming the file), whether ``import triton`` works decides, with the module's ``__version__`` (round 20 B20-3: a
+    latin-1 or FIFO METADATA made an importable triton "not installed", its launch check skipped)."""
+    version, problem = dist_fact("triton", "pytorch-triton", "pytorch-triton-rocm")
     info = {"installed": version is not None, "version": version, "import_error": None}
-    if version is None:
+    if problem is not None:
+        info["metadata_error"] = problem
+    elif version is None:
         return info
     try:
         import triton
 
         info["module_version"] = getattr(triton, "__version__", None)
         info["path"] = getattr(triton, "__file__", None)
+    except ModuleNotFoundError as e:
+        if problem is not None and e.name == "triton":  # a stray dist-info, no triton module: not installed
+            return info
+        info["import_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001
         info["import_error"] = f"{type(e).__name__}: {e}"
+    if problem is not None:
+        info["installed"] = True
+        mv = info.get("module_version")
+        info["version"] = str(mv) if isinstance(mv, str) and mv else None
     return info
 
 
@@ -480,8 +525,9 @@ def probe_flash(timeout_s: float = 300.0) -> list[dict]:
     for mod, what, dists, hint in FLASH_MODULES:
         path = FLASH_PATH[mod]
         d = recs.get(path)
-        installed = dist_version(*dists)
-        if d is None and path == "fa4" and "fa2" in crashed and path in crashed and installed is None:
+        installed, unreadable = dist_fact(*dists)
+        if d is None and path == "fa4" and "fa2" in crashed and path in crashed and installed is None \
+                and unreadable is None:
             # locating flash_attn.cute imports its parent flash_attn, whose import kills the interpreter (FA-2's
             # crash, blamed there); with no flash-attn-4 distribution that is no broken FA-4 (detect's own rule
             # for a parent that raises)
@@ -579,11 +625,12 @@ def flash_build(dists: tuple[str, ...]) -> dict:
                 out["cuda_needed"].append(int(cm[1]))
             if re.match(r"lib(c10|torch)(_cuda|_cpu|_python)?\.so", lib):
                 out["links_torch"] = True
-    libs_flavour = {fl: v for fl in ("cu12", "cu13") if (v := dist_version(f"nvidia-cutlass-dsl-libs-{fl}"))}
+    # (an installed one whose metadata cannot be read is installed all the same, said: ``_dist_word``)
+    libs_flavour = {fl: v for fl in ("cu12", "cu13") if (v := _dist_word(f"nvidia-cutlass-dsl-libs-{fl}"))}
     if out["dist"].lower().replace("_", "-").startswith("flash-attn-4"):
         out["cutlass_dsl_libs"] = libs_flavour
-        out["related"] = {n: dist_version(n) for n in ("nvidia-cutlass-dsl", "quack-kernels", "apache-tvm-ffi",
-                                                       "torch-c-dlpack-ext")}
+        out["related"] = {n: _dist_word(n) for n in ("nvidia-cutlass-dsl", "quack-kernels", "apache-tvm-ffi",
+                                                     "torch-c-dlpack-ext")}
     parts = []
     if out["wheel_tag"]:
         t = out["wheel_tag"]

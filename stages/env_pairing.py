@@ -41,6 +41,11 @@ def _check(name: str, status: str, detail: str) -> dict:
 def _triton_checks(facts: dict, device: str) -> list[dict]:
     checks = []
     pin, tri, torch_v = facts["torch_triton_requirement"], facts["triton"], facts["torch"].get("version")
+    if tri.get("metadata_error"):  # a fact naming the file; whether triton imports decided the rest (B20-3)
+        checks.append(_check("triton-metadata", INFO, tri["metadata_error"] + (
+            f"; import triton works: version {tri['version'] or 'unknown'} from the module" if tri["installed"]
+            and not tri.get("import_error") else "; import triton failed" if tri["installed"]
+            else "; no triton module: not installed")))
     if pin.get("declared") is None:
         checks.append(_check("triton-pin", INFO, f"torch {torch_v}: {pin.get('note', 'no triton pin')}"))
     else:
@@ -49,6 +54,9 @@ def _triton_checks(facts: dict, device: str) -> list[dict]:
         if not tri["installed"]:
             checks.append(_check("triton-pin", FAIL, f"torch {torch_v} declares {pin['declared']} but triton "
                                  f"is not installed (fix: pip install '{pin['declared'].split(';')[0]}')"))
+        elif not tri["version"]:
+            checks.append(_check("triton-pin", INFO, f"torch {torch_v} declares {pin['declared']}; the installed "
+                                 "triton's version is unknown (see triton-metadata)"))
         elif SpecifierSet(pin["specifier"]).contains(tri["version"], prereleases=True):
             checks.append(_check("triton-pin", OK, f"torch {torch_v} declares {pin['declared']}; "
                                  f"installed triton {tri['version']}"))
@@ -79,6 +87,20 @@ def _triton_checks(facts: dict, device: str) -> list[dict]:
         checks.append(_check("triton-launch", FAIL, f"tiny Triton kernel on {device} ({r['mode']}) gave wrong "
                              f"results: max_abs {r['max_abs']}"))
     return checks
+
+
+def _triton_word(tri: dict, short: bool = False) -> str:
+    """'3.9.0', 'not installed' / 'absent', or with its unreadable metadata said: '3.9.0 (from the module; triton's
+    METADATA cannot be read: ...)'."""
+    if not tri.get("installed"):
+        word = "absent" if short else "not installed"
+    else:
+        word = tri.get("version") or "installed (version unknown)"
+    if tri.get("metadata_error") and short:
+        word += " (metadata unreadable)"
+    elif tri.get("metadata_error"):
+        word += f" ({'from the module; ' if tri.get('installed') else ''}{tri['metadata_error']})"
+    return word
 
 
 def _cuda_checks(facts: dict) -> list[dict]:
@@ -311,7 +333,7 @@ def _render(env: dict) -> str:
              f"platform      {f['python']['platform']}",
              f"torch         {t.get('version', 'not importable: ' + t.get('error', ''))}  build={t.get('build')}",
              f"torch pins    {f['torch_triton_requirement'].get('declared') or 'no triton requirement'}",
-             f"triton        {tri.get('version') or 'not installed'}",
+             f"triton        {_triton_word(tri)}",
              f"CUDA runtime  {t.get('cuda_runtime') or '-'}   driver supports CUDA "
              f"{gpu.get('driver_cuda_version') or '-'}   cuda available: {gpu['cuda_available']}"]
     for d in gpu["devices"]:
@@ -414,7 +436,7 @@ class EnvPairing(Stage):
             by = {c["check"]: c for c in checks}
             tri = by.get("triton-launch", {})
             reason = (f"torch {facts['torch']['version']} ({facts['torch']['build']}), triton "
-                      f"{facts['triton'].get('version') or 'absent'}"
+                      f"{_triton_word(facts['triton'], short=True)}"
                       + (" launch ok" if tri.get("status") == OK else "")
                       + ", flash: " + ", ".join(_flash_word(p) for p in flash))
         env = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": ctx.device,
