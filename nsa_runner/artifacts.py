@@ -363,9 +363,6 @@ def load_manifest(path: str | os.PathLike) -> dict:
     history = data.get("history", [])
     if not isinstance(history, list) or not all(isinstance(s, dict) for s in history):
         raise ManifestError(f"{path}: 'history' must be a list of objects")
-    for key in ("argv", "planned"):  # summary.md / report.html join them
-        if not all(isinstance(a, str) for a in data.get(key) or []):
-            raise ManifestError(f"{path}: {key!r} must be a list of strings")
     for where, entries in (("stages", stages), ("history", history)):
         for i, s in enumerate(entries):
             if not isinstance(s.get("name", ""), str):
@@ -385,6 +382,11 @@ def load_manifest(path: str | os.PathLike) -> dict:
     for key, types in _TOP_TYPES.items():
         if key in data and not _is(data[key], types):
             raise ManifestError(f"{path}: {key!r} must be {_names(types)}, got {type(data[key]).__name__}")
+    # after the type check above: a truthy non-list (-1, 1e308, true) was iterated here first and ended
+    # "unexpected: TypeError: 'int' object is not iterable" (round 20 A A20-R2)
+    for key in ("argv", "planned"):  # summary.md / report.html join them
+        if not all(isinstance(a, str) for a in data.get(key) or []):
+            raise ManifestError(f"{path}: {key!r} must be a list of strings")
     for where, entries in (("stages", stages), ("history", history)):
         for i, s in enumerate(entries):
             for key, types in _ENTRY_TYPES.items():
