@@ -1057,16 +1057,61 @@ def entry_points_problem() -> str:
     TORCH_LIBRARY ..." naming nothing. The same distributions in the same order as that function (one per
     normalised name, the first on sys.path), each read through the safe reader, parsed by importlib."""
     seen: set[str] = set()
+    backends = []  # (dist, entry point) of group torch.backends, in the order torch's import loads them
     for dist in distributions():
         try:
             name = dist._normalized_name  # (importlib's key: a name-less folder's METADATA is read for it)
             if name in seen:
                 continue
             seen.add(name)
-            dist.entry_points  # noqa: B018 - parsed as importlib does, or raises as it does
+            eps = dist.entry_points  # parsed as importlib does, or raises as it does
         except Exception as e:  # noqa: BLE001 - what importlib raises on it, torch's import raises too
             return _entry_points_why(dist, e)
+        backends += [(dist, ep) for ep in eps if ep.group == TORCH_BACKENDS_GROUP]
+    if backends and torch_backend_autoload():  # (torch parses every file before it loads any backend)
+        for dist, ep in backends:
+            why = _torch_backend_why(dist, ep)
+            if why:
+                return why
     return ""
+
+
+# torch's device-backend hook: ``import torch`` loads (imports, then calls) every entry point of this group
+# unless the variable is set to anything but "1" (torch's own test: os.getenv(name, "1") == "1")
+TORCH_BACKENDS_GROUP = "torch.backends"
+TORCH_AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def torch_backend_autoload() -> bool:
+    """Whether ``import torch`` loads the ``torch.backends`` entry points here, as torch decides it."""
+    return os.environ.get(TORCH_AUTOLOAD_ENV, "1") == "1"
+
+
+def _torch_backend_why(dist: md.Distribution, ep: md.EntryPoint) -> str:
+    """The line ``entry_points_problem`` gives for a ``torch.backends`` entry point ``ep`` of ``dist`` whose
+    module ``import torch`` cannot import ("" when it can, or when that cannot be told without importing).
+    Round 20 B20-6: the stale dist-info of an uninstalled device backend (``tb = missing_tb:init``) made
+    torch's import raise "Failed to load the backend extension: tb" in every stage (the second import in the
+    worker then "Only a single TORCH_LIBRARY ..."), naming nothing, while ``list`` showed every stage
+    runnable. Nothing is imported here (this runs at every command start, and an import runs installed
+    code): the top-level package is looked up with ``find_spec``, and the full dotted module only when its
+    parent package is imported already (``find_spec`` of a dotted name imports its parents)."""
+    folder = str(getattr(dist, "_path", "?")).rstrip("/")
+    text = f"{ep.name} = {ep.value}"
+    said = text if text.isprintable() and len(text) <= 200 else shown(text, 200)
+    head = f"{folder}/entry_points.txt: [{TORCH_BACKENDS_GROUP}] {said}"
+    tail = f"import torch fails with it (uninstall that distribution, or set {TORCH_AUTOLOAD_ENV}=0)"
+    match = ep.pattern.match(ep.value)  # what EntryPoint.load() matches (None: it raises AttributeError)
+    module = match.group("module") if match else ""
+    if not module or not all(module.split(".")):
+        return f"{head}: names no module (module:attribute): {tail}"
+    top, _, rest = module.partition(".")
+    name = module if rest and module.rpartition(".")[0] in sys.modules else top
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001 - a finder that cannot say: torch's import will tell
+        found = True
+    return "" if found else f"{head}: module {name} not found: {tail}"
 
 
 def _entry_points_why(dist: md.Distribution, e: Exception) -> str:
