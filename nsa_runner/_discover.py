@@ -249,7 +249,8 @@ def plugin_import():
     (signal handlers and mask, armed alarms / interval timers and a faulthandler
     watchdog cancelled, the recursion limit, cwd,
     os.environ, sys.stdin / stdout / stderr and fds 0-2, resource limits, random generators, torch's modes
-    and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks, the umask, the
+    and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks (entries taken away put
+    back in front, entries added kept: ``_put_list``), the umask, the
     trace and profile functions, the switch interval and socket's default timeout."""
     import socket as socket_
     import warnings
@@ -282,11 +283,24 @@ def plugin_import():
 
 
 def _put_list(name: str, obj: list, items: list) -> None:
-    """sys.<name> the same list object again, holding ``items``."""
-    if getattr(sys, name, None) is not obj:
+    """sys.<name> the same list object again, holding ``items`` in their order, then what the import added.
+
+    An entry the import added is kept (after the earlier ones): a library registers its import hook or its
+    folder once, at its import, and stays in sys.modules; taking the entry away broke the next plugin that
+    uses it (round 20 B20-4: after one plugin's ``import six``, six's meta-path importer was removed and the
+    next plugin's ``from six.moves import urllib`` failed, listed broken). What the import removed or moved is
+    put back in front, so no plugin takes away or shadows what the next one finds."""
+    current = getattr(sys, name, None)
+    added = [x for x in (current if isinstance(current, list) else []) if not any(_same(x, y) for y in items)]
+    if current is not obj:
         setattr(sys, name, obj)
-    if obj != items:
-        obj[:] = items
+    if obj != items + added:
+        obj[:] = items + added
+
+
+def _same(x: object, y: object) -> bool:
+    """The same entry: the same object, or equal plain strings (never a plugin object's ``__eq__``)."""
+    return x is y or (type(x) is str and type(y) is str and x == y)
 
 
 def _cannot_write(e: OSError) -> None:
