@@ -16,6 +16,13 @@ CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?
                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f" + BIDI + "]")
 
 
+def visible(text: str) -> str:
+    """``text`` with what CONTROL matches written visibly as its escapes (``\\x1b]0;pwn\\x07``, ``\\x9b``),
+    never dropped and never sent raw: the plain-text artifacts (env.txt, a stage log's closing line) keep
+    what was there, and ``cat`` of them changes no terminal (round 19 B U-1, round 20 B U-1)."""
+    return CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters with an explicit marker of what was left out (the
     terminal's copy only: manifest.json and the report files keep the whole text)."""

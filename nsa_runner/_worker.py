@@ -42,7 +42,7 @@ import time
 import traceback
 
 from nsa_runner._python import python_m
-from nsa_runner._text import CONTROL, clip, described, type_name
+from nsa_runner._text import clip, described, type_name, visible
 from nsa_runner.artifacts import write_json
 from nsa_runner.context import RunContext
 from nsa_runner.stage import MalformedResult, Stage, StageResult, Status
@@ -828,7 +828,7 @@ def _shown(value: object) -> str:
     round 20 B U-1), another value by its type (its ``repr`` may raise: the runner names the wrong type)."""
     if type(value) is not str:
         return f"({type_name(value)})"
-    return CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), value)
+    return visible(value)
 
 
 def _traceback_text() -> str:

@@ -370,12 +370,9 @@ def _shown(text: str) -> str:
     written visibly as its escapes (``\\x1b]0;pwn\\x07``), line by line, never sent raw: a plugin's METADATA Name
     or a flash import error holding ESC / OSC / BEL / U+009B reached env.txt as is (``cat env.txt`` retitled
     the terminal; round 19 B U-1). env.json keeps the text as it was (JSON escapes it)."""
-    from nsa_runner._text import CONTROL
+    from nsa_runner._text import visible
 
-    def escaped(m) -> str:
-        return m.group(0).encode("unicode_escape").decode("ascii")
-
-    return "\n".join(CONTROL.sub(escaped, line) for line in text.split("\n"))
+    return "\n".join(visible(line) for line in text.split("\n"))
 
 
 class _Background:
