@@ -926,9 +926,10 @@ class _FinishedThenInterrupted(KeyboardInterrupt):
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``execute``: ``records`` holds every stage recorded so far."""
 
-    def __init__(self, records: list[StageRecord]):
+    def __init__(self, records: list[StageRecord], waiting: list[str] | None = None):
         super().__init__("interrupted")
         self.records = records
+        self.waiting = waiting or []  # ``history/...`` of earlier results that could not be put back yet
 
 
 def _wrong_result_types(d: Any) -> list[str]:
@@ -1181,10 +1182,16 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         # for first (an interrupt meanwhile: the run's interrupt, once they are done)
         _join_all(reapers)
         manifest.finish()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        waiting: list[str] = []
         with signals_deferred(deliver=False):  # one more Ctrl-C while the run is finished: noted only
+            if not isinstance(e, _Interrupted):  # (a stage stopped while it ran: its own put-back, ``restore``)
+                # a rerun's earlier result set aside for a stage that never started (the interrupt came before it:
+                # its claim, its spare worker) goes back; it stayed in history/ with its pending note, the run then
+                # read "runner died" though it exited 130 (round 20 A A20-R1)
+                waiting = _abandon(manifest)
             manifest.finish(interrupted=True)
-        raise RunInterrupted(records) from None
+        raise RunInterrupted(records, waiting) from None
     finally:
         if ready is not None:
             ready.close()
@@ -1192,6 +1199,15 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         # only, the run is leaving already)
         _join_all(reapers, quiet=True)
     return records
+
+
+def _abandon(manifest: RunManifest) -> list[str]:
+    """``manifest.abandon()`` for a run stopping on an interrupt, best effort: what cannot be put back now stays in
+    ``pending`` (the next nsa-run into the folder puts it back) and is returned (``history/...``)."""
+    try:
+        return manifest.abandon()
+    except (OSError, ManifestError):
+        return []
 
 
 def exit_code(records: list[StageRecord], strict: bool) -> int:

@@ -294,19 +294,26 @@ def default_options(entry: StageEntry) -> dict[str, Any]:
 
 def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunManifest,
                    machine: Machine, profile: str, timeout: float | None, strict: bool,
-                   as_json: bool, after: Callable[[int], int] | None = None) -> None:
+                   as_json: bool, after: Callable[[int], int] | None = None, stopped: bool = False) -> None:
     """Execute the plan with live progress, report, and exit with the DESIGN §5 code.
 
     ``after(code) -> code`` runs once the stages are done and before anything is reported
     (oneshot: report.html and the baseline check), so the JSON, the table and the exit code
     all carry the final verdict and the counts line is printed once, last.
+
+    ``stopped``: the user's Ctrl-C / TERM / HUP came after this command set a rerun's earlier result aside
+    and before the run began (``interrupt_puts_back``): no stage runs, the run is recorded as
+    interrupted the way an interrupt of its stages is (the earlier result put back, exit 130).
     """
+    previous = signal.getsignal(signal.SIGTERM)
+    previous_hup = signal.getsignal(signal.SIGHUP)
+    closing = _Closing()
+    if stopped:  # stopping already: a second signal is noted, never raised (the put-back is not cut off)
+        closing.start()
     settings = Settings(device=machine.device, profile=profile, timeout_s=timeout, strict=strict)
     err = err_console()
     err.print(f"[bold]nsa-run[/] run {plain_text(manifest.data['run_id'])} -> {path_text(manifest.dir)}  "
               f"(device={machine.device}, profile={profile})")
-    previous = signal.getsignal(signal.SIGTERM)
-    previous_hup = signal.getsignal(signal.SIGHUP)
 
     def _term(signum, frame):  # a CI cancel stops the stage like Ctrl-C does (the reason names it)
         note_signal(signum)
@@ -315,14 +322,15 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     # TERM and HUP (a closed terminal / ssh session) stay handled until this command exits: one
     # arriving while the closing reports are written is an interrupt like Ctrl-C, never the default
     # action (the process exited 129 while manifest.json recorded 130)
-    catch(signal.SIGTERM, _term)
-    catch(signal.SIGHUP, _term)
+    if not stopped:
+        catch(signal.SIGTERM, _term)
+        catch(signal.SIGHUP, _term)
     global RUN_STARTED
-    if STOPPED_BY is not None:  # an interrupt that came before the run and was swallowed on the way
-        raise KeyboardInterrupt  # (plugin or C extension code taking it): no stage runs after a Ctrl-C
+    if STOPPED_BY is not None and not stopped:  # an interrupt that came before the run and was swallowed on the
+        raise KeyboardInterrupt  # way (plugin or C extension code taking it): no stage runs after a Ctrl-C
     RUN_STARTED = True  # from here on the run reports an interrupt itself (manifest, closing lines)
     try:
-        _run_and_report(plan, manifest, machine, profile, strict, as_json, after, settings, err)
+        _run_and_report(plan, manifest, machine, profile, strict, as_json, after, settings, err, closing, stopped)
     except typer.Exit as done:
         if PROCESS_ENTRY:  # the nsa-run script: the process ends now, with the recorded code
             _end_with(done.exit_code)
@@ -417,20 +425,25 @@ class _Closing:
 
 
 def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str, strict: bool,
-                    as_json: bool, after, settings: Settings, err) -> None:
+                    as_json: bool, after, settings: Settings, err, closing: _Closing, stopped: bool) -> None:
     interrupted = False
     records: list = []  # filled by execute as each stage is recorded
-    closing = _Closing()
     signals_before = received_count()  # an error after one of the user's signals is part of that interrupt
     try:
+        if stopped:  # interrupted before the run began (``run_and_report``): no stage runs
+            raise KeyboardInterrupt
         with ProgressObserver(err, total=len(plan)) as obs:
             execute(plan, manifest, settings, machine, obs, records=records)
         closing.start()  # inside the try: a signal before this line is the run's interrupt (below)
     except KeyboardInterrupt as intr:  # RunInterrupted, or one landing as execute returned
         closing.start()
         interrupted = True
-        if not isinstance(intr, RunInterrupted):  # the manifest's finish may not have happened
-            _finish_interrupted(manifest)
+        if not isinstance(intr, RunInterrupted):  # the manifest's finish may not have happened, nor the put-back
+            # of what this process set aside (round 20 A A20-R1: one landing outside execute's own handling, or
+            # before the run began, left a rerun's earlier result in history/ and its note in pending)
+            _put_back_interrupted(manifest, err)
+        elif intr.waiting:  # what execute could not put back (it did what _put_back_interrupted does)
+            _say_waiting(intr.waiting, "", err)
     except (OSError, ManifestError) as e:  # e.g. the disk filled up: the run cannot be recorded
         if received_count() == signals_before:
             run_broke(manifest, e)
@@ -516,13 +529,42 @@ def _interrupted_broke(manifest: RunManifest, e: Exception, err) -> None:
     """An error that escaped the stages while the run stopped on an interrupt: the rerun's earlier result put
     back (``abandon``), the run recorded interrupted (never ``incomplete``: the run was stopped, not broken);
     what could not be put back is named, as ``run_broke`` names it."""
-    waiting = manifest.abandon()
+    _put_back_interrupted(manifest, err, f"; {_what(e)}")
+
+
+def _put_back_interrupted(manifest: RunManifest, err, why: str = "") -> None:
+    """A run stopped by the user's interrupt: what this process set aside put back (``abandon``), the run
+    recorded interrupted; what could not be put back is named. Best effort: a write that fails is named by
+    the closing reports' own write."""
+    try:
+        waiting = manifest.abandon()
+    except (OSError, ManifestError):
+        waiting = []
     _finish_interrupted(manifest)
+    _say_waiting(waiting, why, err)
+
+
+def _say_waiting(waiting: list[str], why: str, err) -> None:
     if waiting:
         where = plain_text(", ".join(waiting))
         err.print(f"[yellow]warning:[/] the earlier result could not be put back yet ({where}, recorded in "
-                  f"manifest.json's pending; {_what(e)}): the next nsa-run stage / oneshot into this --out puts it "
+                  f"manifest.json's pending{why}): the next nsa-run stage / oneshot into this --out puts it "
                   "back", soft_wrap=True)
+
+
+@contextmanager
+def interrupt_puts_back(run: Callable[..., None]):
+    """From a rerun's ``set_aside`` to the moment its run begins (``run_and_report``: ``RUN_STARTED``), the user's
+    Ctrl-C / TERM / HUP (``KeyboardInterrupt``) is the run's interrupt: ``run(stopped=True)``, the run's own
+    handling of one (what this process set aside put back, the run recorded interrupted, summaries, exit 130).
+    Round 20 A A20-R1: the generic handler took it, exit 130 with the earlier result left in history/ and its
+    ``pending`` note kept, the folder then read "runner died". Once the run began, the run handles it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if RUN_STARTED:
+            raise
+        run(stopped=True)
 
 
 def _finish_interrupted(manifest: RunManifest) -> None:

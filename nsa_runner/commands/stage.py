@@ -48,12 +48,19 @@ def stage(
     rid = c.current_run_id()
     manifest = c.open_latest_run(out, rid, sys.argv, device=machine.device, profile=profile, strict=strict,
                                  command="stage")
-    moved = c.set_aside(manifest, name)
-    if moved is not None:
-        err_console().print(f"earlier {name} result set aside in {path_text(moved)} (put back if this run does not "
-                            "finish)")
-    c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json,
-                     after=lambda code: report_cmd.refresh_report(manifest.dir, code))
+
+    def run(stopped: bool = False) -> None:
+        c.run_and_report([(entry, options)], manifest, machine, profile, timeout, strict, as_json,
+                         after=lambda code: report_cmd.refresh_report(manifest.dir, code), stopped=stopped)
+
+    # from the set-aside on, an interrupt puts the earlier result back and is recorded as the run's (round 20 A
+    # A20-R1: one before the run began left it in history/, the folder reading "runner died")
+    with c.interrupt_puts_back(run):
+        moved = c.set_aside(manifest, name)
+        if moved is not None:
+            err_console().print(f"earlier {name} result set aside in {path_text(moved)} (put back if this run does "
+                                "not finish)")
+        run()
 
 
 def _help(ctx: typer.Context, name: str | None, device: str | None) -> None:
