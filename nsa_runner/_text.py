@@ -23,6 +23,20 @@ def visible(text: str) -> str:
     return CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
+def word_shown(text: object) -> str:
+    """A path or a command-line word as every output names it: as it is when each character of it is printable
+    (copy-pasteable), else its repr, each control character (newline, ESC, C1, bidi / format) written out, never
+    dropped (round 19 A19-R2: ``--out $'runs\\x1b[0m'`` shown as ``runs`` named ANOTHER run's folder; round 20
+    A U-2: summary.md's and report.html's "command" line did the same)."""
+    text = str(text)
+    return text if text.isprintable() else repr(text)
+
+
+def command_shown(argv: object) -> str:
+    """A recorded command line (manifest.json's ``argv``), each word under ``word_shown``."""
+    return " ".join(word_shown(a) for a in argv) if isinstance(argv, list) else ""
+
+
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters with an explicit marker of what was left out (the
     terminal's copy only: manifest.json and the report files keep the whole text)."""

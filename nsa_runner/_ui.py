@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Column, Table
 
 from nsa_runner._text import CONTROL as _CONTROL
-from nsa_runner._text import clip, shown  # noqa: F401 - shown: re-exported for the commands
+from nsa_runner._text import clip, shown, word_shown  # noqa: F401 - shown: re-exported for the commands
 from nsa_runner.executor import Observer, StageRecord
 from nsa_runner.registry import StageEntry
 from nsa_runner.results import counts
@@ -51,8 +51,7 @@ def path_shown(path: object) -> str:
     (newline, C1, the bidi / format characters) written out, never dropped (round 19 A19-R2: the
     ESC of ``--out $'runs\\x1b[0m'`` was stripped and the line named ANOTHER run's folder ``runs/...``;
     a newline split the line). Plain text: callers printing on a rich console use ``path_text``."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
+    return word_shown(path)
 
 
 def path_text(path: object) -> str:

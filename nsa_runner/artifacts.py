@@ -351,7 +351,7 @@ def load_manifest(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")
-    if version != MANIFEST_SCHEMA_VERSION:
+    if type(version) is not int or version != MANIFEST_SCHEMA_VERSION:  # (true == 1 and 1.0 == 1 in Python)
         raise ManifestError(
             f"{path}: schema_version {version!r} is not supported"
             f" (this nsa-run reads {MANIFEST_SCHEMA_VERSION})"

@@ -41,7 +41,7 @@ from nsa_runner._readers import (
     read_bytes_checked,
     spread_columns,
 )
-from nsa_runner._text import CONTROL
+from nsa_runner._text import CONTROL, command_shown
 from nsa_runner.artifacts import now_iso, unfinished, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
@@ -467,7 +467,7 @@ def _facts_html(run: Run) -> str:
     facts = [("run id", run.run_id), ("machine", mach["label"]), ("device", m.get("device")),
              ("profile", m.get("profile")), ("host", f"{host.get('hostname', '?')} ({host.get('platform', '?')})"),
              ("started", m.get("started")), ("finished", m.get("finished")),
-             ("command", " ".join(m.get("argv") or []))]
+             ("command", command_shown(m.get("argv")))]
     facts += list(run.versions().items())
     routing = run.json("routing.json")
     if routing is not None:

@@ -10,6 +10,7 @@ import os
 import re
 import urllib.parse
 
+from nsa_runner._text import command_shown
 from nsa_runner.artifacts import now_iso, planned_state, runner_died, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
 from nsa_runner.results.junit import clean
@@ -73,7 +74,7 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
         f"- started {_md_cell(m.get('started'))}, on {_md_cell(host.get('hostname', '?'))} "
         f"({_md_cell(host.get('platform', '?'))})",
         f"- device {_md_cell(m.get('device', '?'))}, profile {_md_cell(m.get('profile', '?'))}",
-        f"- command: {_md_cell(' '.join(m.get('argv', [])))}",
+        f"- command: {_md_cell(command_shown(m.get('argv')))}",
     ]
     if m.get("interrupted"):
         lines.append(f"- **interrupted** {_md_cell(interrupted_line(m))}")
