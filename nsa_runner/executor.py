@@ -804,12 +804,22 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             # a result already there when the interrupt came (looked at before anything is killed: a killed
             # worker writes one too) is the stage's own end: the stage had finished (its worker may have
             # exited before this loop's poll saw it) and is recorded from that result below, then the run
-            # stops (it was recorded "interrupted": round 16 A8e)
-            ended = not timed_out and meddled is None and folder.exists(RESULT) and folder.problem() is None
+            # stops (it was recorded "interrupted": round 16 A8e).
             # the run is stopping: a second Ctrl-C / TERM only hurries the kill (SIGKILL at once),
             # never cuts this stage's stop and record short (it escaped as a bare KeyboardInterrupt:
-            # the temp folder went while the worker still wrote, the stage unrecorded, round 13 A-B4)
+            # the temp folder went while the worker still wrote, the stage unrecorded, round 13 A-B4).
+            # Signals sent together (SIGTERM + SIGINT + SIGHUP) are raised one by one, the next at the first
+            # Python call after the last: that is the look at the result just below, so it is already inside
+            # a ``try`` (round 20 A20-R1 b: the second escaped from there, the stage left to its watchdog, a
+            # rerun not put back; the first statement of this clause must call nothing outside a ``try``)
             hurry = False
+            while True:
+                try:
+                    ended = not timed_out and meddled is None and folder.exists(RESULT) \
+                        and folder.problem() is None
+                    break
+                except KeyboardInterrupt:
+                    hurry = True
             while True:
                 try:
                     _stop_stage(proc, cookie, 0.0 if hurry else KILL_GRACE_S)
