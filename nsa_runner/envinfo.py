@@ -116,9 +116,6 @@ def _torch_requires() -> tuple[list[str] | None, str | None]:
     naming the file) when its metadata cannot be read: read through ``detect.safe_distribution`` (a torch
     dist-info first on sys.path whose METADATA was a FIFO hung env-pairing, a latin-1 one or a link loop made it
     ERROR: round 19 B19-1; importlib reads them blocking and whole)."""
-    import os
-    import stat
-
     from nsa_core.flash.detect import UnreadableDistribution, safe_distribution
 
     try:
@@ -129,17 +126,8 @@ def _torch_requires() -> tuple[list[str] | None, str | None]:
         return None, str(e)
     except (OSError, UnicodeError) as e:
         return None, f"torch's METADATA cannot be read: {type(e).__name__}: {e}"
-    # an egg-info without Requires-Dist lines: importlib reads requires.txt (safe_distribution checks the others)
-    folder = getattr(dist, "_path", None)
-    if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder):
-        try:
-            st = os.stat(os.path.join(folder, "requires.txt"))
-            if not stat.S_ISREG(st.st_mode) or st.st_size > (64 << 20):
-                return None, "torch's requires.txt is not a regular file of a bounded size: not read"
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            return None, f"torch's requires.txt cannot be read ({e.strerror or e})"
+    # (an egg-info's requires.txt, read by ``requires``, goes through the same safe reader: a special or huge one
+    # raises, named, below)
     try:
         return list(dist.requires or []), None
     except UnicodeError as e:
