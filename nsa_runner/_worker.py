@@ -1131,10 +1131,17 @@ def main(argv: list[str]) -> int:
     log_fds = _keep_log_fds()
     try:  # the stage begins now: the runner's clock for its timeout and duration starts here (a spare's
         # imports before this are not the stage's: round 13 A-B5, a quick stage TIMEOUTed behind them)
-        open(os.path.join(os.path.dirname(job_path), STARTED), "wb").close()
+        # it carries the moment (the system's monotonic clock, the runner's too): the runner's poll sees the
+        # marker up to a poll later, and a clock started then recorded a quick stage shorter than the time
+        # it measured itself (CI on c0709ca: env-pairing's parts 1.150 s, its duration 1.118 s)
+        # (written whole under another name, then renamed: the runner never reads a half-written marker)
+        t0 = time.monotonic()
+        marker = os.path.join(os.path.dirname(job_path), STARTED)
+        with open(marker + ".part", "wb") as f:
+            f.write(repr(t0).encode("ascii"))
+        os.replace(marker + ".part", marker)
     except OSError as e:  # never run unseen by the runner's clock (round 14 A BR-5)
         _not_started(e, job_path, result_path, ctx.stage)
-    t0 = time.monotonic()
     prof = _profiler()
     try:
         stage = _load(job["spec"])

@@ -451,6 +451,19 @@ def _remove_marker_last(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)  # the marker, then the folder
 
 
+def _started_at(folder: TempFolder, launched: float) -> float:
+    """When the stage began, as its worker's "started" marker says (``time.monotonic()``, the same clock in
+    every process): the runner's poll sees the marker up to ``POLL_S`` later. Now, when the marker says
+    nothing usable (not a number, before the worker's launch or after now: the stage's own code may have
+    written it; a time within that span only moves the stage's start within its own worker's life)."""
+    now = time.monotonic()
+    try:
+        said = float(folder.read(STARTED)[:64].decode("ascii"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return now
+    return said if launched <= said <= now else now
+
+
 class _TempFolder(TempFolder):
     """A stage's temp folder (``artifacts.TempFolder``), its marker removed last (``_remove_marker_last``)."""
 
@@ -778,7 +791,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 if meddled is not None:  # the stage's ERROR: it is stopped now
                     break
                 if t_stage is None and folder.exists(STARTED):  # the stage itself has begun
-                    t_stage = time.monotonic()
+                    t_stage = _started_at(folder, t0)
                 elapsed = time.monotonic() - (t_stage if t_stage is not None else t0)
                 if elapsed > timeout_s + (0.0 if t_stage is not None else PRELOAD_GRACE_S):
                     timed_out = True

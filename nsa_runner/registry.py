@@ -1055,7 +1055,12 @@ def entry_points_problem() -> str:
     B19-3: ``import torch`` parses every distribution's entry points (its device-backend hook), so one such
     file of any package, plugin or not, failed every stage of every run with torch's "Only a single
     TORCH_LIBRARY ..." naming nothing. The same distributions in the same order as that function (one per
-    normalised name, the first on sys.path), each read through the safe reader, parsed by importlib."""
+    normalised name, the first on sys.path), each read through the safe reader, parsed by importlib. With
+    torch's autoload off (``TORCH_DEVICE_BACKEND_AUTOLOAD`` not "1") torch reads none of these files, so
+    there is nothing to say here: a plugin's unreadable file is then named by discovery, that plugin broken
+    (CI on c0709ca: this check ran regardless, and exit 2 blamed torch for a file torch would not read)."""
+    if not torch_backend_autoload():
+        return ""
     seen: set[str] = set()
     backends = []  # (dist, entry point) of group torch.backends, in the order torch's import loads them
     for dist in distributions():
@@ -1068,7 +1073,7 @@ def entry_points_problem() -> str:
         except Exception as e:  # noqa: BLE001 - what importlib raises on it, torch's import raises too
             return _entry_points_why(dist, e)
         backends += [(dist, ep) for ep in eps if ep.group == TORCH_BACKENDS_GROUP]
-    if backends and torch_backend_autoload():  # (torch parses every file before it loads any backend)
+    if backends:  # (torch parses every file before it loads any backend)
         for dist, ep in backends:
             why = _torch_backend_why(dist, ep)
             if why:

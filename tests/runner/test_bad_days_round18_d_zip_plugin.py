@@ -60,12 +60,31 @@ def test_b2_a_plugin_in_a_zip_is_listed_and_runs(plugins, tmp_path):
     assert [(s["name"], s["status"]) for s in manifest(out)["stages"]] == [("zz18d", "PASS")]
 
 
-def test_b2_b_an_unreadable_member_names_the_plugin_broken(plugins, tmp_path):
+def _bad_crc_zip(tmp_path):
     zp = _zip(tmp_path / "plug.zip", META.replace(b"p-zip18d", b"p-ZIP18D"))
     data = zp.read_bytes()
     zp.write_bytes(data.replace(b"p-ZIP18D", b"p-zip18d", 1))  # the stored bytes no longer match their CRC
-    stages = _stages(_run(plugins, zp, "list", "--json"), rc=1)  # (list exits 1 with a broken plugin)
+    return zp
+
+
+def test_b2_b_an_unreadable_member_names_the_plugin_broken(plugins, tmp_path, monkeypatch):
+    """With torch's device-backend autoload off (``import torch`` then reads no distribution's files), a bad
+    CRC in the plugin's METADATA makes that plugin "broken", naming the file and why, never dropped, and the
+    built-in stages still run."""
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    stages = _stages(_run(plugins, _bad_crc_zip(tmp_path), "list", "--json"), rc=1)  # (exit 1: a broken plugin)
     broken = [s for s in stages.values() if s["why_not"].startswith("broken")]
     assert len(broken) == 1, broken
     assert "METADATA" in broken[0]["why_not"] and "CRC" in broken[0]["why_not"], broken
     assert stages["sanity"]["runs_here"], sorted(stages)
+
+
+def test_b2_b_with_autoload_import_torch_itself_fails_and_is_named(plugins, tmp_path, monkeypatch):
+    """With the autoload on (torch's default) ``import torch`` reads every distribution's metadata for its
+    ``torch.backends`` entry points and raises on the bad CRC: no stage can run, so exit 2 naming the file,
+    why, and that torch fails with it (found by CI on c0709ca: round 19's check made this exit 2, the test
+    above then still expected a runnable sanity, which torch cannot give here)."""
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    r = _run(plugins, _bad_crc_zip(tmp_path), "list", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == "", (r.returncode, r.stderr[-3000:])
+    assert "METADATA" in r.stderr and "CRC" in r.stderr and "import torch fails" in r.stderr, r.stderr
