@@ -11,7 +11,9 @@ in a child that imports no plugin.)
 
 For every entry point of ``group`` (except the keys in ``skip``; only ``only`` when given) the
 child appends ``{"loading": key}`` to RESULT, imports it, and appends ``{"entry": record}`` with
-what ``describe(obj, ep)`` returned (a JSON-able dict) or the error. ``{"done": NONCE}`` (the
+what ``describe(obj, ep)`` returned (a JSON-able dict) or the error (before it ``{"threads": {"key", "n",
+"python", "python_n"}}`` when the import left threads running: the parent's evidence should the child end
+during a later import, ``threads_left``). ``{"done": NONCE}`` (the
 request's ``nonce``) ends a complete pass; the parent checks every record again (plugin code ran
 here). A plugin whose import segfaults, hangs or calls ``os._exit`` leaves a ``loading``
 line without its ``entry``: the parent names that plugin as broken and starts a new child for the
@@ -303,6 +305,35 @@ def _same(x: object, y: object) -> bool:
     return x is y or (type(x) is str and type(y) is str and x == y)
 
 
+def threads_now() -> tuple[set[str], dict[int, str]]:
+    """This process's threads: the OS's (``/proc/self/task``: a thread started from C too) and Python's
+    (``threading``: their names), for ``threads_left``."""
+    import threading
+
+    try:
+        tids = set(os.listdir("/proc/self/task"))
+    except OSError:
+        tids = set()
+    try:
+        named = {t.ident: str(t.name)[:60] for t in list(threading._active.values())}  # (no plugin's enumerate)
+    except Exception:  # noqa: BLE001
+        named = {}
+    return tids, named
+
+
+def threads_left(before: tuple[set[str], dict[int, str]]) -> dict | None:
+    """``{"n": threads started since ``before`` and still running, "python": their Python names (the first
+    few)}``, or None when none is (round 21 B21-3: a watchdog thread one plugin's import left, e.g.
+    ``threading.Timer(2, os._exit, [1])``, ended the child during the next plugin's import, which was
+    blamed: the parent, with this evidence, imports that one again in a fresh child before blaming it)."""
+    tids, named = threads_now()
+    new = tids - before[0]
+    if not new:
+        return None
+    python = [name for ident, name in named.items() if ident not in before[1]]
+    return {"n": len(new), "python": python[:5], "python_n": len(python)}
+
+
 def _cannot_write(e: OSError) -> None:
     """The result file cannot grow (a full temp folder: ENOSPC / EDQUOT): end with the status that
     tells the parent so (``registry.EXIT_TEMP_FULL``; it checks the folder), never the plugin's."""
@@ -435,13 +466,18 @@ def main(argv: list[str]) -> int:
         return True
 
     def one(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:
-        """Import entry point ``ep`` and describe it: its ``loading`` line, then its ``entry``."""
+        """Import entry point ``ep`` and describe it: its ``loading`` line, then its ``entry`` (and before it a
+        ``threads`` line when the import left threads running: ``threads_left``)."""
         nonlocal swapped
         emit({"loading": key, "dist_path": str(getattr(dist, "_path", "") or "")})
         rec = {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
                "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
+        before = threads_now()
         with plugin_import():  # what its code leaves changed is put back before the next one (B19-5)
             loaded = _load_and_describe(ep, key, rec)
+        left = threads_left(before)
+        if left is not None:
+            emit({"threads": {"key": key} | left})
         if not loaded:
             problem = None if swapped else folder_swapped()
             if problem is not None:
@@ -510,7 +546,7 @@ def main(argv: list[str]) -> int:
             swapped = True
         if told and not timed_out:
             return
-        rec = base(ep, key, dist, dist_name)
+        rec = base(ep, key, dist, dist_name) | {"ended": True}  # (the parent: this import ended its process)
         if timed_out:
             hangs += 1
             rec["error"] = f"{ep.value}: its import did not finish within {limit:g}s (hangs?); stopped"

@@ -252,7 +252,7 @@ def nvidia_smi() -> dict:
 # stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
 # B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
-    import ctypes, faulthandler, importlib.util, json, os, signal, sys, time, warnings
+    import ctypes, faulthandler, importlib.util, json, os, signal, sys, threading, time, warnings
     faulthandler.enable()
     try:  # a subreaper: a helper a flash package's import starts and orphans comes back here, to be ended below
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
@@ -321,6 +321,20 @@ _FLASH_PROBE = textwrap.dedent("""
         getattr(warnings, "_filters_mutated", lambda: None)()
         faulthandler.enable()
 
+    # the threads a package's import leaves running (a watchdog thread, threading.Timer(2, os._exit, [1])) cannot be
+    # put back: each path's are told to the parent, which, should the child end during a later path, probes that
+    # one again first in a fresh child before blaming it (round 21 B21-3)
+    def threads():
+        try:
+            tids = set(os.listdir("/proc/self/task"))
+        except OSError:
+            tids = set()
+        try:
+            named = {t.ident: str(t.name)[:60] for t in list(threading._active.values())}
+        except Exception:
+            named = {}
+        return tids, named
+
     spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
     det = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(det)
@@ -328,14 +342,22 @@ _FLASH_PROBE = textwrap.dedent("""
         for path in sys.argv[3:]:
             records.write(json.dumps({"path": path, "start": True}) + "\\n")
             records.flush()
-            saved = state()
+            saved, before = state(), threads()
             try:
                 rec = det.detect(path)
             finally:
                 put_back(saved)
+            tids, named = threads()
+            if tids - before[0]:
+                python = [n for i, n in named.items() if i not in before[1]]
+                records.write(json.dumps({"path": path, "threads": {"n": len(tids - before[0]), "python": python[:5],
+                                                                    "python_n": len(python)}}) + "\\n")
             records.write(json.dumps(rec) + "\\n")
             records.flush()
     end_helpers()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # a thread a package's import left running never holds this process up
 """)
 
 
@@ -452,6 +474,10 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
 
     recs: dict[str, dict] = {}
     crashed: dict[str, str] = {}
+    # round 21 B21-3: a path during which the child ended while threads earlier paths' imports left were running
+    # -> {"leavers": {path: their "threads" line}, "status": how it ended}: probed again first in the next child,
+    # blamed only if it ends that one too, else the leavers are (``_blame_threads``)
+    suspects: dict[str, dict] = {}
     left, why_left = list(paths), ""
     deadline = time.monotonic() + timeout_s
     while left:
@@ -469,7 +495,7 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
         stderr = f"timed out after {timeout_s:g}s" if timed_out else printed
         status = f"exit status {rc}" if rc is not None else stderr
         tail = " | ".join(stderr.strip().splitlines()[-3:])
-        started = None
+        started, threaded = None, {}
         for line in lines:
             try:
                 rec = json.loads(line)
@@ -479,17 +505,52 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
                 continue
             if rec.get("start"):
                 started = rec["path"]
+            elif isinstance(rec.get("threads"), dict):
+                threaded[rec["path"]] = rec["threads"]
             else:
                 recs[rec["path"]] = rec
                 started = None
+                held = suspects.pop(rec["path"], None)
+                if held is not None:  # it imports fine in a process of its own: the leavers' threads ended it
+                    _blame_threads(recs, crashed, held["leavers"], held["status"], rec["path"])
         if started is not None:
-            crashed[started] = f"import crashed the interpreter ({status}) {tail}".strip()
+            leavers = {p: v for p, v in threaded.items() if p != started and p in recs}
+            if leavers and not timed_out and started not in suspects:  # probed again, first, in the next child
+                suspects[started] = {"leavers": leavers, "status": status}
+            else:
+                crashed[started] = f"import crashed the interpreter ({status}) {tail}".strip()
+                suspects.pop(started, None)
         done = [p for p in left if p in recs or p in crashed]
         left = [p for p in left if p not in done]
         why_left = f"({status}) {tail}".strip()
         if not done or timed_out:
             break
     return recs, crashed, why_left
+
+
+def _blame_threads(recs: dict[str, dict], crashed: dict[str, str], leavers: dict[str, dict], status: str,
+                   later: str) -> None:
+    """The probe paths (``recs``, probed already) whose imports left threads running when the probe child ended
+    (``status``) during path ``later``, which is fine in a child of its own: moved to ``crashed`` with that evidence
+    (round 21 B21-3: a watchdog thread flash_attn's import left ended the child in flash_attn_interface's import,
+    FA-3 was BROKEN). Those that left Python threads when any did (a thread started from C is weaker evidence)."""
+    def count(info: dict, key: str) -> int:
+        n = info.get(key)
+        return n if type(n) is int and n > 0 else 0
+
+    module = {v: k for k, v in FLASH_PATH.items()}
+    python = {p: v for p, v in leavers.items() if count(v, "python_n")}
+    blamed = python or leavers
+    for path, info in blamed.items():
+        names = [re.sub(r"[^ -~]", "?", str(x)[:40]) for x in info.get("python") or [] if isinstance(x, str)]
+        said = (f" (Python: {', '.join(names[:5])})" if names else
+                "" if count(info, "python_n") else " (started from C: no Python thread)")
+        others = [module.get(o, o) for o in blamed if o != path]
+        also = f"; so did {', '.join(others)}" if others else ""
+        recs.pop(path, None)
+        crashed[path] = (f"its import left {count(info, 'n') or 1} thread(s) running{said}; the probe process ended "
+                         f"({status}) while they ran, during a later import ({module.get(later, later)}, which imports "
+                         f"fine in a process of its own){also}")
 
 
 def probe_flash(timeout_s: float = 300.0) -> list[dict]:

@@ -617,6 +617,47 @@ def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: 
     return f"{what or 'importing it'} ended the discovery process (exit code {rc}, e.g. os._exit or sys.exit in C)"
 
 
+def _end_words(rc: int | None) -> str:
+    """How the discovery child ended, as "the discovery process ..." goes on: "ended (exit code 1)", "was killed
+    (SIGKILL)"."""
+    if rc is not None and rc < 0:
+        from nsa_runner._worker import signal_name
+
+        return f"was killed ({signal_name(rc)})"
+    return f"ended (exit code {rc})"
+
+
+def _blame_threads(records: dict[str, dict], leavers: dict[str, dict], end: str, later: str | None) -> int:
+    """Name as broken the entry points (``records``, described already) whose imports left threads running when
+    the discovery child ended (``end``, ``_end_words``) during the later import of ``later`` (None: between
+    imports), that import being fine in a process of its own (round 21 B21-3: a watchdog thread a plugin's import
+    left, ``threading.Timer(2, os._exit, [1])``, ended the child in the next plugin's import, and that healthy
+    plugin was blamed). Those that left Python threads when any did (a thread started from C, e.g. torch's, is
+    weaker evidence), each with its evidence. Returns how many were named."""
+    def count(info: dict, key: str) -> int:
+        n = info.get(key)
+        return n if type(n) is int and n > 0 else 0
+
+    python = {k: v for k, v in leavers.items() if count(v, "python_n")}
+    blamed = python or leavers
+    where = (f"during a later import ({clip(later, 200)}, which imports fine in a process of its own)"
+             if later is not None else "after its import, between two imports")
+    for k, info in blamed.items():
+        old = records[k]
+        names = [re.sub(r"[^ -~]", "?", clip(str(x), 40)) for x in info.get("python") or [] if isinstance(x, str)]
+        said = (f" (Python: {', '.join(names[:5])})" if names else
+                "" if count(info, "python_n") else " (started from C: no Python thread)")
+        others = [str(records[o].get("value", "?")) for o in blamed if o != k]
+        also = f"; so did {', '.join(clip(o, 200) for o in others[:5])}" if others else ""
+        why = (f"{old.get('value', '?')}: its import left {count(info, 'n') or 1} thread(s) running{said}; the "
+               f"discovery process {end} while they ran, {where}{also}")
+        if old.get("error"):
+            why += f"; and {old['error']}"
+        records[k] = {f: old.get(f, "?") for f in ("key", "name", "value", "dist", "version")} | {
+            "dist_path": str(old.get("dist_path") or ""), "error": why, "traceback": str(old.get("traceback") or "")}
+    return len(blamed)
+
+
 DISCOVERY_FAILED = "\t".join(("?", "invalid:discovery", "nsa_runner._discover"))  # the record of a failed pass
 
 
@@ -674,8 +715,13 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
     skip = set(skip or ())
     limit = _timeout()
     failed = 0  # entry points whose import ended or hung a child of this pass
+    # round 21 B21-3: an entry point during whose import the child ended while threads earlier imports of that
+    # child left were running -> {"leavers": {key: their "threads" line}, "end": how it ended}: imported again,
+    # first, in the next child; blamed only if it ends that one too, else the leavers are (``_blame_threads``)
+    suspects: dict[str, dict] = {}
     for attempt in range(2 * MAX_CHILDREN + 1):
         mode = "normal" if attempt < MAX_CHILDREN else "isolate" if attempt < 2 * MAX_CHILDREN else "list"
+        threaded: dict[str, dict] = {}  # this child's imports that left threads running (``_discover.threads_left``)
         base = temp_folder()
         from nsa_runner.artifacts import TempFolder, mark_owned
 
@@ -747,12 +793,18 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                             what = line["parsing"]
                             parsing = tuple(re.sub(r"[^A-Za-z0-9._-]", "_", clip(str(what.get(k, "?")), 60))
                                             for k in ("stage", "option"))  # (a plain word, as the child checked)
+                        elif isinstance(line.get("threads"), dict) and isinstance(line["threads"].get("key"), str):
+                            threaded[line["threads"]["key"]] = line["threads"]
                         elif isinstance(line.get("entry"), dict) and isinstance(line["entry"].get("key"), str):
                             rec = line["entry"]
+                            own_end = rec.pop("ended", None) is True  # (an isolating child: this import ended its fork)
                             records[rec["key"]] = rec
                             order.append(rec["key"])
                             skip.add(rec["key"])
                             loading, parsing = None, None
+                            held = suspects.pop(rec["key"], None)
+                            if held is not None and mode != "list" and not own_end:  # it imports fine alone
+                                failed += _blame_threads(records, held["leavers"], held["end"], str(rec.get("value")))
                         elif line.get("done") == nonce:
                             done = True
                         elif line.get("nonce") == nonce and type(line.get("ended")) is int:
@@ -790,6 +842,16 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             rc = ended if ended is not None else proc.returncode
             if rc == EXIT_TEMP_FULL and not timed_out and _folder_full(holder.base):  # the child could not write its
                 raise TempFolderFull(base, None, "the plugin discovery process cannot write its result there")
+            leavers = {k: v for k, v in threaded.items() if k != loading and k in records}
+            if mode == "normal" and not timed_out and leavers and (loading is None or loading not in suspects):
+                # it ended while threads earlier imports left were running (round 21 B21-3): no import to blame on
+                # that evidence alone
+                end = _end_words(rc)
+                if loading is None:  # between imports: theirs
+                    failed += _blame_threads(records, leavers, end, None)
+                else:  # imported again, first thing in the next child (no extra child in the normal case)
+                    suspects[loading] = {"leavers": leavers, "end": end}
+                continue
             if loading is None:  # died outside any plugin's import: nothing to blame, nothing to retry
                 tail = _tail(dir_fd, "child.log")
                 key = DISCOVERY_FAILED
@@ -814,6 +876,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                                                    "reinstall the plugin")
             order.append(loading)
             skip.add(loading)
+            suspects.pop(loading, None)  # (ended a process of its own too: its own)
             failed += 1
             if only is not None or mode == "list":
                 break
