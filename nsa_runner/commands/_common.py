@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from nsa_runner._text import PARITY_JOBS_ENV, parity_jobs
+from nsa_runner._torch_check import torch_facts
 from nsa_runner._ui import ProgressObserver, err_console, fail, path_text, plain_text, report, shown
 from nsa_runner.artifacts import (
     ManifestError,
@@ -45,7 +46,6 @@ from nsa_runner.manifest import (
     RunManifest,
     SetAsideIncomplete,
     lock_timeout,
-    signals_deferred,
 )
 from nsa_runner.registry import (
     DISCOVERY_TIMEOUT_ENV,
@@ -53,7 +53,6 @@ from nsa_runner.registry import (
     Machine,
     OptionError,
     StageEntry,
-    cuda_available,
     discovery_timeout,
     installed_metadata_problem,
     parse_options,
@@ -110,12 +109,13 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
     if problem:  # importing torch or any plugin would read it: `nsa-run list` hung forever on a FIFO
         fail(f"an installed package's metadata cannot be read: {problem}",
              "remove or reinstall that package (its folder is named in the path)")
-    # torch's import (C++ / pybind11) runs with Ctrl-C / TERM / HUP deferred, raised once it is done:
-    # a KeyboardInterrupt raised inside it was swallowed (cuda_available's `except Exception` took
-    # the RuntimeError it became: the run went on, exit 0), or aborted the process (exit 134)
-    with signals_deferred():
-        cuda = cuda_available()
-        triton = triton_installed()
+    # torch is imported in a child process (``_torch_check``): what installed code does at torch's import (a
+    # device backend's init that exits, changes the folder or hangs: round 21 B21-1 / B21-2) stays there, a
+    # hang is stopped, Ctrl-C stops the wait at once (in this process the import ran with signals deferred)
+    torch = torch_facts()
+    if torch.problem:
+        fail(torch.problem, torch.hint)
+    cuda, triton = torch.cuda, triton_installed()
     if device == "cuda" and not cuda:
         fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)",
              "run without --device, or use --device cpu")

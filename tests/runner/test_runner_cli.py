@@ -134,9 +134,9 @@ def test_bad_input_exits_2_with_a_message_and_writes_nothing(fake, cli, tmp_path
 
 
 def test_cuda_requested_without_cuda_exits_2(fake, cli, tmp_path):
-    from nsa_runner.registry import cuda_available
+    from nsa_runner._torch_check import torch_facts
 
-    if cuda_available():
+    if torch_facts().cuda:
         pytest.skip("this machine has CUDA")
     r = cli("oneshot", "--out", tmp_path, "--device", "cuda", "--only", "echo")
     assert r.exit_code == 2 and "no CUDA device" in r.stderr
