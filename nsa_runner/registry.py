@@ -14,11 +14,9 @@ descriptions (``StageInfo``, ``OptionInfo``); a stage's option values are parsed
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import importlib.metadata as md
 import importlib.util
-import io
 import json
 import math
 import os
@@ -1246,36 +1244,6 @@ def _special_metadata_file() -> str:
                 if mode.st_size > MAX_METADATA_BYTES:
                     return f"{path} is {mode.st_size / 2**20:.0f} MiB (more than {MAX_METADATA_BYTES >> 20} MiB)"
     return ""
-
-
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA device. ``import torch`` runs installed code in this process (each
-    ``torch.backends`` entry point's, TORCH_DEVICE_BACKEND_AUTOLOAD): round 20 B20-5, a backend printing at
-    load made ``list --json`` / ``oneshot --json`` stdout not JSON. So the import runs with this process's
-    stdout parked as during plugin discovery (``stdout_parked``: fd 1 on /dev/null, out of reach) and
-    ``sys.stdout`` on stderr: what it prints goes to stderr (or nowhere), never to stdout."""
-    _flush_stdouts()  # (what this process wrote before goes where it belongs)
-    with stdout_parked(), contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
-        try:
-            try:
-                import torch
-            except Exception:  # noqa: BLE001 - no torch means no CUDA for our purposes
-                return False
-            try:
-                return bool(torch.cuda.is_available())
-            except Exception:  # noqa: BLE001
-                return False
-        finally:
-            _flush_stdouts()  # what was buffered while parked goes where fd 1 then is (/dev/null)
-
-
-def _flush_stdouts() -> None:
-    for stream in (sys.stdout, sys.__stdout__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
 
 
 def triton_installed() -> bool:
