@@ -149,21 +149,25 @@ def main() -> None:
         finally:  # buffered output fails here, not in the interpreter's exit (a traceback, exit 120)
             sys.stdout.flush()
     except SystemExit:  # typer turns an interrupt into exit 130 without a word
+        _common.FINISHING = True  # (first: a signal's handler raised inside _quiet_signals, round 21 B21-5)
         _quiet_signals()  # the process ends now, with this code: a signal in its last steps changes nothing
         if _common.STOPPED_BY and not _common.RUN_STARTED:  # an interrupt some code swallowed: still one
             _say_stopped(_common.STOPPED_BY)                 # (round 13 A-B7: exit 0 after a Ctrl-C)
             sys.exit(_common.EXIT_INTERRUPTED)
         raise
     except KeyboardInterrupt:  # one outside typer's own handling (while it parses the command line)
+        _common.FINISHING = True
         _say_stopped(_common.STOPPED_BY or "Ctrl-C")
         sys.exit(_common.EXIT_INTERRUPTED)
     except registry.TempFolderFull as e:  # before a run: the temp folder (TMPDIR) is full (round 13 A-B3)
+        _common.FINISHING = True
         try:
             print(f"error: {e.strerror}\nhint: {registry.TEMP_FULL_HINT}", file=sys.stderr, flush=True)
         except OSError:
             pass
         sys.exit(2)
     except OutputError as e:  # > /dev/full, a full disk under a redirect: the output is lost
+        _common.FINISHING = True
         to_devnull(sys.stdout)
         try:
             print(f"error: cannot write the output (stdout): {e}", file=sys.stderr, flush=True)
@@ -171,6 +175,7 @@ def main() -> None:
             pass
         sys.exit(2)
     except Exception as e:  # noqa: BLE001 - a traceback is for --debug only
+        _common.FINISHING = True
         if _common.STOPPED_BY and not _common.RUN_STARTED:  # an interrupt that code turned into an error
             _say_stopped(_common.STOPPED_BY)                 # (RuntimeError "Error calling __set_name__")
             sys.exit(_common.EXIT_INTERRUPTED)

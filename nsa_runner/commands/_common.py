@@ -346,6 +346,8 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
 PROCESS_ENTRY = False
 RUN_STARTED = False  # run_and_report began: an interrupt is recorded and reported by the run itself
 STOPPED_BY: str | None = None  # the signal that stopped a command outside a run ("SIGTERM", "Ctrl-C")
+FINISHING = False  # set by cli.main as the process ends: a signal then changes nothing (round 21 B21-5)
+_PUT_BACK = ""  # "armed" from a rerun's set-aside until its run began; "raised" once its interrupt was raised
 
 
 def catch(sig: int, handler) -> None:
@@ -364,9 +366,15 @@ def catch_interrupts() -> None:
     folder's lock ended silently: TERM 143, HUP 129, Ctrl-C 130). A run installs its own handlers
     and records the interrupt in its manifest."""
     def stop(signum, frame):
-        global STOPPED_BY
+        global STOPPED_BY, _PUT_BACK
+        if FINISHING:  # cli.main ends the process now, with its code: nothing to stop (round 21 B21-5)
+            return
         STOPPED_BY = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         note_signal(signum)
+        if _PUT_BACK == "raised" and not RUN_STARTED:  # the first one's put-back runs: noted, never cut off
+            return                                      # (round 21 B21-4: the next of three signals raised in it)
+        if _PUT_BACK == "armed":
+            _PUT_BACK = "raised"
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(signum)
@@ -558,13 +566,20 @@ def interrupt_puts_back(run: Callable[..., None]):
     Ctrl-C / TERM / HUP (``KeyboardInterrupt``) is the run's interrupt: ``run(stopped=True)``, the run's own
     handling of one (what this process set aside put back, the run recorded interrupted, summaries, exit 130).
     Round 20 A A20-R1: the generic handler took it, exit 130 with the earlier result left in history/ and its
-    ``pending`` note kept, the folder then read "runner died". Once the run began, the run handles it."""
+    ``pending`` note kept, the folder then read "runner died". Once the run began, the run handles it. After the
+    first signal, the ones that follow before the run began are noted, never raised (``catch_interrupts``' handler:
+    round 21 B21-4, two or three together, the second raised inside the put-back and cut it off)."""
+    global _PUT_BACK
+    _PUT_BACK = "armed"
     try:
         yield
     except KeyboardInterrupt:
         if RUN_STARTED:
             raise
+        _PUT_BACK = "raised"  # (an interrupt not raised by the handler: a signal's default one)
         run(stopped=True)
+    finally:
+        _PUT_BACK = ""
 
 
 def _finish_interrupted(manifest: RunManifest) -> None:

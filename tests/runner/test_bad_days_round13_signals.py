@@ -77,20 +77,21 @@ def _flock(fd):  # the flock syscall returned (the lock is this process's); file
 
 _fu._lock_fd_nonblocking = _flock
 
-# A-B7: a Ctrl-C while torch is imported, which swallows it (pybind11 / __set_name__ turn the
-# KeyboardInterrupt into an exception the caller's `except Exception` takes): RT13_SIG_IN_TORCH
-class _Torch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" and os.environ.get("RT13_SIG_IN_TORCH") and "torch" not in _fired:
-            _fired.add("torch")
-            try:
-                _me(os.environ["RT13_SIG_IN_TORCH"])
-                time.sleep(0.3)
-            except KeyboardInterrupt as e:  # what torch's C++ import did with it
-                raise RuntimeError(f"Error calling __set_name__: {e!r}") from None
-        return None
+# A-B7: a Ctrl-C while the CLI starts, waiting for torch's import (RT13_SIG_IN_TORCH). In the CLI's own process
+# torch's import swallowed it (pybind11 / __set_name__ turned the KeyboardInterrupt into an exception the
+# caller's `except Exception` took); since round 21 (B21-1) the import runs in a child and the CLI waits for it:
+# the signal comes from a thread while it waits
+import threading as _threading
+_real_torch_facts = _c.torch_facts
 
-sys.meta_path.insert(0, _Torch())
+def _torch_facts():
+    sig = os.environ.get("RT13_SIG_IN_TORCH")
+    if sig and "torch" not in _fired:
+        _fired.add("torch")
+        _threading.Timer(0.3, _me, [sig]).start()
+    return _real_torch_facts()
+
+_c.torch_facts = _torch_facts
 '''
 
 RT = """
