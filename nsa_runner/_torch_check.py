@@ -68,13 +68,15 @@ def torch_facts() -> TorchFacts:
     """Whether torch sees a CUDA device, asked of a child process (see the module's docstring)."""
     from nsa_runner._python import python_m
     from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog, kill_processes
-    from nsa_runner.registry import DISCOVERY_TIMEOUT_ENV, STARTUP_S, discovery_timeout
+    from nsa_runner.registry import DISCOVERY_TIMEOUT_ENV, STARTUP_S, _pkg_parent, discovery_timeout
 
     limit = discovery_timeout()  # (the CLI refused a bad value before)
     r, w = os.pipe()
     cookie = uuid.uuid4().hex  # every process the import starts carries it: killed with the child
     env = dict(os.environ)
     env[COOKIE_ENV], env[PARENT_ENV] = cookie, str(os.getpid())
+    # the running nsa_runner first on the child's path (``python -P``: not the working folder; as discovery's child)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_pkg_parent(), env.get("PYTHONPATH", "")]))
     try:
         # the child's output goes to stderr: never into stdout (``--json``), as a backend's print at load did
         proc = subprocess.Popen(python_m("nsa_runner._torch_check", str(w)), pass_fds=(w,),
