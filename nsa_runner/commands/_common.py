@@ -611,8 +611,10 @@ def _print_run(records, manifest: RunManifest, machine: Machine, profile: str, s
         "counts": counts(records),
         "stages": [r.to_dict() for r in records],
     }
-    if interrupted:
-        err.print("[bold red]interrupted[/]: the running stage was stopped; finished stages are kept")
+    if interrupted:  # (what was stopped: a stage, or nothing yet: a signal before any stage began)
+        stopped = ("the running stage was stopped" if any(getattr(r, "interrupted", False) for r in records)
+                   else "no stage was running")
+        err.print(f"[bold red]interrupted[/]: {stopped}; finished stages are kept")
     err.print(f"artifacts: {path_text(manifest.dir)}", soft_wrap=True)  # _ui.path_shown: control chars shown
     report(records, as_json=as_json, payload=payload, strict=strict,
            title=f"nsa-run {manifest.data['run_id']} ({machine.device}, {profile})")

@@ -72,6 +72,7 @@ def test_b21_4_three_signals_after_set_aside_put_the_earlier_result_back(plugins
     said = f"rc {p.returncode}\n{p.stdout}{p.stderr}"
     assert p.returncode == 130 and "Traceback" not in p.stderr, said
     assert "y wrote" not in p.stdout + p.stderr, said  # (signalled right after the set-aside: no stage ran)
+    assert "interrupted: no stage was running" in p.stderr and "stage was stopped" not in p.stderr, said
     assert (run / "y.txt").read_text() == "v1", said  # put back
     m = manifest(out)
     assert not m.get("pending"), (said, m.get("pending"))
