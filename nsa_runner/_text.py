@@ -33,8 +33,16 @@ def word_shown(text: object) -> str:
 
 
 def command_shown(argv: object) -> str:
-    """A recorded command line (manifest.json's ``argv``), each word under ``word_shown``."""
-    return " ".join(word_shown(a) for a in argv) if isinstance(argv, list) else ""
+    """A recorded command line (manifest.json's ``argv``), each word under ``word_shown``, and a printable word the
+    shell would split or expand quoted as the shell reads it back (``shlex.quote``: round 21's unclear U-1,
+    ``--out "my runs"`` read ``--out my runs``, two words, not copy-pasteable)."""
+    import shlex
+
+    def word(a: object) -> str:
+        text = word_shown(a)
+        return shlex.quote(text) if text == str(a) and text else text
+
+    return " ".join(word(a) for a in argv) if isinstance(argv, list) else ""
 
 
 def clip(text: str, limit: int) -> str:

@@ -39,6 +39,18 @@ def test_the_files_command_line_shows_an_odd_out_word_escaped(plugins, tmp_path)
     assert "'runs\\x1b[0m'" in page  # before: "--out runs"
 
 
+def test_the_files_command_line_quotes_a_word_with_a_space(plugins, tmp_path):
+    """Round 21 unclear U-1: ``--out "my runs"`` read ``--out my runs`` (two words) in the files' command line."""
+    env = plugins.env()
+    r = _run(env, "oneshot", "--only", "summary", "--out", "my runs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "my runs" / "testrun"
+    command = next(ln for ln in (run / "summary.md").read_text().splitlines() if ln.startswith("- command:"))
+    assert "\\-\\-out 'my runs'" in command or "--out 'my runs'" in command, command
+    page = html.unescape((run / "report.html").read_text())
+    assert "--out 'my runs'" in page, page[:2000]
+
+
 @pytest.mark.parametrize("version", [True, 1.0])
 def test_a_schema_version_that_only_equals_1_is_refused(plugins, tmp_path, version):
     env = plugins.env()
