@@ -123,13 +123,18 @@ def torch_facts() -> TorchFacts:
             pass
         if guard is not None:
             guard.done()
-    line = data[len(_STARTING):] if data.startswith(_STARTING) else data
-    try:
-        said = json.loads(line.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        said = None
-    if not isinstance(said, dict):
-        rc = proc.returncode
+    said, ended = None, None  # the import's line; its keeper's "ended" one (the import's process ended first)
+    for line in data.splitlines():
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(obj, dict) and "ended" in obj:
+            ended = obj["ended"] if ended is None else ended
+        elif isinstance(obj, dict) and said is None:
+            said = obj
+    if said is None:
+        rc = ended if type(ended) is int else proc.returncode
         if rc is not None and rc < 0:
             from nsa_runner._worker import signal_name
 
@@ -163,10 +168,22 @@ def _none(e: BaseException) -> bool:
 
 def main(argv: list[str]) -> int:
     from nsa_runner._text import described
-    from nsa_runner._worker import _die_with_parent
+    from nsa_runner._worker import _die_with_parent, become_subreaper, keep_orphans, linger
 
     _die_with_parent()  # the CLI killed: this child goes with it
     fd = int(argv[0])
+    # the import runs in a fork of this process, which keeps what it leaves running (a helper a backend's init
+    # starts in a new session with a cleared environment went to init and outlived nsa-run: round 22 B22-1):
+    # this process says how the import's process ended, then stays until the CLI kills the tree
+    become_subreaper()
+    rc = keep_orphans()
+    if rc is not None:
+        try:
+            os.write(fd, (json.dumps({"ended": rc}) + "\n").encode())
+        except OSError:
+            pass
+        linger()
+        os._exit(0)
     os.write(fd, _STARTING)
     out: dict = {"cuda": False}
     try:
