@@ -107,10 +107,11 @@ def torch_facts() -> TorchFacts:
                 break
             now = time.monotonic()
             waited, allowed = (now - t0, max(limit, STARTUP_S)) if started is None else (now - started, limit)
-            if waited > allowed:
-                return TorchFacts(False, f"import torch did not finish within {limit:g}s (hangs?); stopped"
-                                  + _backends_said(),
-                                  HINT + f"; {DISCOVERY_TIMEOUT_ENV} sets the limit")
+            if waited > allowed:  # (the hint names a backend only when one is installed: round 22 U22-1)
+                backends = _backends_said()
+                limit_hint = f"{DISCOVERY_TIMEOUT_ENV} sets the limit (now {limit:g}s)"
+                return TorchFacts(False, f"import torch did not finish within {limit:g}s (hangs?); stopped" + backends,
+                                  f"{HINT}; {limit_hint}" if backends else limit_hint)
             if len(data) > 1 << 20:  # (its one line is short: more is not the child's)
                 break
             time.sleep(POLL_S)

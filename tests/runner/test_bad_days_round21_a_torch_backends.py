@@ -108,6 +108,14 @@ def test_b21_1_a_backend_that_hangs_is_stopped_and_named(plugins, tmp_path):
     assert _gone(pid), pid  # nothing left running
 
 
+def test_a_limit_too_short_for_torchs_import_names_the_limit_not_a_backend(plugins):
+    """Round 22 U22-1: with no backend installed the hint said "uninstall the package that installed that backend"."""
+    r = _run(plugins, "list", NSA_RUN_DISCOVERY_TIMEOUT="1e-9")
+    line = _one_error_line(r)
+    assert "import torch did not finish within 1e-09s" in line and "backend" not in r.stderr, r.stderr
+    assert "NSA_RUN_DISCOVERY_TIMEOUT sets the limit" in r.stderr, r.stderr
+
+
 def test_b21_1_ctrl_c_stops_the_wait_for_a_hanging_backend(plugins, tmp_path):
     pid_file = tmp_path / "backend.pid"
     _backend(plugins, "tb_hang2", f"import os, time\ndef init():\n    open({str(pid_file)!r}, 'w').write("
