@@ -252,7 +252,7 @@ def nvidia_smi() -> dict:
 # stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
 # B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
-    import ctypes, faulthandler, importlib.util, json, os, signal, sys, threading, time, warnings
+    import builtins, ctypes, faulthandler, importlib.util, json, os, signal, sys, threading, time, warnings
     faulthandler.enable()
     try:  # a subreaper: a helper a flash package's import starts and orphans comes back here, to be ended below
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
@@ -290,8 +290,8 @@ _FLASH_PROBE = textwrap.dedent("""
 
     # what a package's import may leave armed or changed that would kill or disturb the next path's detect: a
     # timer (signal.alarm, setitimer), a faulthandler watchdog, signal handlers, the blocked signals, warnings
-    # filters. Saved before each path, put back after it (round 20 B20-2: an alarm armed by flash_attn's import
-    # killed the child during flash_attn_interface's slow import, which was blamed).
+    # filters, the builtins. Saved before each path, put back after it (round 20 B20-2: an alarm armed by
+    # flash_attn's import killed the child during flash_attn_interface's slow import, which was blamed).
     SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
     TIMERS = [signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF]
 
@@ -302,10 +302,14 @@ _FLASH_PROBE = textwrap.dedent("""
                 handlers[s] = signal.getsignal(s)
             except (OSError, ValueError):
                 pass
-        return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, []), dict(vars(builtins))
 
     def put_back(saved):
-        handlers, filters, mask = saved
+        handlers, filters, mask, names = saved
+        now = vars(builtins)  # a builtin rebound or deleted (builtins.__import__ wrapped to raise: round 22 B22-3)
+        for k, v in names.items():  # is put back; one added is kept (a library's, used later)
+            if now.get(k, put_back) is not v:
+                now[k] = v
         signal.alarm(0)
         for t in TIMERS:
             signal.setitimer(t, 0)
