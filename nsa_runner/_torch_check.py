@@ -171,6 +171,11 @@ def main(argv: list[str]) -> int:
     from nsa_runner._text import described
     from nsa_runner._worker import _die_with_parent, become_subreaper, keep_orphans, linger
 
+    if argv[:1] == ["--say"]:  # a stage's worker asking after an ERROR out of torch's import (``_worker._torch_named``)
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(torch_facts())), flush=True)
+        return 0
     _die_with_parent()  # the CLI killed: this child goes with it
     fd = int(argv[0])
     # the import runs in a fork of this process, which keeps what it leaves running (a helper a backend's init

@@ -848,6 +848,30 @@ def _error(message: str, tb: str | None, files: object = ()) -> dict:
     return {"result": StageResult(Status.ERROR, message, files=kept).to_dict(), "traceback": tb}
 
 
+def _torch_named(out: dict) -> dict:
+    """A stage's ERROR that came out of ``import torch`` (torch is not imported in this process, and the traceback
+    passed through torch's ``__init__`` or is torch's "Only a single TORCH_LIBRARY", a second import's) with
+    what ``import torch`` says in a fresh process added: round 22 B22-2, a device backend whose init failed in the
+    stage's process only (a lock it took in the CLI's check) left that second import's error, naming nothing.
+    The CLI's own check (``_torch_check``) says it up front when it fails there too."""
+    try:
+        result, tb = out["result"], out.get("traceback") or ""
+        if result.get("status") != Status.ERROR.value or "torch" in sys.modules:
+            return out
+        if "TORCH_LIBRARY" not in tb + str(result.get("reason")) and f"torch{os.sep}__init__.py" not in tb:
+            return out
+        # (asked as the CLI asks, through ``python -m nsa_runner._torch_check --say``: its answer is one JSON line)
+        r = subprocess.run(python_m("nsa_runner._torch_check", "--say"), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=600)
+        facts = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
+        if isinstance(facts, dict) and facts.get("problem"):
+            result["reason"] = f"{result.get('reason')} (import torch in a fresh process: {facts['problem']})"
+            result["hint"] = str(facts.get("hint") or "")
+    except Exception:  # noqa: BLE001 - only a better message: the stage's ERROR stands
+        pass
+    return out
+
+
 def _result_out(result: StageResult) -> dict:
     """A stage's own result as what the worker writes (``StageResult.to_dict``: text read as plain str,
     NaN / inf metrics as text, round 17 U-2 / U-3); a field that cannot be read at all is the stage's
@@ -1165,6 +1189,7 @@ def main(argv: list[str]) -> int:
             pass
         out = _error(_described(e), tb)
     _reopen_log_fds(log_fds)
+    out = _torch_named(out)
     if prof is not None:
         _dump_profile(prof, ctx.stage, t0)
     try:
