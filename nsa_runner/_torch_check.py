@@ -38,7 +38,13 @@ def _backends_said() -> str:
     """The installed ``[torch.backends]`` entry points, named (``folder/entry_points.txt: [torch.backends]
     name = value``), for a message; "" when none or when torch does not load them. Read through the safe
     reader (``registry.distributions``); ``entry_points_problem`` has refused unreadable files already."""
-    from nsa_runner.registry import TORCH_AUTOLOAD_ENV, TORCH_BACKENDS_GROUP, distributions, torch_backend_autoload
+    from nsa_runner.registry import (
+        TORCH_AUTOLOAD_ENV,
+        TORCH_BACKENDS_GROUP,
+        distributions,
+        torch_backend_autoload,
+        torch_backend_said,
+    )
 
     if not torch_backend_autoload():
         return ""
@@ -47,10 +53,7 @@ def _backends_said() -> str:
         for dist in distributions():
             for ep in dist.entry_points:
                 if ep.group == TORCH_BACKENDS_GROUP:
-                    folder = str(getattr(dist, "_path", "?")).rstrip("/")
-                    text = f"{ep.name} = {ep.value}"
-                    said.append(f"{folder}/entry_points.txt: [{TORCH_BACKENDS_GROUP}] "
-                                + (text if text.isprintable() and len(text) <= 200 else repr(text[:200])))
+                    said.append(torch_backend_said(dist, ep))
     except Exception:  # noqa: BLE001 - only a message's detail
         pass
     if not said:

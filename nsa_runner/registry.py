@@ -1153,6 +1153,15 @@ def torch_backend_autoload() -> bool:
     return os.environ.get(TORCH_AUTOLOAD_ENV, "1") == "1"
 
 
+def torch_backend_said(dist: md.Distribution, ep: md.EntryPoint) -> str:
+    """A ``[torch.backends]`` entry point as every message names it: ``folder/entry_points.txt: [torch.backends]
+    name = value`` (the entry shown as its repr, clipped, when not printable)."""
+    folder = str(getattr(dist, "_path", "?")).rstrip("/")
+    text = f"{ep.name} = {ep.value}"
+    said = text if text.isprintable() and len(text) <= 200 else shown(text, 200)
+    return f"{folder}/entry_points.txt: [{TORCH_BACKENDS_GROUP}] {said}"
+
+
 def _torch_backend_why(dist: md.Distribution, ep: md.EntryPoint) -> str:
     """The line ``entry_points_problem`` gives for a ``torch.backends`` entry point ``ep`` of ``dist`` whose
     module ``import torch`` cannot import ("" when it can, or when that cannot be told without importing).
@@ -1162,10 +1171,7 @@ def _torch_backend_why(dist: md.Distribution, ep: md.EntryPoint) -> str:
     runnable. Nothing is imported here (this runs at every command start, and an import runs installed
     code): the top-level package is looked up with ``find_spec``, and the full dotted module only when its
     parent package is imported already (``find_spec`` of a dotted name imports its parents)."""
-    folder = str(getattr(dist, "_path", "?")).rstrip("/")
-    text = f"{ep.name} = {ep.value}"
-    said = text if text.isprintable() and len(text) <= 200 else shown(text, 200)
-    head = f"{folder}/entry_points.txt: [{TORCH_BACKENDS_GROUP}] {said}"
+    head = torch_backend_said(dist, ep)
     tail = f"import torch fails with it (uninstall that distribution, or set {TORCH_AUTOLOAD_ENV}=0)"
     match = ep.pattern.match(ep.value)  # what EntryPoint.load() matches (None: it raises AttributeError)
     module = match.group("module") if match else ""
