@@ -67,6 +67,12 @@ def env_seconds(name: str, default: float) -> float:
     """Seconds from the environment variable ``name`` (``default`` when unset or blank). Raises
     ValueError naming the variable and (the start of) its value when it is not a positive, finite
     number: the CLI refuses it in one line, exit 2 (NSA_RUN_DISCOVERY_TIMEOUT, NSA_RUN_LOCK_TIMEOUT)."""
+    return env_positive(name, default, "seconds")
+
+
+def env_positive(name: str, default: float, unit: str) -> float:
+    """A positive, finite number of ``unit`` from the environment variable ``name`` (``default`` when
+    unset or blank); anything else raises ValueError naming the variable and (the start of) its value."""
     import math
     import os
 
@@ -79,7 +85,7 @@ def env_seconds(name: str, default: float) -> float:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
-                         + " is not a positive number of seconds")
+                         + f" is not a positive number of {unit}")
     return value
 
 

@@ -391,6 +391,56 @@ def shown_name(rel: str) -> str:
 
 SPARE_ENV = "NSA_RUN_SPARE_WORKER"
 
+# what a stage may write to its log (MiB; the cap on a declared file too): past it the stage is stopped,
+# ERROR, and its log cut there (a stage printing in a loop filled the disk under the run folder)
+LOG_LIMIT_ENV, LOG_LIMIT_MIB = "NSA_RUN_LOG_LIMIT_MIB", 256.0
+
+
+def log_limit() -> int:
+    """The bytes a stage may write to its log: ``NSA_RUN_LOG_LIMIT_MIB`` (MiB, default 256). Raises
+    ValueError naming the variable and its value for anything but a positive number (the CLI refuses it
+    up front in one line, exit 2)."""
+    from nsa_runner._text import env_positive
+
+    return max(1, int(env_positive(LOG_LIMIT_ENV, LOG_LIMIT_MIB, "MiB") * 2**20))
+
+
+class _LogWatch:
+    """How much a stage wrote to its log, looked at on a descriptor of its own (a stage that renames or
+    removes the log's name still writes to this file)."""
+
+    def __init__(self, log_fd: int, rel: str):
+        try:
+            self.limit = log_limit()
+        except ValueError:  # a value the CLI did not refuse first (the API): the default
+            self.limit = int(LOG_LIMIT_MIB * 2**20)
+        self.rel = rel
+        self.fd = os.dup(log_fd)
+        self.start = os.fstat(self.fd).st_size  # a log appended to (the stage's earlier lines) counts from here
+
+    def over(self) -> str | None:
+        """The stage's ERROR reason once its log has grown past the limit, else None."""
+        try:
+            grown = os.fstat(self.fd).st_size - self.start
+        except OSError:
+            return None
+        if grown <= self.limit:
+            return None
+        return (f"its log passed {self.limit / 2**20:g} MiB ({self.rel}): nsa-run stopped the stage and cut the "
+                "log there")
+
+    def cut(self) -> None:
+        """The log cut at the limit, a last line saying so (what a stopped stage wrote after it is dropped)."""
+        try:
+            os.ftruncate(self.fd, self.start + self.limit)
+            os.write(self.fd, f"\n[nsa-run: this log was cut at {self.limit / 2**20:g} MiB "
+                              f"({LOG_LIMIT_ENV}); the stage was stopped]\n".encode())
+        except OSError:  # a full disk: the stage is ERROR all the same
+            pass
+
+    def close(self) -> None:
+        os.close(self.fd)
+
 
 # a stage's clock starts when its worker begins it (the ``started`` file beside its job); until then a
 # spare may still be importing: at most this long on top of the stage's timeout
@@ -756,7 +806,13 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         os.close(log_fd)
         raise _temp_error(e, entry.name) from None
     handed = False  # the stage (and its temp folder) went to a reaper
+    watch: _LogWatch | None = None
     try:
+        try:
+            watch = _LogWatch(log_fd, log_rel)
+        except OSError as e:
+            os.close(log_fd)
+            raise _temp_error(e, entry.name) from None
         tmp = folder.path
         job, result_path = Path(folder.name("job.pkl")), Path(folder.name(RESULT))  # the worker's names
         try:
@@ -781,6 +837,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         guard = None
         timed_out = False
         meddled: str | None = None  # what the stage did to its temp folder (round 14 A BR-3)
+        flooded: str | None = None  # its log past the limit (``_LogWatch``)
         noted: list[int] = []  # signals that came while the finished stage was handed to its reaper
         try:
             guard = _Watchdog(cookie, proc.pid, tmp, env)
@@ -789,6 +846,9 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             while proc.poll() is None and not folder.exists(RESULT):
                 meddled = folder.problem()
                 if meddled is not None:  # the stage's ERROR: it is stopped now
+                    break
+                flooded = watch.over()
+                if flooded is not None:  # the stage's ERROR: it is stopped now
                     break
                 if t_stage is None and folder.exists(STARTED):  # the stage itself has begun
                     t_stage = _started_at(folder, t0)
@@ -800,8 +860,10 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 guard.alive()  # a killed watchdog is replaced, a stopped one continued: a runner death stays watched
                 time.sleep(POLL_S)
             meddled = meddled or folder.problem()
+            flooded = flooded or watch.over()
             # finished or timed out: nothing the stage started outlives it (setsid grandchildren too)
-            if not timed_out and meddled is None and reapers is not None and folder.exists(RESULT):
+            if (not timed_out and meddled is None and flooded is None and reapers is not None
+                    and folder.exists(RESULT)):
                 with signals_deferred(deliver=False) as held:  # handed over whole; a signal is noted (late)
                     reapers.append(_Reaper(proc, cookie, guard, folder))
                     guard = None  # the watchdog is the reaper's to end, once the tree is gone
@@ -873,6 +935,8 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         # removed, execute's spare closed and record written) the runner's interrupts wait (round 16 A8)
         until.begin()
         rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
+        if flooded is not None:  # stopped: its log cut before its tail is read
+            watch.cut()
         rec.finished = now_iso()
         if timed_out:
             rec.status = Status.TIMEOUT
@@ -907,8 +971,17 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 rec.status = Status.ERROR
             rec.reason = f"{rec.reason}; {meddled}" if visible(rec.reason) else meddled
             rec.log_tail = rec.log_tail or tail(log_path)
+        if flooded is not None:  # what the stopped stage's end says (killed, a result) is not its reason
+            if rec.status is not Status.TIMEOUT:
+                rec.status = Status.ERROR
+            rec.reason = flooded if meddled is None else f"{flooded}; {meddled}"
+            rec.hint = (f"have the stage print less (its files hold data, its log progress), or raise "
+                        f"{LOG_LIMIT_ENV} (now {watch.limit / 2**20:g})")
+            rec.log_tail = tail(log_path)
     finally:
         until.begin()  # every way out: the removal is never cut in two (its marker last: _remove_marker_last)
+        if watch is not None:
+            watch.close()
         if not handed:
             folder.close()
     if late is not None:

@@ -29,12 +29,15 @@ from nsa_runner.artifacts import (
     run_id,
 )
 from nsa_runner.executor import (
+    LOG_LIMIT_ENV,
+    LOG_LIMIT_MIB,
     SPARE_ENV,
     RunInterrupted,
     Settings,
     Terminated,
     execute,
     exit_code,
+    log_limit,
     note_signal,
     received_count,
     spare_on,
@@ -163,6 +166,10 @@ def check_out(out: Path) -> Path:
         spare_on()
     except ValueError as e:
         fail(str(e), f"unset it (on) or set {SPARE_ENV}=0 to turn the spare worker off")
+    try:
+        log_limit()
+    except ValueError as e:
+        fail(str(e), f"unset it (default {LOG_LIMIT_MIB:g} MiB) or give MiB, e.g. {LOG_LIMIT_ENV}=1024")
     try:
         parity_jobs()
     except ValueError as e:
