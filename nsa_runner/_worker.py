@@ -848,28 +848,54 @@ def _error(message: str, tb: str | None, files: object = ()) -> dict:
     return {"result": StageResult(Status.ERROR, message, files=kept).to_dict(), "traceback": tb}
 
 
-def _torch_named(out: dict) -> dict:
-    """A stage's ERROR that came out of ``import torch`` (torch is not imported in this process, and the traceback
-    passed through torch's ``__init__`` or is torch's "Only a single TORCH_LIBRARY", a second import's) with
-    what ``import torch`` says in a fresh process added: round 22 B22-2, a device backend whose init failed in the
-    stage's process only (a lock it took in the CLI's check) left that second import's error, naming nothing.
-    The CLI's own check (``_torch_check``) says it up front when it fails there too."""
+def _out_of_torch_import(e: BaseException) -> bool:
+    """Whether the stage's exception came out of ``import torch`` (torch is not imported in this process and a frame
+    of its traceback is torch's own ``__init__.py``, the installed torch's found by its spec, not a file whose path
+    merely ends so: round 23 B23-5, a plugin package named ``mytorch``). The runner then asks a fresh process what
+    ``import torch`` says (``executor._torch_said``, off the stage's clock): round 22 B22-2, a device backend whose
+    init failed in the stage's process only left torch's second-import error, naming nothing."""
     try:
-        result, tb = out["result"], out.get("traceback") or ""
-        if result.get("status") != Status.ERROR.value or "torch" in sys.modules:
-            return out
-        if "TORCH_LIBRARY" not in tb + str(result.get("reason")) and f"torch{os.sep}__init__.py" not in tb:
-            return out
-        # (asked as the CLI asks, through ``python -m nsa_runner._torch_check --say``: its answer is one JSON line)
-        r = subprocess.run(python_m("nsa_runner._torch_check", "--say"), stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=600)
-        facts = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
-        if isinstance(facts, dict) and facts.get("problem"):
-            result["reason"] = f"{result.get('reason')} (import torch in a fresh process: {facts['problem']})"
-            result["hint"] = str(facts.get("hint") or "")
+        if "torch" in sys.modules:
+            return False
+        spec = importlib.util.find_spec("torch")
+        origin = spec.origin if spec is not None else None
+        if not origin:
+            return False
+        own = os.path.realpath(origin)
+        seen = 0
+        while e is not None and seen < 8:  # the exception and what it chained from (torch re-raises)
+            for frame in traceback.extract_tb(e.__traceback__):
+                if os.path.realpath(frame.filename) == own:
+                    return True
+            e, seen = e.__cause__ or e.__context__, seen + 1
     except Exception:  # noqa: BLE001 - only a better message: the stage's ERROR stands
         pass
-    return out
+    return False
+
+
+def _forked_copy_ends(stage_pid: int, e: BaseException | None) -> None:
+    """A copy of the stage's process that the stage forked and that came back into the worker (a helper ending
+    with ``sys.exit`` where ``os._exit`` was meant, one whose work raised or that fell through) ends as it would
+    in plain Python, never reporting as the stage (round 23 B23-6: its ``sys.exit(0)`` was recorded as the stage's
+    ERROR and the stage's own result lost): SystemExit's code, 1 after its traceback for an exception, else 0."""
+    if os.getpid() == stage_pid:
+        return
+    code = 0
+    try:
+        if isinstance(e, SystemExit):
+            if isinstance(e.code, int):
+                code = e.code & 0xFF
+            elif e.code is not None:
+                code = 1
+                print(e.code, file=sys.stderr)
+        elif e is not None:
+            code = 1
+            traceback.print_exception(e)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - it ends all the same
+        pass
+    os._exit(code)
 
 
 def _result_out(result: StageResult) -> dict:
@@ -1167,20 +1193,26 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # never run unseen by the runner's clock (round 14 A BR-5)
         _not_started(e, job_path, result_path, ctx.stage)
     prof = _profiler()
+    stage_pid = os.getpid()  # a copy the stage forks that comes back here is not the stage (_forked_copy_ends)
+    from_torch = False
     try:
         stage = _load(job["spec"])
         result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
+        _forked_copy_ends(stage_pid, None)
         if not isinstance(result, StageResult):
             out = _error(f"run() returned {type_name(result)}, expected a StageResult", None)
         else:
             out = _result_out(result)
     except SystemExit as e:
+        _forked_copy_ends(stage_pid, e)
         try:
             code = clip(repr(e.code), FIRST_LINE_CHARS)
         except Exception:  # noqa: BLE001 - an exit code whose repr raises
             code = "..."
         out = _error(f"stage called sys.exit({code})", _traceback_text())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
+        _forked_copy_ends(stage_pid, e)
+        from_torch = _out_of_torch_import(e)
         tb = _traceback_text()
         _reopen_log_fds(log_fds)
         try:
@@ -1189,13 +1221,14 @@ def main(argv: list[str]) -> int:
             pass
         out = _error(_described(e), tb)
     _reopen_log_fds(log_fds)
-    out = _torch_named(out)
     if prof is not None:
         _dump_profile(prof, ctx.stage, t0)
     try:
         out = _bounded(out)
     except Exception as e:  # noqa: BLE001 - no JSON form (an object in metrics, a cycle, a huge int)
         out = _bounded(_not_json(out, e))
+    if from_torch and out["result"].get("status") == Status.ERROR.value:
+        out["torch_import_failed"] = True  # the runner asks a fresh process what import torch says
     try:
         sys.stdout.flush()
         sys.stderr.flush()

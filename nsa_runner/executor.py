@@ -75,6 +75,7 @@ from nsa_runner.registry import (
     TempFolderFull,
     _folder_full,
     _temp_full,
+    discovery_timeout,
     skip_reason,
     strict_counts_skip,
     unmet,
@@ -660,7 +661,13 @@ class _Reaper:
 
     def __init__(self, proc: subprocess.Popen, cookie: str, guard, folder: _TempFolder | None = None):
         self._proc, self._cookie, self._guard = proc, cookie, guard
-        self._folder = folder  # the stage's temp folder: removed once nothing of the stage can write there
+        # the stage's temp folder: removed once nothing of the stage can write there AND the runner has read the
+        # result in it (``release``): the thread's removal raced the runner's read of result.json (a record
+        # "exited with code 0 without a result" whenever the runner was slower than the kill, seen once the
+        # runner asked a fresh torch import first, round 23 B23-5)
+        self._folder = folder
+        self._released = threading.Event()
+        self._threaded = True
         self._finished = threading.Event()
         self._tree = None
         try:
@@ -672,6 +679,7 @@ class _Reaper:
         try:
             self._thread.start()
         except RuntimeError:  # no thread can be started: the kill is done here, before the next stage
+            self._threaded = False  # (the folder is then removed at ``release``)
             self._run()
 
     def _watch(self) -> None:
@@ -703,10 +711,18 @@ class _Reaper:
             except Exception:  # noqa: BLE001 - Watchdog.done kills it itself when it does not end
                 pass
             try:
-                if self._folder is not None:
+                if self._folder is not None and self._threaded:
+                    self._released.wait()
                     self._folder.close()
             finally:
                 self._finished.set()
+
+    def release(self) -> None:
+        """The runner is done with the stage's temp folder (its result read and recorded): it may go. Called on
+        every way out of ``_run_one`` once the stage was handed over (its ``finally``)."""
+        self._released.set()
+        if not self._threaded and self._folder is not None:
+            self._folder.close()
 
     def join(self) -> None:
         """Wait until the stage's processes and its watchdog are gone. An interrupt (Ctrl-C, SIGTERM)
@@ -806,6 +822,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         os.close(log_fd)
         raise _temp_error(e, entry.name) from None
     handed = False  # the stage (and its temp folder) went to a reaper
+    reaper: _Reaper | None = None
     watch: _LogWatch | None = None
     try:
         try:
@@ -865,7 +882,8 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             if (not timed_out and meddled is None and flooded is None and reapers is not None
                     and folder.exists(RESULT)):
                 with signals_deferred(deliver=False) as held:  # handed over whole; a signal is noted (late)
-                    reapers.append(_Reaper(proc, cookie, guard, folder))
+                    reaper = _Reaper(proc, cookie, guard, folder)
+                    reapers.append(reaper)
                     guard = None  # the watchdog is the reaper's to end, once the tree is gone
                     # and the temp folder too: its descriptor's number, free again, would lead the
                     # lingering keeper's ``/proc/<runner>/fd/<n>/result.json`` into the next stage's
@@ -923,6 +941,17 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 signal.raise_signal(sig)  # the runner's handler: an interrupt
         except KeyboardInterrupt as e:
             late = e
+        # a stage's ERROR out of ``import torch``: what the import says in a fresh process, asked here, after the
+        # stage ended (off its clock: round 23 B23-5, asked in the worker it turned a quick ERROR into TIMEOUT) and
+        # before the record's deferral below (a Ctrl-C stops the asking)
+        torch_said, asked_s = None, 0.0
+        if late is None and not timed_out and meddled is None and flooded is None:
+            t_ask = time.monotonic()
+            try:
+                torch_said = _torch_said(folder, ctx.device)
+            except KeyboardInterrupt as e:
+                late = e
+            asked_s = time.monotonic() - t_ask
         try:  # an interrupt while the watchdog ends: the stage's result is still recorded (below)
             _done(guard)
         except KeyboardInterrupt as e:
@@ -934,7 +963,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         # the stage has ended: from here to its record (the result read and checked, the temp folder
         # removed, execute's spare closed and record written) the runner's interrupts wait (round 16 A8)
         until.begin()
-        rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
+        rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0) - asked_s
         if flooded is not None:  # stopped: its log cut before its tail is read
             watch.cut()
         rec.finished = now_iso()
@@ -960,6 +989,10 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 rec.log_tail = tail(log_path)
             else:
                 _apply_result(rec, result_path, run_dir, machine, log_path, data=data)
+                if torch_said is not None and rec.status is Status.ERROR:
+                    rec.reason = clipped(f"{rec.reason} (import torch in a fresh process: {torch_said[0]})",
+                                         REASON_CHARS)
+                    rec.hint = clipped(torch_said[1], REASON_CHARS)
         elif meddled is None:
             rec.reason = _describe_exit(proc.returncode)
             if _folder_full(tmp):  # the worker could not write its result there (round 13 A-B3)
@@ -982,11 +1015,40 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         until.begin()  # every way out: the removal is never cut in two (its marker last: _remove_marker_last)
         if watch is not None:
             watch.close()
-        if not handed:
+        if reaper is not None:  # the reaper removes it once the stage's tree is gone (never waits forever)
+            reaper.release()
+        elif not handed:
             folder.close()
     if late is not None:
         raise _FinishedThenInterrupted(rec, late)
     return rec
+
+
+def _torch_said(folder: _TempFolder, device: str) -> tuple[str, str] | None:
+    """For a stage whose worker says its ERROR came out of ``import torch`` (``_worker._out_of_torch_import``):
+    what ``python -m nsa_runner._torch_check --say`` (the CLI's own check, one JSON line) says in a fresh process,
+    as (problem, hint); None when the stage did not say so, the import works there, or no answer came (within the
+    discovery limit and a margin)."""
+    try:
+        payload = json.loads(folder.read(RESULT))
+        if not (isinstance(payload, dict) and payload.get("torch_import_failed") is True):
+            return None
+    except (OSError, UnsafeFileError, ValueError):
+        return None
+    try:
+        limit = discovery_timeout()
+    except ValueError:
+        limit = 60.0
+    try:
+        r = subprocess.run(python_m("nsa_runner._torch_check", "--say"), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, errors="backslashreplace", env=_child_env(device),
+                           timeout=limit + 30.0, start_new_session=True)
+        facts = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if not (isinstance(facts, dict) and isinstance(facts.get("problem"), str) and visible(facts["problem"])):
+        return None
+    return facts["problem"], str(facts.get("hint") or "")
 
 
 def _temp_error(e: OSError, stage: str) -> OSError:
