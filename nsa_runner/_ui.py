@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -256,6 +257,14 @@ class ProgressObserver(Observer):
         task = self.tasks.get(entry.name)
         if self.live and task is not None:
             self.progress.update(task, status=f"[dim]{plain_text(last_line[:80])}[/]")
+
+    def on_set_aside(self, entry: StageEntry, moved: Path) -> None:
+        text = (f"earlier {entry.name} result, recorded in this folder by another nsa-run meanwhile, set aside in "
+                f"{path_shown(moved)} (put back if this run does not finish)")
+        if not self.live:
+            self._plain(text)
+        else:
+            self.progress.console.print(plain_text(text), soft_wrap=True)
 
     def on_finish(self, entry: StageEntry, record: StageRecord) -> None:
         k = self._k(entry)

@@ -217,6 +217,8 @@ class Observer:
 
     def on_finish(self, entry: StageEntry, record: StageRecord) -> None: ...
 
+    def on_set_aside(self, entry: StageEntry, moved: Path) -> None: ...
+
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> str:
     """The last ``lines`` lines of a stage's log: read only from a regular file (a stage may swap
@@ -1281,15 +1283,21 @@ def execute(entries: Iterable[tuple[StageEntry, dict[str, Any]]], manifest: RunM
             timeout = settings.timeout_s
             if timeout is None:
                 timeout = float(entry.stage.timeout_s) if entry.stage is not None else 60.0
-            try:  # marked as running in the manifest: a concurrent `stage X` into this folder is refused
-                manifest.mark_running(entry.name)
-            except ManifestBusy as e:
-                rec = StageRecord(entry.name, entry.order, entry.source, Status.ERROR, reason=str(e),
+            try:  # marked as running in the manifest: a concurrent `stage X` into this folder is refused, and
+                # a result of X another nsa-run recorded here meanwhile is set aside as a rerun's (round 23 B23-7)
+                moved = manifest.mark_running(entry.name)
+            except (ManifestError, OSError) as e:  # busy, or that result could not be set aside (all or nothing)
+                reason = str(e) if isinstance(e, ManifestBusy) else (
+                    f"the {entry.name} result another nsa-run recorded in this folder could not be set aside "
+                    f"({getattr(e, 'strerror', None) or e}): not run again here")
+                rec = StageRecord(entry.name, entry.order, entry.source, Status.ERROR, reason=reason,
                                   started=now_iso(), finished=now_iso(), device=settings.device,
                                   profile=settings.profile)
                 records.append(rec)  # the other nsa-run's record stays the manifest's
                 observer.on_finish(entry, rec)
                 continue
+            if moved is not None:
+                observer.on_set_aside(entry, moved)
             this, ready = ready, None
             spare_next = i + 1 < len(entries) and _spare_for(entries[i + 1][0])
             if spare_next:

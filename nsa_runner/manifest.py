@@ -1260,11 +1260,20 @@ class RunManifest:
                     reserved[0].close()
                     reserved[1].close()
 
-    def mark_running(self, name: str) -> None:
+    def mark_running(self, name: str) -> Path | None:
         """Before running stage ``name`` (a oneshot's stage, or ``stage X`` after ``set_aside``): note
         in ``pending`` that this process runs it, so a concurrent ``stage X`` into this folder is
-        refused. Raises ManifestBusy when another live nsa-run is running it here."""
+        refused. Raises ManifestBusy when another live nsa-run is running it here.
+
+        When the folder already holds a result of ``name`` this process has not set aside (another
+        nsa-run's ``stage X`` into a oneshot's folder, finished before the oneshot came to X: round 23
+        B23-7, the oneshot's X then overwrote it, no history, no word), this run of it is a rerun there:
+        that result is set aside as ``stage X`` sets it aside (history/, put back if this run does not
+        finish) and its history folder returned."""
+        recorded = False
+
         def change(data: dict) -> None:
+            nonlocal recorded
             for p in data.get("pending", []):
                 if p.get("stage") != name:
                     continue
@@ -1273,10 +1282,14 @@ class RunManifest:
                 if not _dead(p.get("owner") or {}, self.dir):
                     raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
                                        f"{(p.get('owner') or {}).get('pid')}); not run again here")
+            if any(s.get("name") == name for s in data.get("stages", [])):
+                recorded = True  # set aside below, under a lock of its own (the checks made again there)
+                return
             data.setdefault("pending", []).append({"stage": name, "token": self.token, "owner": self._owner(),
                                                    "since": now_iso()})
 
         self.update(change)
+        return self.set_aside(name) if recorded else None
 
     def _take_pending(self, data: dict, name: str, token: str | None = None) -> dict | None:
         for i, p in enumerate(data.get("pending", [])):
