@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from nsa_runner._figures import drawing
 from nsa_runner._readers import (
     ArtifactError,
     Run,
@@ -656,12 +657,11 @@ def render(run: Run) -> str:
     """The report.html text for a run folder. Raises ArtifactError on a broken artifact.
 
     Plot labels are plain text: a CSV key such as ``$\\foo$`` is drawn as written, never parsed
-    as matplotlib mathtext (which raises on unknown symbols)."""
-    import matplotlib
-
+    as matplotlib mathtext (which raises on unknown symbols). Drawn under matplotlib's own settings
+    (``_figures.drawing``), whatever the process's rcParams are."""
     # matplotlib's UserWarnings (no positive values for a log scale, no labelled lines) are about
     # the data: the report shows the data; a source line of report.py on the terminal helps nobody
-    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}), warnings.catch_warnings():
+    with drawing({"text.parse_math": False}), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return _render(run)
 

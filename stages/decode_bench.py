@@ -69,6 +69,7 @@ from __future__ import annotations
 import copy
 import traceback
 
+from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.impls import BUILTIN, ImplError
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
@@ -787,6 +788,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+@drawing()  # matplotlib's own settings, whatever an adapter left in rcParams (round 23 B23-4)
 def _plot(rows: list[dict], path, title: str) -> None:
     import matplotlib
 

@@ -72,6 +72,7 @@ import time
 import traceback
 from types import SimpleNamespace
 
+from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.impls import adapter_code, adapter_failed, describe_failure, plain_tensor
 from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
@@ -1225,6 +1226,7 @@ def timing_tables(rows, o) -> list[str]:
     return out
 
 
+@drawing()  # matplotlib's own settings, whatever an adapter left in rcParams (round 23 B23-4)
 def plot(rows: list[dict], path, o: dict) -> None:
     import matplotlib
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.impls import (
     BadOutput,
@@ -225,6 +226,7 @@ def selection_image(block_idx, block_count, cfg, b: int = 0, g: int = 0):
     return img
 
 
+@drawing()  # matplotlib's own settings, whatever an adapter left in rcParams (round 23 B23-4)
 def plot(images: list, cfg, title: str, path) -> None:
     """selection.png: one panel per group."""
     import io

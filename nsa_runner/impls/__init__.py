@@ -20,6 +20,7 @@ as broken; a part that raises or returns the wrong shape is that case's ERROR / 
 
 from __future__ import annotations
 
+import builtins
 import operator
 import os
 import random
@@ -433,7 +434,91 @@ def _saved_state() -> dict:
         state["attributes"] = _torch_namespaces()
     except Exception:  # noqa: BLE001
         pass
+    try:
+        state["builtins"] = dict(vars(builtins))
+        state["matplotlib"] = _rc_saved()
+    except Exception:  # noqa: BLE001
+        pass
     return state
+
+
+# round 23 B23-4: process-global state of Python and of the libraries the stages themselves use, left changed by an
+# adapter (at its module's import, which discovery.load runs inside ``adapter_code`` too, or in a call): a builtin
+# rebound (``builtins.print`` made to raise: the stage's own print of its check lines raised) and matplotlib's
+# rcParams (``text.usetex = True``, common in research code: the stage's own figure failed, "latex could not be
+# found"); every implementation's verdict was lost, nsa_core's too, the adapter not named. The builtins an adapter
+# rebound or deleted are put back, a name it added is kept (as discovery's ``_discover._put_builtins`` does: that
+# module imports this one, so the few lines are here again); matplotlib's rcParams are put back where matplotlib was
+# imported before the call, else (the adapter's code imported it) to what they were at its import
+# (``rcParamsOrig``). ``backend`` is left alone, as matplotlib's own ``rc_context`` does (the stages choose Agg).
+def _rc_saved() -> tuple | None:
+    """(matplotlib's rcParams object, a plain copy of its raw values) where matplotlib is imported, else None."""
+    mpl = sys.modules.get("matplotlib")
+    rc = getattr(mpl, "rcParams", None) if mpl is not None else None
+    return (rc, dict.copy(rc)) if isinstance(rc, dict) else None
+
+
+def _restore_builtins(before: dict, put) -> None:
+    """Put back the builtins an adapter's code rebound or deleted (values compared by identity); added ones kept."""
+    now = vars(builtins)
+    if _same_attributes(now, before):
+        return
+    rebound = [k for k, v in before.items() if now.get(k, _restore_builtins) is not v]
+    if not rebound:
+        return
+
+    def back():
+        for k in rebound:
+            now[k] = before[k]
+
+    names = [f"builtins.{clip(str(k), 60)}" + ("" if k in now else " (deleted)") for k in rebound]
+    put(", ".join(names[:5]) + (f" and {len(names) - 5} more builtins" if len(names) > 5 else ""), back)
+
+
+def _same_rc(a, b) -> bool:
+    """The same setting: the same object, or equal plain values (matplotlib validates what is set: copies)."""
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and type(a) in (str, int, float, bool, list, tuple) and bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _restore_rc(saved: tuple | None, put) -> None:
+    """matplotlib's rcParams as before the adapter's code (``_rc_saved``), or, where its code imported matplotlib,
+    as matplotlib read them at its import."""
+    mpl = sys.modules.get("matplotlib")
+    if mpl is None:
+        return
+    try:
+        if saved is None:  # imported meanwhile: its settings as matplotlib itself set them up
+            orig = getattr(mpl, "rcParamsOrig", None)
+            rc = getattr(mpl, "rcParams", None)
+            if not isinstance(orig, dict) or not isinstance(rc, dict):
+                return
+            saved = (rc, dict.copy(orig))
+        rc, before = saved
+        if getattr(mpl, "rcParams", None) is not rc:
+            put("matplotlib.rcParams (replaced)", setattr, mpl, "rcParams", rc)
+        now = dict.copy(rc)
+    except Exception:  # noqa: BLE001 - a partly imported or replaced matplotlib: not put back
+        return
+    changed = [k for k in set(before) | set(now) if k != "backend" and (k not in now or k not in before
+                                                                      or not _same_rc(now[k], before[k]))]
+    if not changed:
+        return
+    changed.sort(key=str)
+
+    def back():
+        for k in changed:
+            if k in before:
+                dict.__setitem__(rc, k, before[k])
+            else:
+                dict.pop(rc, k, None)
+
+    put("matplotlib's rcParams (" + ", ".join(clip(str(k), 60) for k in changed[:5])
+        + (f" and {len(changed) - 5} more" if len(changed) > 5 else "") + ")", back)
 
 
 def _cancel_watchdog() -> None:
@@ -464,6 +549,8 @@ def _restore_state(state: dict) -> None:
             if stops(e):
                 raise
 
+    if "builtins" in state:  # first: what follows calls them (print, open, __import__)
+        _restore_builtins(state["builtins"], put)
     for fd, ident in state.get("fds", {}).items():
         kept = _KEPT_FDS.get(fd)
         if ident is not None and _fd_id(fd) != ident and kept is not None and kept[1] == ident \
@@ -516,6 +603,8 @@ def _restore_state(state: dict) -> None:
         put("numpy's random state", sys.modules["numpy"].random.set_state, state["numpy"])
     for name, (obj, before) in state.get("attributes", {}).items():  # first: what follows calls torch's functions
         _restore_namespace(name, obj, before, put)
+    if "matplotlib" in state:
+        _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "_C") and "torch" in state:  # None: torch was not imported yet
         _restore_torch(torch, state["torch"] or _torch_defaults(torch), put)
