@@ -22,7 +22,6 @@ as zero (round-off noise), so 0 -> 1e-12 is not a "2x" regression.
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +38,9 @@ from nsa_runner._readers import (
     parity_key,
     spread_columns,
 )
-from nsa_runner._ui import _CONTROL
 from nsa_runner.artifacts import unfinished
 from nsa_runner.results import FAILED, PARITY_REQUIRED
-from nsa_runner.results.summary import interrupted_line
+from nsa_runner.results.summary import interrupted_line, md_cell
 
 SCHEMA_VERSION = 1
 MARKS = {
@@ -597,11 +595,11 @@ def running_notes(runs: dict[str, Run]) -> list[str]:
 
 
 def _md(text: Any) -> str:
-    """One markdown line / table cell from file-provided text (CSV keys, baselines, manifests): escape
-    sequences and control characters removed (as ``_ui.plain_text`` does for the terminal),
-    whitespace collapsed, ``&`` ``<`` ``>`` as HTML entities (never raw HTML), ``|`` escaped."""
-    text = _CONTROL.sub("", str(text))
-    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
+    """One markdown line / table cell from file-provided text (CSV keys, baselines, manifests): summary.md's
+    one rule (``results.summary.md_cell``: control characters removed, whitespace collapsed, every markdown /
+    HTML metacharacter backslash-escaped), so a plugin's key can neither break the table nor become a link,
+    a code span or HTML in a CI comment (round 23 U23-6: ``[click](javascript:...)`` stayed a live link)."""
+    return md_cell(text)
 
 
 def visible_rows(cmp: Comparison, show_all: bool = False) -> list[Row]:

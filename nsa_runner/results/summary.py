@@ -22,7 +22,7 @@ _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "💥", "TIMEOUT": "⏱", "SKIP"
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
 
 
-def _md_cell(text: object) -> str:
+def md_cell(text: object) -> str:
     """Plain text for one markdown line / table cell: control characters and ANSI escapes removed,
     whitespace (newlines) collapsed, every markdown / HTML metacharacter backslash-escaped — a
     stage's text can neither break the table nor become a link, image, code span or HTML."""
@@ -35,7 +35,7 @@ def _md_link(name: str) -> str:
     # kept: the link leads to that file, never to another whose name is the cleaned text: round 17 B-3);
     # only the text shown loses them
     target = link_target(name)
-    return f"[{_md_cell(name)}]({target})" if target is not None else _md_cell(name)
+    return f"[{md_cell(name)}]({target})" if target is not None else md_cell(name)
 
 
 def link_target(name: object) -> str | None:
@@ -69,18 +69,18 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
     c = counts(stages)
     host = m.get("host", {})
     lines = [
-        f"# nsa\\-run summary — {_md_cell(m['run_id'])}",
+        f"# nsa\\-run summary — {md_cell(m['run_id'])}",
         "",
-        f"- started {_md_cell(m.get('started'))}, on {_md_cell(host.get('hostname', '?'))} "
-        f"({_md_cell(host.get('platform', '?'))})",
-        f"- device {_md_cell(m.get('device', '?'))}, profile {_md_cell(m.get('profile', '?'))}",
-        f"- command: {_md_cell(command_shown(m.get('argv')))}",
+        f"- started {md_cell(m.get('started'))}, on {md_cell(host.get('hostname', '?'))} "
+        f"({md_cell(host.get('platform', '?'))})",
+        f"- device {md_cell(m.get('device', '?'))}, profile {md_cell(m.get('profile', '?'))}",
+        f"- command: {md_cell(command_shown(m.get('argv')))}",
     ]
     if m.get("interrupted"):
-        lines.append(f"- **interrupted** {_md_cell(interrupted_line(m))}")
+        lines.append(f"- **interrupted** {md_cell(interrupted_line(m))}")
     died = unfinished(m)
     if died:
-        lines.append(f"- **{_md_cell(died)}**")
+        lines.append(f"- **{md_cell(died)}**")
     lines += [
         "",
         "| # | stage | status | time | reason | files |",
@@ -93,15 +93,15 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
         files = [_md_link(f) for f in s.get("files", [])]
         if s.get("log"):
             target = link_target(s["log"])
-            files.append(f"[log]({target})" if target is not None else f"log {_md_cell(s['log'])}")
-        status = _md_cell(s["status"])
-        lines.append(f"| {_md_cell(s.get('order', ''))} | {_md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
-                     f"{status} | {float(s.get('duration_s') or 0):.1f}s | {_md_cell(reason)} | {', '.join(files)} |")
+            files.append(f"[log]({target})" if target is not None else f"log {md_cell(s['log'])}")
+        status = md_cell(s["status"])
+        lines.append(f"| {md_cell(s.get('order', ''))} | {md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
+                     f"{status} | {float(s.get('duration_s') or 0):.1f}s | {md_cell(reason)} | {', '.join(files)} |")
     lines += ["", f"**{counts_line(c)}**", ""]
     for s in stages:
         detail = s.get("traceback") or s.get("log_tail") or ""
         if s["status"] in FAILED and detail:
-            lines += [f"## {_md_cell(s['name'])}: {_md_cell(s['status'])}", "",
+            lines += [f"## {md_cell(s['name'])}: {md_cell(s['status'])}", "",
                       *_md_code_block(clean(detail).rstrip()[-4000:]), ""]
     return "\n".join(lines)
 

@@ -54,9 +54,9 @@ def test_hostile_csv_key_never_reaches_terminal_or_markdown_raw(cli, out, fmt):
     _no_terminal_control(r.stdout + r.stderr)
     assert "X" in r.stdout  # the printable text of the key is still shown
     if fmt == "markdown":
-        assert "<script>" not in r.stdout and "&lt;script&gt;" in r.stdout
+        assert "<script>" not in r.stdout and "\\<script\\>" in r.stdout
         # every table line keeps its 8 columns: the key's | is escaped
-        table = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and "&lt;script&gt;" in ln]
+        table = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and "\\<script\\>" in ln]
         assert table and all(ln.replace("\\|", "").count("|") == 9 for ln in table)
 
 
@@ -126,3 +126,21 @@ def test_manifest_with_a_stage_listed_twice_is_refused(cli, out):
     assert "no regression" not in r.output
     r = cli("report", "bbbbbbb", "--out", out)  # the same read for every command
     assert r.exit_code == 2 and "listed twice" in r.stderr
+
+
+def test_markdown_link_and_code_syntax_in_a_csv_key_stays_text(cli, out):
+    """Round 23 U23-6: ``compare --markdown`` (a CI comment) escaped ``<`` ``>`` ``|`` but kept markdown link and
+    code syntax, so a plugin's CSV key became a live link; summary.md escaped the same text. Now one rule."""
+    b = _copy(out)
+
+    def key(df):
+        df["S"] = df["S"].astype(object)
+        df.loc[df.index[0], "S"] = "[click](javascript:alert(1)) `x` ![i](http://e/i.png)"
+        return df
+
+    edit_csv(b / "decode.csv", key)
+    r = cli("compare", "aaaaaaa", "bbbbbbb", "--out", out, "--all", "--markdown")
+    assert r.exit_code in (0, 1), r.output
+    row = [ln for ln in r.stdout.splitlines() if "click" in ln]
+    assert row == [ln for ln in row if "\\[click\\]\\(javascript:alert\\(1\\)\\)" in ln and "\\`x\\`" in ln], row
+    assert row and "](" not in row[0] and "`x`" not in row[0], row
