@@ -92,9 +92,31 @@ def _png(fig) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
+    _plain_log_ticks(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _plain_log_ticks(fig) -> None:
+    """Log-scale tick labels as plain numbers. The report draws every text with ``text.parse_math`` off (a label
+    from data is drawn as written), and matplotlib's log formatters write mathtext (``$\\mathdefault{10^{2}}$``):
+    every log axis of report.html showed that raw, unreadable. A formatter the plot chose itself is kept."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter, LogFormatterMathtext
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            base = getattr(axis.get_transform(), "base", None)
+            if base is None:
+                continue
+            if isinstance(axis.get_major_formatter(), LogFormatterMathtext):  # base 2 (lengths S, T): 16384, not 2e+04
+                axis.set_major_formatter(FuncFormatter(_whole) if base == 2 else LogFormatter(base=base))
+            if isinstance(axis.get_minor_formatter(), LogFormatterMathtext):
+                axis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False))
+
+
+def _whole(v: float, pos=None) -> str:
+    return str(int(v)) if 1 <= v < 1e15 and float(v).is_integer() else f"{v:g}"
 
 
 def _label(text: str) -> str:
