@@ -11,9 +11,10 @@ in a child that imports no plugin.)
 
 For every entry point of ``group`` (except the keys in ``skip``; only ``only`` when given) the
 child appends ``{"loading": key}`` to RESULT, imports it, and appends ``{"entry": record}`` with
-what ``describe(obj, ep)`` returned (a JSON-able dict) or the error (before it ``{"threads": {"key", "n",
-"python", "python_n"}}`` when the import left threads running: the parent's evidence should the child end
-during a later import, ``threads_left``). ``{"done": NONCE}`` (the
+what ``describe(obj, ep)`` returned (a JSON-able dict) or the error (``"retry": true`` with it when another
+plugin's import ran in this process first: the parent imports it again alone before blaming it; before it
+``{"threads": {"key", "n", "python", "python_n"}}`` when the import left threads running: the parent's
+evidence should the child end during a later import, ``threads_left``). ``{"done": NONCE}`` (the
 request's ``nonce``) ends a complete pass; the parent checks every record again (plugin code ran
 here). A plugin whose import segfaults, hangs or calls ``os._exit`` leaves a ``loading``
 line without its ``entry``: the parent names that plugin as broken and starts a new child for the
@@ -462,8 +463,16 @@ def main(argv: list[str]) -> int:
         return {"key": key, "name": ep.name, "value": ep.value, "dist": dist_name, "version": dist.version or "?",
                 "dist_path": str(getattr(dist, "_path", "") or "")}  # built-in-ness: where it lives (B2)
 
+    imports_run = [0]  # plugin imports this process ran (each ``one``; an isolating fork's are its own)
+
     def _load_and_describe(ep: md.EntryPoint, key: str, rec: dict) -> bool:
-        """Import ``ep`` and describe it into ``rec``; False (``rec["error"]`` says why) when it did not import."""
+        """Import ``ep`` and describe it into ``rec``; False (``rec["error"]`` says why) when it did not import.
+        A failure (an exception) after another plugin's import ran in this process is marked ``retry``: the parent
+        imports it again in a fresh process before it is blamed (round 23 B23-1: p-aa's import set ``time.time``
+        to a raising function, and the next, healthy plugin, whose import calls ``time.time()``, was listed
+        broken; putting back one kind of state after another (builtins, round 22) never ends)."""
+        after = imports_run[0] > 0
+        imports_run[0] += 1
         try:
             obj = ep.load()
         except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
@@ -471,6 +480,8 @@ def main(argv: list[str]) -> int:
                 raise
             rec["error"] = f"failed to import {ep.value}: {_why(e)}"
             rec["traceback"] = _traceback()
+            if after:
+                rec["retry"] = True
             return False
         try:
             rec.update(describe(obj, ep, parse["args"] if parse and parse.get("key") == key else None))
@@ -479,6 +490,8 @@ def main(argv: list[str]) -> int:
                 raise
             rec["error"] = f"{ep.value}: describing it raised {_why(e)}"
             rec["traceback"] = _traceback()
+            if after:
+                rec["retry"] = True
         return True
 
     def one(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:

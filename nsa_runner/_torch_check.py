@@ -142,8 +142,11 @@ def torch_facts() -> TorchFacts:
             waited, allowed = (now - t0, max(limit, STARTUP_S)) if started is None else (now - started, limit)
             if waited > allowed:  # (the hint names a backend only when one is installed: round 22 U22-1)
                 backends = _backends_said()
-                limit_hint = f"{DISCOVERY_TIMEOUT_ENV} sets the limit (now {limit:g}s)"
-                return TorchFacts(False, f"import torch did not finish within {limit:g}s (hangs?); stopped" + backends,
+                # (the limit also bounds torch's own import: a small one stops a healthy, slow import too, U23-3)
+                limit_hint = (f"{DISCOVERY_TIMEOUT_ENV} sets the limit (now {limit:g}s; torch's own import takes a few "
+                              "seconds on a cold machine: give it more there)")
+                return TorchFacts(False, f"import torch did not finish within {limit:g}s ({DISCOVERY_TIMEOUT_ENV}: "
+                                  "slow, or it hangs); stopped" + backends,
                                   f"{HINT}; {limit_hint}" if backends else limit_hint)
             if len(data) > 1 << 20:  # (its one line is short: more is not the child's)
                 break

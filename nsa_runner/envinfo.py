@@ -482,6 +482,12 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
     # -> {"leavers": {path: their "threads" line}, "status": how it ended}: probed again first in the next child,
     # blamed only if it ends that one too, else the leavers are (``_blame_threads``)
     suspects: dict[str, dict] = {}
+    # round 23 B23-1: a path that failed (a broken record) after another path was probed in the same child: probed
+    # again, first, in the next child before it is blamed (flash_attn's import set time.time to a raising function
+    # and flash_attn_interface, whose import calls it, was FA-3 BROKEN); its first record is kept should no child
+    # probe it again. (A path during which the child ENDS is blamed, as before, unless threads earlier paths left ran)
+    retried: set[str] = set()
+    deferred: dict[str, dict] = {}
     left, why_left = list(paths), ""
     deadline = time.monotonic() + timeout_s
     while left:
@@ -499,7 +505,7 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
         stderr = f"timed out after {timeout_s:g}s" if timed_out else printed
         status = f"exit status {rc}" if rc is not None else stderr
         tail = " | ".join(stderr.strip().splitlines()[-3:])
-        started, threaded = None, {}
+        started, threaded, first = None, {}, None
         for line in lines:
             try:
                 rec = json.loads(line)
@@ -509,8 +515,14 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
                 continue
             if rec.get("start"):
                 started = rec["path"]
+                first = started if first is None else first
             elif isinstance(rec.get("threads"), dict):
                 threaded[rec["path"]] = rec["threads"]
+            elif rec["path"] != first and rec["path"] not in retried and not rec.get("present") \
+                    and not rec.get("not_installed"):  # broken after another path's import: probed again alone
+                retried.add(rec["path"])
+                deferred[rec["path"]] = rec
+                started = None
             else:
                 recs[rec["path"]] = rec
                 started = None
@@ -529,6 +541,9 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
         why_left = f"({status}) {tail}".strip()
         if not done or timed_out:
             break
+    for path, rec in deferred.items():  # never probed again (out of time): what was seen stands
+        if path not in recs and path not in crashed:
+            recs[path] = rec
     return recs, crashed, why_left
 
 

@@ -701,13 +701,21 @@ def discover_group(group: str, describe: str, *, only: str | None = None,
 
 def _discover_pass(group: str, describe: str, *, only: str | None = None, parse: dict | None = None,
                    keys: list[str] | None = None, paths: list[str] | None = None,
-                   skip: set[str] | None = None) -> list[dict]:
+                   skip: set[str] | None = None, isolate: bool = False) -> list[dict]:
     """Import every entry point of ``group`` in a child process; one record per entry point:
     ``{"key", "name", "value", "dist", "version"}`` plus what ``describe`` ("module:function",
     called in the child as ``describe(obj, ep, args)``) returned, or ``"error"`` (and
     ``"traceback"``). A child that dies or hangs (``NSA_RUN_DISCOVERY_TIMEOUT`` seconds per entry
     point, default 60) marks the entry point it was importing as broken; a new child goes on
-    with the rest. One child serves every entry point in the normal case."""
+    with the rest. One child serves every entry point in the normal case.
+
+    Round 23 B23-1: an import that fails after another plugin's import ran in the same process is imported again
+    in a fresh process before it is blamed (what an earlier import changed in the process, e.g. ``time.time``
+    rebound to a raising function, is not the later plugin's fault; putting back one kind of state after another
+    never ends): once the pass is through, one child imports each such entry point in a fork of its own
+    (``isolate``: each imported first in a process of its own), whose record stands. Only failures cost a process
+    more. (An import that ENDS the child is the one blamed, as before, unless threads earlier imports left ran.)
+    """
     records: dict[str, dict] = {}
     order: list[str] = []
     skip = set(skip or ())
@@ -717,8 +725,10 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
     # child left were running -> {"leavers": {key: their "threads" line}, "end": how it ended}: imported again,
     # first, in the next child; blamed only if it ends that one too, else the leavers are (``_blame_threads``)
     suspects: dict[str, dict] = {}
+    again: list[str] = []  # failed (an exception) after another import of their child: imported again alone
     for attempt in range(2 * MAX_CHILDREN + 1):
-        mode = "normal" if attempt < MAX_CHILDREN else "isolate" if attempt < 2 * MAX_CHILDREN else "list"
+        mode = ("normal" if attempt < MAX_CHILDREN and not isolate else "isolate" if attempt < 2 * MAX_CHILDREN
+                else "list")
         threaded: dict[str, dict] = {}  # this child's imports that left threads running (``_discover.threads_left``)
         base = temp_folder()
         from nsa_runner.artifacts import TempFolder, mark_owned
@@ -796,6 +806,9 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                         elif isinstance(line.get("entry"), dict) and isinstance(line["entry"].get("key"), str):
                             rec = line["entry"]
                             own_end = rec.pop("ended", None) is True  # (an isolating child: this import ended its fork)
+                            if rec.pop("retry", None) is True and mode == "normal" and only is None \
+                                    and rec["key"] not in again:
+                                again.append(rec["key"])
                             records[rec["key"]] = rec
                             order.append(rec["key"])
                             skip.add(rec["key"])
@@ -882,6 +895,11 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             if res_fd is not None:
                 os.close(res_fd)
             holder.close()  # never through a link, never raising (a swapped folder: said above)
+    again = [k for k in again if k in records and records[k].get("error")]
+    if again:  # their failure came after another import in their process: theirs only if it repeats alone
+        for rec in _discover_pass(group, describe, parse=parse, keys=again, isolate=True):
+            if rec.get("key") in again:
+                records[rec["key"]] = rec
     return [records[k] for k in dict.fromkeys(order)]
 
 
