@@ -139,6 +139,40 @@ def _traceback() -> str:
 
 
 _NOTES: list = []  # (in the discovery child, while an entry point is described) where ``note`` writes
+# (in the discovery child) the pid of the process that imports and reports: the one ``keep_orphans`` forked, or
+# an isolating fork. Any other process reaching nsa-run's code here is a copy a plugin's ``os.fork()`` made
+# (``forked_copy_end``)
+_REPORTER: list[int] = []
+
+
+def forked_copy_end(e: BaseException | None) -> None:
+    """End this process when it is not the discovery child's reporting process (``_REPORTER``) but a copy a
+    plugin's import forked that came back into nsa-run's code (round 23 B23-6: a helper forked at import that ends
+    with ``sys.exit(0)``, ``os._exit`` meant, unwound into this child's handlers, and the copy reported the plugin
+    broken "SystemExit: 0", the real import's record coming second, at random). It ends as it would have in plain
+    Python, and writes nothing to nsa-run's channels: SystemExit with its code (a non-int code printed to its
+    stderr, status 1), another exception with its traceback on its stderr (status 1), a copy that returned from
+    the import quietly (status 0; plain Python would run the importer's program on, here nsa-run's report)."""
+    if not _REPORTER or os.getpid() == _REPORTER[0]:
+        return
+    code = 0
+    try:
+        if isinstance(e, SystemExit):
+            c = e.code
+            if c is None or type(c) is int:
+                code = (c or 0) & 0xFF
+            else:
+                print(c, file=sys.stderr)
+                code = 1
+        elif isinstance(e, KeyboardInterrupt):
+            code = 130
+        elif e is not None:
+            traceback.print_exception(type(e), e, e.__traceback__)
+            code = 1
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - its __str__ is plugin code
+        code = code or 1
+    os._exit(code)
 
 
 def note(obj: dict) -> None:
@@ -404,6 +438,7 @@ def main(argv: list[str]) -> int:
             _end_as(rc)
         linger()
         os._exit(0)
+    _REPORTER[:] = [os.getpid()]  # the importing child: it alone reports (``forked_copy_end``)
     sys.path[:] = list(req["sys_path"]) + [p for p in sys.path if p not in req["sys_path"]]
     faulthandler.enable()
     out = open(res_fd, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole pass
@@ -476,6 +511,7 @@ def main(argv: list[str]) -> int:
         try:
             obj = ep.load()
         except BaseException as e:  # noqa: BLE001 - a plugin may raise anything, even SystemExit
+            forked_copy_end(e)  # (a copy the plugin forked: never reports)
             if isinstance(e, KeyboardInterrupt):
                 raise
             rec["error"] = f"failed to import {ep.value}: {_why(e)}"
@@ -483,15 +519,18 @@ def main(argv: list[str]) -> int:
             if after:
                 rec["retry"] = True
             return False
+        forked_copy_end(None)
         try:
             rec.update(describe(obj, ep, parse["args"] if parse and parse.get("key") == key else None))
         except BaseException as e:  # noqa: BLE001
+            forked_copy_end(e)
             if isinstance(e, KeyboardInterrupt):
                 raise
             rec["error"] = f"{ep.value}: describing it raised {_why(e)}"
             rec["traceback"] = _traceback()
             if after:
                 rec["retry"] = True
+        forked_copy_end(None)
         return True
 
     def one(ep: md.EntryPoint, key: str, dist: md.Distribution, dist_name: str) -> None:
@@ -534,6 +573,7 @@ def main(argv: list[str]) -> int:
         pid = os.fork()
         if pid == 0:
             os.close(told_r)
+            _REPORTER[:] = [os.getpid()]  # this fork imports and reports
             try:
                 os.setpgid(0, 0)  # its own group: killed with what it started when it hangs
             except OSError:

@@ -339,6 +339,28 @@ _FLASH_PROBE = textwrap.dedent("""
             named = {}
         return tids, named
 
+    # a copy a package's import forked (a helper) that comes back here ends as it would in plain Python and writes no
+    # record (round 23 B23-6): SystemExit with its code, an exception (detect caught it) with status 1
+    ME = os.getpid()
+
+    def copy_ends(e, rec):
+        if os.getpid() == ME:
+            return
+        code = 0
+        try:
+            if isinstance(e, SystemExit):
+                code = (e.code or 0) & 0xFF if e.code is None or type(e.code) is int else 1
+            elif e is not None or (rec.get("error") and not rec.get("present")):
+                code = 1
+                if e is not None:
+                    __import__("traceback").print_exception(e)
+                else:
+                    print(rec.get("error"), file=sys.stderr)
+            sys.stderr.flush()
+        except BaseException:
+            code = code or 1
+        os._exit(code)
+
     spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
     det = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(det)
@@ -349,8 +371,12 @@ _FLASH_PROBE = textwrap.dedent("""
             saved, before = state(), threads()
             try:
                 rec = det.detect(path)
+            except BaseException as e:
+                copy_ends(e, {})
+                raise
             finally:
                 put_back(saved)
+            copy_ends(None, rec)
             tids, named = threads()
             if tids - before[0]:
                 python = [n for i, n in named.items() if i not in before[1]]
