@@ -95,13 +95,20 @@ def _read_lines(data: bytes) -> tuple[dict | None, int | None]:
     return said, ended
 
 
+TORCH_IMPORT_S = 300.0  # torch's own import with no device backend to run: bounded all the same
+
+
 def torch_facts() -> TorchFacts:
     """Whether torch sees a CUDA device, asked of a child process (see the module's docstring)."""
     from nsa_runner._python import python_m
     from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog, kill_processes
     from nsa_runner.registry import DISCOVERY_TIMEOUT_ENV, STARTUP_S, _pkg_parent, discovery_timeout
 
-    limit = discovery_timeout()  # (the CLI refused a bad value before)
+    # (the CLI refused a bad value before). The limit is there for a [torch.backends] init that hangs (round 21
+    # B21-1); with none installed (or not loaded) torch's import runs no plugin code, and a small plugin limit
+    # stopped a healthy, slow import (round 23 U23-3: NSA_RUN_DISCOVERY_TIMEOUT=1, torch's 2 s): then at least
+    # TORCH_IMPORT_S (a cold pod's first import can take a minute)
+    limit = discovery_timeout() if _backends_said() else max(discovery_timeout(), TORCH_IMPORT_S)
     r, w = os.pipe()
     cookie = uuid.uuid4().hex  # every process the import starts carries it: killed with the child
     env = dict(os.environ)
