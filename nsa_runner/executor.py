@@ -405,7 +405,8 @@ def log_limit() -> int:
     up front in one line, exit 2)."""
     from nsa_runner._text import env_positive
 
-    return max(1, int(env_positive(LOG_LIMIT_ENV, LOG_LIMIT_MIB, "MiB") * 2**20))
+    # (a huge value is no practical limit: 1e308 MiB overflowed to inf in bytes, round 24 B24-1)
+    return max(1, int(min(env_positive(LOG_LIMIT_ENV, LOG_LIMIT_MIB, "MiB"), 2.0**40) * 2**20))
 
 
 class _LogWatch:

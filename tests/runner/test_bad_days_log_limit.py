@@ -76,3 +76,14 @@ def test_a_bad_log_limit_is_refused_before_anything_runs(plugins, tmp_path):
         assert r.returncode == 2, (value, r.returncode, r.stderr[-2000:])
         assert f"NSA_RUN_LOG_LIMIT_MIB={value!r} is not a positive number of MiB" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and not (out / "testrun").exists(), value
+
+
+def test_a_huge_log_limit_is_no_practical_limit(plugins, tmp_path):
+    """Round 24 B24-1: 1e308 (positive, finite) overflowed to inf in bytes: 'OverflowError ... (unexpected)', exit 2."""
+    plugins.make("ll-stages", "ll_mod", STAGES, {"flood": "ll_mod:Flood", "chatty": "ll_mod:Chatty"})
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "chatty", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_LOG_LIMIT_MIB="1e308"), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "Overflow" not in r.stderr, (r.returncode, r.stderr[-2000:])
+    assert manifest(out)["stages"][0]["status"] == "PASS"
