@@ -143,6 +143,9 @@ _NOTES: list = []  # (in the discovery child, while an entry point is described)
 # an isolating fork. Any other process reaching nsa-run's code here is a copy a plugin's ``os.fork()`` made
 # (``forked_copy_end``)
 _REPORTER: list[int] = []
+# os.getpid as it was at nsa-run's import: a plugin may leave it patched (``unittest.mock.patch("os.getpid")``), and
+# every process then looked like a forked copy (round 24 B24-2: a healthy plugin "ended the discovery process")
+_GETPID = os.getpid
 
 
 def forked_copy_end(e: BaseException | None) -> None:
@@ -153,7 +156,7 @@ def forked_copy_end(e: BaseException | None) -> None:
     Python, and writes nothing to nsa-run's channels: SystemExit with its code (a non-int code printed to its
     stderr, status 1), another exception with its traceback on its stderr (status 1), a copy that returned from
     the import quietly (status 0; plain Python would run the importer's program on, here nsa-run's report)."""
-    if not _REPORTER or os.getpid() == _REPORTER[0]:
+    if not _REPORTER or _GETPID() == _REPORTER[0]:
         return
     code = 0
     try:

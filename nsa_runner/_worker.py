@@ -873,12 +873,15 @@ def _out_of_torch_import(e: BaseException) -> bool:
     return False
 
 
+_GETPID = os.getpid  # as at nsa-run's import: a stage may leave os.getpid patched (round 24 B24-2)
+
+
 def _forked_copy_ends(stage_pid: int, e: BaseException | None) -> None:
     """A copy of the stage's process that the stage forked and that came back into the worker (a helper ending
     with ``sys.exit`` where ``os._exit`` was meant, one whose work raised or that fell through) ends as it would
     in plain Python, never reporting as the stage (round 23 B23-6: its ``sys.exit(0)`` was recorded as the stage's
     ERROR and the stage's own result lost): SystemExit's code, 1 after its traceback for an exception, else 0."""
-    if os.getpid() == stage_pid:
+    if _GETPID() == stage_pid:
         return
     code = 0
     try:

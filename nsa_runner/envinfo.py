@@ -341,10 +341,11 @@ _FLASH_PROBE = textwrap.dedent("""
 
     # a copy a package's import forked (a helper) that comes back here ends as it would in plain Python and writes no
     # record (round 23 B23-6): SystemExit with its code, an exception (detect caught it) with status 1
-    ME = os.getpid()
+    GETPID = os.getpid  # (as before any package's import: one may leave it patched, round 24 B24-2)
+    ME = GETPID()
 
     def copy_ends(e, rec):
-        if os.getpid() == ME:
+        if GETPID() == ME:
             return
         code = 0
         try:
