@@ -292,14 +292,16 @@ def plugin_import():
     and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks (entries taken away put
     back in front, entries added kept: ``_put_list``), the umask, the
     trace and profile functions, the switch interval, socket's default timeout and the builtins (one rebound or
-    deleted: ``_put_builtins``)."""
+    deleted: ``_put_builtins``), and the standard library's functions nsa-run's own code calls (``_stdlib_put``:
+    an orjson-style ``json.dumps`` made this child's own record writing fail, round 24 B24-2)."""
     import builtins
     import socket as socket_
     import warnings
 
+    from nsa_runner import _stdlib_put
     from nsa_runner.impls import adapter_code
 
-    saved = {"builtins": dict(vars(builtins)),
+    saved = {"builtins": dict(vars(builtins)), "stdlib": _stdlib_put.snapshot(),
              "path": (sys.path, list(sys.path)), "meta_path": (sys.meta_path, list(sys.meta_path)),
              "path_hooks": (sys.path_hooks, list(sys.path_hooks)), "trace": sys.gettrace(),
              "profile": sys.getprofile(), "switch": sys.getswitchinterval(),
@@ -319,6 +321,7 @@ def plugin_import():
                     lambda: sys.setswitchinterval(saved["switch"]),
                     lambda: socket_.setdefaulttimeout(saved["timeout"]),
                     lambda: _put_builtins(saved["builtins"]),
+                    lambda: _stdlib_put.put_back(saved["stdlib"]),  # json.dumps, os.replace ... (round 24 B24-2)
                     *(lambda n=n: _put_list(n, *saved[n]) for n in ("path", "meta_path", "path_hooks"))):
             try:  # each on its own: one that cannot be put back never keeps the others
                 put()

@@ -41,6 +41,7 @@ import sys
 import time
 import traceback
 
+from nsa_runner import _stdlib_put
 from nsa_runner._python import python_m
 from nsa_runner._text import clip, described, type_name, visible
 from nsa_runner.artifacts import write_json
@@ -874,6 +875,9 @@ def _out_of_torch_import(e: BaseException) -> bool:
 
 
 _GETPID = os.getpid  # as at nsa-run's import: a stage may leave os.getpid patched (round 24 B24-2)
+# the standard library's functions before any plugin code (a spare's torch import with its device backends, the
+# stage's import and run): put back once the stage has ended, before the worker writes its result (round 24 B24-2)
+_STDLIB = _stdlib_put.snapshot()
 
 
 def _forked_copy_ends(stage_pid: int, e: BaseException | None) -> None:
@@ -1198,15 +1202,18 @@ def main(argv: list[str]) -> int:
     prof = _profiler()
     stage_pid = os.getpid()  # a copy the stage forks that comes back here is not the stage (_forked_copy_ends)
     from_torch = False
+    left: list[str] = []  # standard-library functions the stage's code left rebound (put back)
     try:
         stage = _load(job["spec"])
         result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
+        left = _stdlib_put.put_back(_STDLIB)
         _forked_copy_ends(stage_pid, None)
         if not isinstance(result, StageResult):
             out = _error(f"run() returned {type_name(result)}, expected a StageResult", None)
         else:
             out = _result_out(result)
     except SystemExit as e:
+        left = _stdlib_put.put_back(_STDLIB)
         _forked_copy_ends(stage_pid, e)
         try:
             code = clip(repr(e.code), FIRST_LINE_CHARS)
@@ -1214,6 +1221,7 @@ def main(argv: list[str]) -> int:
             code = "..."
         out = _error(f"stage called sys.exit({code})", _traceback_text())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
+        left = _stdlib_put.put_back(_STDLIB)
         _forked_copy_ends(stage_pid, e)
         from_torch = _out_of_torch_import(e)
         tb = _traceback_text()
@@ -1224,6 +1232,11 @@ def main(argv: list[str]) -> int:
             pass
         out = _error(_described(e), tb)
     _reopen_log_fds(log_fds)
+    if left:  # said in the log: what the stage's code changed that nsa-run's own code needs
+        try:
+            print(f"# note: the stage's code left {', '.join(left[:20])} rebound; put back", flush=True)
+        except Exception:  # noqa: BLE001 - the log is gone: the result still counts
+            pass
     if prof is not None:
         _dump_profile(prof, ctx.stage, t0)
     try:

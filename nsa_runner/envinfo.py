@@ -302,14 +302,20 @@ _FLASH_PROBE = textwrap.dedent("""
                 handlers[s] = signal.getsignal(s)
             except (OSError, ValueError):
                 pass
-        return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, []), dict(vars(builtins))
+        # the builtins whole, and the functions of the modules this script calls (an orjson-style json.dumps
+        # returning bytes broke the record writing below: "crashed the interpreter", round 24 B24-2)
+        names = [(builtins, dict(vars(builtins)))] + [
+            (m, {k: v for k, v in vars(m).items() if callable(v)})
+            for m in (os, os.path, json, time, signal, faulthandler, warnings, threading)]
+        return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, []), names
 
     def put_back(saved):
         handlers, filters, mask, names = saved
-        now = vars(builtins)  # a builtin rebound or deleted (builtins.__import__ wrapped to raise: round 22 B22-3)
-        for k, v in names.items():  # is put back; one added is kept (a library's, used later)
-            if now.get(k, put_back) is not v:
-                now[k] = v
+        for module, before in names:  # a builtin or function rebound or deleted (builtins.__import__ wrapped to
+            now = vars(module)  # raise: round 22 B22-3) is put back; one added is kept (a library's, used later)
+            for k, v in before.items():
+                if now.get(k, put_back) is not v:
+                    now[k] = v
         signal.alarm(0)
         for t in TIMERS:
             signal.setitimer(t, 0)
