@@ -324,20 +324,42 @@ def interrupt_reason(e: BaseException | None) -> str:
     return "interrupted (Ctrl-C): the stage was stopped"
 
 
-def _stop_stage(proc: subprocess.Popen, cookie: str,
-                grace_s: float = KILL_GRACE_S) -> KeyboardInterrupt | None:
+def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE_S,
+                watch: _LogWatch | None = None) -> KeyboardInterrupt | None:
     """Kill the stage as a tree (``_worker.kill_processes``: the worker, its descendants, its
     process group and anything carrying its cookie, ``setsid`` grandchildren included), SIGTERM
-    first. A Ctrl-C (or SIGTERM) during the grace period goes straight to SIGKILL. Returns whether
-    that happened: the first such interrupt (the caller re-raises it unless it is already
-    handling an interrupt)."""
+    first. A Ctrl-C (or SIGTERM) during the grace period goes straight to SIGKILL, and so does a log
+    passing its limit (``watch``: a SIGTERM-ignoring stage printing through the grace wrote 2.4 GB past
+    a 20 MiB limit, round 24 B24-3). Returns whether an interrupt came: the first such interrupt (the
+    caller re-raises it unless it is already handling an interrupt)."""
     interrupted = None
-    while True:
+    done = threading.Event()
+    guard = None
+    if watch is not None and grace_s > 0:
+        def flood_guard() -> None:
+            while not done.wait(POLL_S):
+                if watch.over() is not None:
+                    try:
+                        kill_processes(cookie, proc.pid, 0.0)
+                    except Exception:  # noqa: BLE001 - the grace's own SIGKILL still comes
+                        pass
+                    return
+        guard = threading.Thread(target=flood_guard, name=f"nsa-run-log-guard-{proc.pid}", daemon=True)
         try:
-            kill_processes(cookie, proc.pid, 0.0 if interrupted else grace_s)
-            break
-        except KeyboardInterrupt as e:
-            interrupted = interrupted or e
+            guard.start()
+        except RuntimeError:
+            guard = None
+    try:
+        while True:
+            try:
+                kill_processes(cookie, proc.pid, 0.0 if interrupted else grace_s)
+                break
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+    finally:
+        done.set()
+        if guard is not None:
+            guard.join()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -893,7 +915,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                     handed = True
                 noted = list(held)
             else:
-                late = _stop_stage(proc, cookie)
+                late = _stop_stage(proc, cookie, watch=watch)
                 if late is not None:
                     raise late
         except KeyboardInterrupt as e:
@@ -918,7 +940,7 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                     hurry = True
             while True:
                 try:
-                    _stop_stage(proc, cookie, 0.0 if hurry else KILL_GRACE_S)
+                    _stop_stage(proc, cookie, 0.0 if hurry else KILL_GRACE_S, watch=watch)
                     _done(guard)
                     break
                 except KeyboardInterrupt:
@@ -927,6 +949,10 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             if not ended:
                 rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
                 rec.reason = interrupt_reason(e)
+                cut = watch.over()
+                if cut is not None:  # it printed past the limit while it was stopped: cut all the same
+                    watch.cut()
+                    rec.reason += f"; {cut}"
                 rec.interrupted = True
                 rec.log_tail = tail(log_path)
                 rec.finished = now_iso()
@@ -967,7 +993,8 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         # removed, execute's spare closed and record written) the runner's interrupts wait (round 16 A8)
         until.begin()
         rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0) - asked_s
-        if flooded is not None:  # stopped: its log cut before its tail is read
+        late_flood = watch.over() if flooded is None else None  # past the limit while it was being stopped
+        if flooded is not None or late_flood is not None:  # stopped: its log cut before its tail is read
             watch.cut()
         rec.finished = now_iso()
         if timed_out:
@@ -1007,6 +1034,11 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 rec.status = Status.ERROR
             rec.reason = f"{rec.reason}; {meddled}" if visible(rec.reason) else meddled
             rec.log_tail = rec.log_tail or tail(log_path)
+        if late_flood is not None:  # (a timed-out stage printing through the stop's grace: B24-3)
+            if rec.status is not Status.TIMEOUT:
+                rec.status = Status.ERROR
+            rec.reason = f"{rec.reason}; {late_flood}" if visible(rec.reason) else late_flood
+            rec.log_tail = tail(log_path)
         if flooded is not None:  # what the stopped stage's end says (killed, a result) is not its reason
             if rec.status is not Status.TIMEOUT:
                 rec.status = Status.ERROR

@@ -87,3 +87,36 @@ def test_a_huge_log_limit_is_no_practical_limit(plugins, tmp_path):
                        timeout=600)
     assert r.returncode == 0 and "Overflow" not in r.stderr, (r.returncode, r.stderr[-2000:])
     assert manifest(out)["stages"][0]["status"] == "PASS"
+
+
+STOPPED = """
+import os, signal, time
+from nsa_runner import Stage, StageResult, Status
+
+class Late(Stage):
+    name, order, timeout_s = "late", 72, 1.0
+    def run(self, ctx):
+        told = []
+        signal.signal(signal.SIGTERM, lambda *a: told.append(1))  # it finishes its batch before it stops
+        while not told:
+            time.sleep(0.01)
+        line = b"z" * 65535 + b"\\n"
+        while True:  # ... printing without end, through the stop's grace
+            os.write(1, line)
+"""
+
+
+def test_a_stage_printing_through_the_stops_grace_is_cut_at_the_log_limit(plugins, tmp_path):
+    """Round 24 B24-3: the limit was watched only until nsa-run began stopping the stage; a stage ignoring SIGTERM
+    and printing through the grace wrote 2.4 GB past a 20 MiB limit, the log never cut."""
+    plugins.make("ls-stages", "ls_mod", STOPPED, {"late": "ls_mod:Late"})
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("oneshot", "--only", "late", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_LOG_LIMIT_MIB="1"), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-2000:])
+    (rec,) = manifest(out)["stages"]
+    assert rec["status"] == "TIMEOUT" and "its log passed 1 MiB (logs/late.log)" in rec["reason"], rec
+    log = out / "testrun" / "logs" / "late.log"
+    assert LIMIT < log.stat().st_size < LIMIT + 200, log.stat().st_size
+    assert log.read_bytes().rstrip().endswith(b"the stage was stopped]")
