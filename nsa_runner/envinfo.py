@@ -371,26 +371,28 @@ _FLASH_PROBE = textwrap.dedent("""
     spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
     det = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(det)
-    with open(sys.argv[2], "a", encoding="utf-8") as records:
-        for path in sys.argv[3:]:
-            records.write(json.dumps({"path": path, "start": True}) + "\\n")
-            records.flush()
-            saved, before = state(), threads()
-            try:
-                rec = det.detect(path)
-            except BaseException as e:
-                copy_ends(e, {})
-                raise
-            finally:
-                put_back(saved)
-            copy_ends(None, rec)
-            tids, named = threads()
-            if tids - before[0]:
-                python = [n for i, n in named.items() if i not in before[1]]
-                records.write(json.dumps({"path": path, "threads": {"n": len(tids - before[0]), "python": python[:5],
-                                                                    "python_n": len(python)}}) + "\\n")
-            records.write(json.dumps(rec) + "\\n")
-            records.flush()
+
+    def record(obj):  # the records file opened by its name for each record: a package's import may close every
+        with open(sys.argv[2], "a", encoding="utf-8") as records:  # inherited descriptor (round 24 B24-4)
+            records.write(json.dumps(obj) + "\\n")
+
+    for path in sys.argv[3:]:
+        record({"path": path, "start": True})
+        saved, before = state(), threads()
+        try:
+            rec = det.detect(path)
+        except BaseException as e:
+            copy_ends(e, {})
+            raise
+        finally:
+            put_back(saved)
+        copy_ends(None, rec)
+        tids, named = threads()
+        if tids - before[0]:
+            python = [n for i, n in named.items() if i not in before[1]]
+            record({"path": path, "threads": {"n": len(tids - before[0]), "python": python[:5],
+                                              "python_n": len(python)}})
+        record(rec)
     end_helpers()
     sys.stdout.flush()
     sys.stderr.flush()
