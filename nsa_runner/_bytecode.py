@@ -33,7 +33,12 @@ def cache_dir():
 def use_cache() -> str | None:
     """Point this process and its children at the bytecode cache when the environment forbids
     writing bytecode; returns the folder, or None when nothing was changed."""
-    if os.environ.get(ENV, "1").strip() == "0":
+    from nsa_runner._text import env_switch
+
+    try:
+        if not env_switch(ENV, True):
+            return None
+    except ValueError:  # refused by the CLI in one line (``cli.main``); nothing changed here
         return None
     if os.environ.get("PYTHONDONTWRITEBYTECODE", "") == "" and not sys.flags.dont_write_bytecode:
         return None  # bytecode is written beside the sources, as Python does by default

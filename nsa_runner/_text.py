@@ -89,6 +89,27 @@ def env_positive(name: str, default: float, unit: str) -> float:
     return value
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on / off ``NSA_RUN_*`` switch: unset or blank is ``default``; 1/true/yes/on and 0/false/no/off, any case.
+    Raises ValueError naming the variable and (the start of) its value for anything else: the CLI refuses it in one
+    line, exit 2 (round 14 U4 for NSA_RUN_SPARE_WORKER; round 24 B24-6: NSA_RUN_PYCACHE took only ``0`` as off and
+    NSA_RUN_DEBUG=off turned debug on)."""
+    import os
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if text.lower() in _ON:
+        return True
+    if text.lower() in _OFF:
+        return False
+    raise ValueError(f"{name}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
+                     + " is not one of 1/true/yes/on, 0/false/no/off")
+
+
 PARITY_JOBS_ENV, PARITY_JOBS_MAX = "NSA_RUN_PARITY_JOBS", 64
 
 

@@ -127,20 +127,26 @@ def main() -> None:
     """The ``nsa-run`` script. Bad input is reported by each command (one line, exit 2); this is the
     last net: an error nothing anticipated is one line naming it, exit 2, and the traceback only
     with ``--debug`` (anywhere on the command line) or ``NSA_RUN_DEBUG=1``."""
-    import os
     import sys
 
     from nsa_runner._ui import GuardedStdout, OutputError, to_devnull
 
     _reopen_closed_std_fds()
     from nsa_runner import _bytecode
+    from nsa_runner._text import env_switch
 
+    try:  # the on / off switches read here, before any command: a value that is neither is refused
+        debug_env = env_switch("NSA_RUN_DEBUG", False)
+        env_switch(_bytecode.ENV, True)
+    except ValueError as e:
+        print(f"error: {e}\nhint: unset it, or give 1/true/yes/on or 0/false/no/off", file=sys.stderr, flush=True)
+        sys.exit(2)
     _bytecode.use_cache()  # before torch is imported (by this process or any child)
     from nsa_runner.commands import _common
 
     _common.PROCESS_ENTRY = True  # a run's recorded exit code is the process's, late signals too
     _common.catch_interrupts()
-    debug = "--debug" in sys.argv[1:] or os.environ.get("NSA_RUN_DEBUG", "") not in ("", "0")
+    debug = "--debug" in sys.argv[1:] or debug_env
     sys.argv[1:] = [a for a in sys.argv[1:] if a != "--debug"]
     sys.stdout = GuardedStdout(sys.stdout)
     try:

@@ -473,21 +473,14 @@ class _LogWatch:
 PRELOAD_GRACE_S = 120.0
 
 
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
 def spare_on() -> bool:
     """Whether stages' processes are started ahead as spares (``NSA_RUN_SPARE_WORKER``: unset or blank
     is on; 1/true/yes/on and 0/false/no/off, any case). Raises ValueError naming the variable and (the
     start of) its value for anything else (round 14 U4: ``false`` / ``off`` / ``no`` left the spare on,
     only ``0`` turned it off): the CLI refuses it in one line, exit 2, as NSA_RUN_LOCK_TIMEOUT."""
-    text = os.environ.get(SPARE_ENV, "").strip()
-    if not text or text.lower() in _ON:
-        return True
-    if text.lower() in _OFF:
-        return False
-    raise ValueError(f"{SPARE_ENV}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
-                     + " is not one of 1/true/yes/on, 0/false/no/off")
+    from nsa_runner._text import env_switch
+
+    return env_switch(SPARE_ENV, True)
 
 
 def _spare_for(entry: StageEntry) -> bool:
