@@ -1164,6 +1164,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m nsa_runner._worker JOB RESULT", file=sys.stderr)
         return 2
     job_path, result_path = argv
+    # the stage's own temp folder (removed by the runner on every way out): env-pairing's flash probe puts its files
+    # there, never left in TMPDIR when the stage is stopped (round 24 B24-5; ``envinfo.STAGE_TMP_ENV``)
+    os.environ["NSA_RUN_STAGE_TMP"] = os.path.dirname(os.path.abspath(job_path))
     become_subreaper()  # orphans of the stage stay in this tree: killed with it
     rc = keep_orphans()  # the stage runs in a child: its orphans stay here even when it kills itself
     if rc is not None:

@@ -418,10 +418,17 @@ def detect_file() -> str | None:
 
 PROBE_ENV = "NSA_RUN_FLASH_PROBE"  # marks the probe child and all it starts (``_end_probe``)
 PROBE_OUTPUT_MAX = 8000  # characters of what the probe child printed, kept for the stage log (its end)
+# what the probe child may print in all (a flash package printing without end at import filled TMPDIR: 2.78 GB, round
+# 24 B24-5); past it the child is stopped as at its timeout
+PROBE_OUTPUT_CAP = 64 << 20
+# the stage's own temp folder (the worker's, removed by the runner on every way out): the probe's files go there, never
+# left in TMPDIR when the stage is stopped (round 24 B24-5)
+STAGE_TMP_ENV = "NSA_RUN_STAGE_TMP"
 
 
-def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | None, bool, str]:
-    """(exit status or None, timed out, the end of what it printed) of the probe child ``cmd``.
+def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | None, str, str]:
+    """(exit status or None, why it was stopped: "" / "timeout" / its output past the cap, the end of what it
+    printed) of the probe child ``cmd``.
 
     Its stdout / stderr go to the file ``output``, never to a pipe: a flash package whose import starts a helper
     process inheriting them kept the pipes open, and env-pairing waited for their EOF to its 300 s timeout
@@ -436,27 +443,33 @@ def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | Non
                                 start_new_session=True)
     # waited for without being reaped (WNOWAIT): while it is a zombie its pid, which names its process group, is
     # nobody else's, so the group kill below cannot reach another process
-    deadline, timed_out = time.monotonic() + timeout_s, True
+    deadline, stopped = time.monotonic() + timeout_s, "timeout"
     try:
         while time.monotonic() < deadline:
             try:
                 if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                    timed_out = False
+                    stopped = ""
                     break
             except ChildProcessError:
-                timed_out = False
+                stopped = ""
                 break
+            try:
+                if os.stat(output).st_size > PROBE_OUTPUT_CAP:
+                    stopped = f"its output passed {PROBE_OUTPUT_CAP >> 20} MiB (printing without end?): stopped"
+                    break
+            except OSError:
+                pass
             time.sleep(0.02)
     finally:
         _end_probe(proc, token)
-    rc = None if timed_out else proc.returncode
+    rc = None if stopped else proc.returncode
     try:
         with open(output, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 4 * PROBE_OUTPUT_MAX))
             printed = f.read().decode("utf-8", "replace")[-PROBE_OUTPUT_MAX:]
     except OSError:
         printed = ""
-    return rc, timed_out, printed
+    return rc, stopped, printed
 
 
 def _end_probe(proc: subprocess.Popen, token: str) -> None:
@@ -530,14 +543,18 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
         if remaining <= 0:
             why_left = f"timed out after {timeout_s:g}s"
             break
-        with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-") as tmp:
+        stage_tmp = os.environ.get(STAGE_TMP_ENV) or None
+        if stage_tmp is not None and not os.path.isdir(stage_tmp):
+            stage_tmp = None
+        with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-", dir=stage_tmp) as tmp:
             result = os.path.join(tmp, "records.jsonl")
-            rc, timed_out, printed = _run_probe(python_c(_FLASH_PROBE, det, result, *left),
-                                                os.path.join(tmp, "output.txt"), remaining)
+            rc, stopped, printed = _run_probe(python_c(_FLASH_PROBE, det, result, *left),
+                                              os.path.join(tmp, "output.txt"), remaining)
             lines = _read_records(result)
+        timed_out = bool(stopped)
         if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
             print(f"# the flash probe's child printed (not parsed):\n{printed}", file=sys.stderr, flush=True)
-        stderr = f"timed out after {timeout_s:g}s" if timed_out else printed
+        stderr = (f"timed out after {timeout_s:g}s" if stopped == "timeout" else stopped) if stopped else printed
         status = f"exit status {rc}" if rc is not None else stderr
         tail = " | ".join(stderr.strip().splitlines()[-3:])
         started, threaded, first = None, {}, None

@@ -1,0 +1,50 @@
+"""Bad days, red-team round 24 B24-5, through the CLI: env-pairing's flash probe sent a flash package's import output
+to a file in TMPDIR with no cap, and left that folder in TMPDIR when the stage was stopped (355 MB after a timeout,
+2.78 GB in a tighter loop). Expected: the probe is stopped once its output passes PROBE_OUTPUT_CAP (the package named
+BROKEN with that reason), and its files live in the stage's own temp folder, removed on every way out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+try:
+    from _bad_days import cli_cmd, env_with, manifest
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import cli_cmd, env_with, manifest
+
+
+def _flash(site, body: str) -> None:
+    (site / "flash_attn").mkdir()
+    (site / "flash_attn" / "__init__.py").write_text('__version__ = "2.8.3"\n' + body)
+    (site / "flash_attn_2_cuda.py").write_text("")
+    info = site / "flash_attn-2.8.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+
+
+def test_a_flash_package_printing_without_end_is_stopped_at_the_output_cap(plugins, tmp_path):
+    _flash(plugins.site, "import os\nb = b'flash_attn: falling back to the slow path\\n' * 20000\n"
+                         "while True:\n    os.write(1, b)\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    flash = {p["module"]: p for p in json.loads((out / "testrun" / "env.json").read_text())["flash"]}
+    assert flash["flash_attn"]["ok"] is False and "passed 64 MiB" in json.dumps(flash["flash_attn"]), flash
+    assert not list(tmp.rglob("output.txt")), list(tmp.rglob("*"))
+
+
+def test_the_flash_probes_files_go_with_a_stopped_stage(plugins, tmp_path):
+    _flash(plugins.site, "import time\ntime.sleep(1000)\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu", "--timeout", "8"),
+                       env=env_with(plugins.env(), TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]
+    (rec,) = manifest(out)["stages"]
+    assert rec["status"] == "TIMEOUT", rec
+    assert not list(tmp.glob("nsa-flash-probe-*")), list(tmp.rglob("*"))  # before: left in TMPDIR
