@@ -30,3 +30,30 @@ def drawing(rc: dict | None = None) -> Iterator[None]:
             matplotlib.style.use("default")
         matplotlib.rcParams.update({"text.usetex": False, **(rc or {})})
         yield
+
+
+def backend_problem(value: str | None) -> str | None:
+    """Why matplotlib would refuse ``value`` as MPLBACKEND, or None. matplotlib reads that variable at its import and
+    refuses a name it does not know there, so with one set, every stage that draws and report.html failed, after
+    the whole run (round 24 U24-4); nsa-run asks before any command. A name matplotlib knows is accepted (nsa-run
+    draws on its own Agg canvases whatever the backend). Asked of matplotlib itself, imported with the variable
+    unset; no matplotlib, or an empty value (matplotlib ignores it): nothing to say."""
+    import os
+
+    if not value:
+        return None
+    saved = os.environ.pop("MPLBACKEND", None)
+    try:
+        from matplotlib import rcsetup
+    except Exception:  # noqa: BLE001 - no (usable) matplotlib: the stages say so themselves
+        return None
+    finally:
+        if saved is not None:
+            os.environ["MPLBACKEND"] = saved
+    try:
+        rcsetup.validate_backend(value)
+    except (ValueError, TypeError):
+        from nsa_runner._text import clip
+
+        return f"MPLBACKEND={clip(repr(value), 80)} is not a backend matplotlib knows: its import refuses it"
+    return None

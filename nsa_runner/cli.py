@@ -127,6 +127,7 @@ def main() -> None:
     """The ``nsa-run`` script. Bad input is reported by each command (one line, exit 2); this is the
     last net: an error nothing anticipated is one line naming it, exit 2, and the traceback only
     with ``--debug`` (anywhere on the command line) or ``NSA_RUN_DEBUG=1``."""
+    import os
     import sys
 
     from nsa_runner._ui import GuardedStdout, OutputError, to_devnull
@@ -140,6 +141,13 @@ def main() -> None:
         env_switch(_bytecode.ENV, True)
     except ValueError as e:
         print(f"error: {e}\nhint: unset it, or give 1/true/yes/on or 0/false/no/off", file=sys.stderr, flush=True)
+        sys.exit(2)
+    from nsa_runner._figures import backend_problem
+
+    problem = backend_problem(os.environ.get("MPLBACKEND"))  # matplotlib's import would refuse it in every stage
+    if problem:
+        print(f"error: {problem}\nhint: unset MPLBACKEND, or set it to a backend matplotlib knows (e.g. Agg)",
+              file=sys.stderr, flush=True)
         sys.exit(2)
     _bytecode.use_cache()  # before torch is imported (by this process or any child)
     from nsa_runner.commands import _common
