@@ -601,10 +601,17 @@ def temp_folder() -> str:
     return tempfile.gettempdir()
 
 
+# what the discovery child may print (plugins' imports and option parses) before it is stopped: it goes to a file in
+# TMPDIR, and a plugin printing without end at its import filled the disk until the per-import limit (round 24 U24-5)
+OUTPUT_CAP = 64 << 20
+
+
 def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: int | None = None,
-                  what: str = "") -> str:
+                  what: str = "", flooded: bool = False) -> str:
     """How the discovery child ended while importing an entry point (or, ``what``, while running that: "the
-    parse of option --x")."""
+    parse of option --x"); ``flooded``: stopped at ``OUTPUT_CAP``."""
+    if flooded:
+        return f"{what or 'its import'} printed more than {OUTPUT_CAP >> 20} MiB (without end?); stopped"
     if timed_out:
         return f"{what or 'its import'} did not finish within {limit:g}s (hangs?); stopped"
     rc = ended if ended is not None else proc.returncode
@@ -775,6 +782,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             cookie = uuid.uuid4().hex
             env[COOKIE_ENV], env[PARENT_ENV] = cookie, str(os.getpid())
             logfd = os.open("child.log", os.O_WRONLY | os.O_APPEND | _NOFOLLOW, dir_fd=dir_fd)
+            out_fd = os.dup(logfd)  # its size is watched: a plugin printing without end at import (round 24 U24-5)
             with open(logfd, "ab") as logf:
                 proc = subprocess.Popen(python_m("nsa_runner._discover", result),
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
@@ -785,7 +793,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                 proc.stdin.close()
             except OSError:
                 pass
-            loading, done, timed_out, talked, ended = None, False, False, False, None
+            loading, done, timed_out, talked, ended, flooded = None, False, False, False, None, False
             loading_path, parsing = "", None  # parsing: (stage, option) whose parse runs (``describe_stage``)
             pos, last = 0, time.monotonic()
             try:
@@ -822,6 +830,9 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                             ended = line["ended"]  # the importing child ended; its parent keeps its orphans
                     if done or exited or ended is not None:
                         break
+                    if os.fstat(out_fd).st_size > OUTPUT_CAP:  # would fill TMPDIR until the limit: stopped now
+                        timed_out = flooded = True
+                        break
                     # the child's own start-up (python, nsa_runner) may take long on a loaded machine
                     waited = time.monotonic() - last
                     wait = limit + ISOLATE_GRACE_S if mode == "isolate" else limit  # (it names hangs itself)
@@ -832,6 +843,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             finally:
                 _stop(proc, cookie)
                 guard.done()
+                os.close(out_fd)
             swapped = holder.problem()
             if swapped is not None and not any(tmp in str(records.get(k, {}).get("error") or "") for k in order):
                 # the child names the entry point whose import did it; where it could not: said here
@@ -870,17 +882,18 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                                 "dist": "nsa-run", "version": "?", "traceback": tail,
                                 "dist_path": next(iter(sorted(own_dist_paths())), ""),
                                 "error": "the discovery process failed: "
-                                         + _describe_end(proc, timed_out, limit, ended).replace("importing it ", "")}
+                                         + _describe_end(proc, timed_out, limit, ended,
+                                                         flooded=flooded).replace("importing it ", "")}
                 order.append(key)
                 break
             dist, ep_name, value = (loading.split("\t") + ["?", "?", "?"])[:3]
             records[loading] = {"key": loading, "name": ep_name, "value": value, "dist": dist, "version": "?",
                                 "dist_path": loading_path,
-                                "error": f"{value}: {_describe_end(proc, timed_out, limit, ended)}",
+                                "error": f"{value}: {_describe_end(proc, timed_out, limit, ended, flooded=flooded)}",
                                 "traceback": _tail(dir_fd, "child.log")}
             if parsing is not None:  # imported and described: an option's parse hung or ended it (round 17 U-7)
                 stage_name, flag = parsing
-                said = _describe_end(proc, timed_out, limit, ended, what="its parse")
+                said = _describe_end(proc, timed_out, limit, ended, what="its parse", flooded=flooded)
                 records[loading]["error"] = f"{value}: stage {stage_name}: option {flag}: {said}"
                 records[loading]["option_error"] = f"stage {stage_name}: option {flag}: {said}"
                 records[loading]["option_hint"] = (f"the option's parse is the plugin's code ({value}): fix or "
