@@ -291,17 +291,16 @@ def plugin_import():
     os.environ, sys.stdin / stdout / stderr and fds 0-2, resource limits, random generators, torch's modes
     and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks (entries taken away put
     back in front, entries added kept: ``_put_list``), the umask, the
-    trace and profile functions, the switch interval, socket's default timeout and the builtins (one rebound or
-    deleted: ``_put_builtins``), and the standard library's functions nsa-run's own code calls (``_stdlib_put``:
+    trace and profile functions, the switch interval, socket's default timeout, and the builtins and the standard
+    library's functions nsa-run's own code calls (``_stdlib_put``: a wrapped ``builtins.__import__``, round 22 B22-3;
     an orjson-style ``json.dumps`` made this child's own record writing fail, round 24 B24-2)."""
-    import builtins
     import socket as socket_
     import warnings
 
     from nsa_runner import _stdlib_put
     from nsa_runner.impls import adapter_code
 
-    saved = {"builtins": dict(vars(builtins)), "stdlib": _stdlib_put.snapshot(),
+    saved = {"stdlib": _stdlib_put.snapshot(),
              "path": (sys.path, list(sys.path)), "meta_path": (sys.meta_path, list(sys.meta_path)),
              "path_hooks": (sys.path_hooks, list(sys.path_hooks)), "trace": sys.gettrace(),
              "profile": sys.getprofile(), "switch": sys.getswitchinterval(),
@@ -320,25 +319,12 @@ def plugin_import():
                     lambda: sys.setprofile(saved["profile"]),
                     lambda: sys.setswitchinterval(saved["switch"]),
                     lambda: socket_.setdefaulttimeout(saved["timeout"]),
-                    lambda: _put_builtins(saved["builtins"]),
-                    lambda: _stdlib_put.put_back(saved["stdlib"]),  # json.dumps, os.replace ... (round 24 B24-2)
+                    lambda: _stdlib_put.put_back(saved["stdlib"]),  # builtins, json.dumps, os.replace ...
                     *(lambda n=n: _put_list(n, *saved[n]) for n in ("path", "meta_path", "path_hooks"))):
             try:  # each on its own: one that cannot be put back never keeps the others
                 put()
             except Exception:  # noqa: BLE001
                 pass
-
-
-def _put_builtins(before: dict) -> None:
-    """The builtins an import rebound or deleted put back (round 22 B22-3: p-aa's import wrapped
-    ``builtins.__import__`` to raise for ``time``, and the next, healthy plugin, whose import does ``import
-    time``, was listed broken); a name it added is kept (a library's, e.g. gettext's ``_``, used later)."""
-    import builtins
-
-    now = vars(builtins)
-    for k, v in before.items():
-        if now.get(k, _put_builtins) is not v:
-            now[k] = v
 
 
 def _put_list(name: str, obj: list, items: list) -> None:

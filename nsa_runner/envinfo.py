@@ -248,7 +248,7 @@ def nvidia_smi() -> dict:
 # hide the facts): the one detection adapters / routing / fa2-probe use too. A module name is not
 # enough: FA-4's wheel leaves an empty `flash_attn` namespace (no FA-2), FA-2's bundles an early
 # flash_attn.cute (no FA-4).
-# Its records go to a file of their own (argv[2]), never to stdout: the flash package's import writes to stdout /
+# Its records go to a file of their own (argv[3]), never to stdout: the flash package's import writes to stdout /
 # stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
 # B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
@@ -303,19 +303,14 @@ _FLASH_PROBE = textwrap.dedent("""
             except (OSError, ValueError):
                 pass
         # the builtins whole, and the functions of the modules this script calls (an orjson-style json.dumps
-        # returning bytes broke the record writing below: "crashed the interpreter", round 24 B24-2)
-        names = [(builtins, dict(vars(builtins)))] + [
-            (m, {k: v for k, v in vars(m).items() if callable(v)})
-            for m in (os, os.path, json, time, signal, faulthandler, warnings, threading)]
+        # returning bytes broke the record writing below: "crashed the interpreter", round 24 B24-2): nsa-run's one
+        # mechanism for it, nsa_runner/_stdlib_put.py, loaded by its path (argv[2])
+        names = stdlib.snapshot((builtins, os, os.path, json, time, signal, faulthandler, warnings, threading))
         return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, []), names
 
     def put_back(saved):
         handlers, filters, mask, names = saved
-        for module, before in names:  # a builtin or function rebound or deleted (builtins.__import__ wrapped to
-            now = vars(module)  # raise: round 22 B22-3) is put back; one added is kept (a library's, used later)
-            for k, v in before.items():
-                if now.get(k, put_back) is not v:
-                    now[k] = v
+        stdlib.put_back(names)  # one rebound or deleted is put back; one added is kept (a library's, used later)
         signal.alarm(0)
         for t in TIMERS:
             signal.setitimer(t, 0)
@@ -368,15 +363,20 @@ _FLASH_PROBE = textwrap.dedent("""
             code = code or 1
         os._exit(code)
 
-    spec = importlib.util.spec_from_file_location("_nsa_flash_detect", sys.argv[1])
-    det = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(det)
+    def load(name, path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    det = load("_nsa_flash_detect", sys.argv[1])
+    stdlib = load("_nsa_stdlib_put", sys.argv[2])
 
     def record(obj):  # the records file opened by its name for each record: a package's import may close every
-        with open(sys.argv[2], "a", encoding="utf-8") as records:  # inherited descriptor (round 24 B24-4)
+        with open(sys.argv[3], "a", encoding="utf-8") as records:  # inherited descriptor (round 24 B24-4)
             records.write(json.dumps(obj) + "\\n")
 
-    for path in sys.argv[3:]:
+    for path in sys.argv[4:]:
         record({"path": path, "start": True})
         saved, before = state(), threads()
         try:
@@ -416,6 +416,7 @@ def detect_file() -> str | None:
     return None
 
 
+_STDLIB_PUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stdlib_put.py")  # the probe loads it by path
 PROBE_ENV = "NSA_RUN_FLASH_PROBE"  # marks the probe child and all it starts (``_end_probe``)
 PROBE_OUTPUT_MAX = 8000  # characters of what the probe child printed, kept for the stage log (its end)
 # what the probe child may print in all (a flash package printing without end at import filled TMPDIR: 2.78 GB, round
@@ -548,7 +549,7 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
             stage_tmp = None
         with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-", dir=stage_tmp) as tmp:
             result = os.path.join(tmp, "records.jsonl")
-            rc, stopped, printed = _run_probe(python_c(_FLASH_PROBE, det, result, *left),
+            rc, stopped, printed = _run_probe(python_c(_FLASH_PROBE, det, _STDLIB_PUT, result, *left),
                                               os.path.join(tmp, "output.txt"), remaining)
             lines = _read_records(result)
         timed_out = bool(stopped)

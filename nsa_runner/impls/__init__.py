@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsa_runner import _text
+from nsa_runner import _stdlib_put, _text
 from nsa_runner._text import clip
 
 GROUP = "nsa_runner.impls"
@@ -435,7 +435,7 @@ def _saved_state() -> dict:
     except Exception:  # noqa: BLE001
         pass
     try:
-        state["builtins"] = dict(vars(builtins))
+        state["builtins"] = _stdlib_put.snapshot((builtins,))
         state["matplotlib"] = _rc_saved()
     except Exception:  # noqa: BLE001
         pass
@@ -447,10 +447,10 @@ def _saved_state() -> dict:
 # rebound (``builtins.print`` made to raise: the stage's own print of its check lines raised) and matplotlib's
 # rcParams (``text.usetex = True``, common in research code: the stage's own figure failed, "latex could not be
 # found"); every implementation's verdict was lost, nsa_core's too, the adapter not named. The builtins an adapter
-# rebound or deleted are put back, a name it added is kept (as discovery's ``_discover._put_builtins`` does: that
-# module imports this one, so the few lines are here again); matplotlib's rcParams are put back where matplotlib was
-# imported before the call, else (the adapter's code imported it) to what they were at its import
-# (``rcParamsOrig``). ``backend`` is left alone, as matplotlib's own ``rc_context`` does (the stages choose Agg).
+# rebound or deleted are put back, a name it added is kept (``_stdlib_put``, as in discovery); matplotlib's rcParams
+# are put back where matplotlib was imported before the call, else (the adapter's code imported it) to what they were
+# at its import (``rcParamsOrig``). ``backend`` is left alone, as matplotlib's own ``rc_context`` does (the stages
+# choose Agg).
 def _rc_saved() -> tuple | None:
     """(matplotlib's rcParams object, a plain copy of its raw values) where matplotlib is imported, else None."""
     mpl = sys.modules.get("matplotlib")
@@ -458,21 +458,13 @@ def _rc_saved() -> tuple | None:
     return (rc, dict.copy(rc)) if isinstance(rc, dict) else None
 
 
-def _restore_builtins(before: dict, put) -> None:
-    """Put back the builtins an adapter's code rebound or deleted (values compared by identity); added ones kept."""
-    now = vars(builtins)
-    if _same_attributes(now, before):
-        return
-    rebound = [k for k, v in before.items() if now.get(k, _restore_builtins) is not v]
-    if not rebound:
-        return
-
-    def back():
-        for k in rebound:
-            now[k] = before[k]
-
-    names = [f"builtins.{clip(str(k), 60)}" + ("" if k in now else " (deleted)") for k in rebound]
-    put(", ".join(names[:5]) + (f" and {len(names) - 5} more builtins" if len(names) > 5 else ""), back)
+def _restore_builtins(saved: list, put) -> None:
+    """Put back the builtins an adapter's code rebound or deleted (``_stdlib_put``, compared by identity); added ones
+    kept."""
+    names = _stdlib_put.names(_stdlib_put.changed(saved))
+    if names:
+        put(", ".join(names[:5]) + (f" and {len(names) - 5} more builtins" if len(names) > 5 else ""),
+            _stdlib_put.put_back, saved)
 
 
 def _same_rc(a, b) -> bool:
