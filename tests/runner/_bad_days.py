@@ -120,3 +120,17 @@ def dead_pid() -> int:
         os._exit(0)
     os.waitpid(pid, 0)
     return pid
+
+
+# a FAKE flash-attn 2 install (no kernels: env-pairing's flash probe only imports it and reads its metadata), for
+# probes of what a flash package's import may do to the probe; ``init`` is flash_attn/__init__.py
+FA2_INIT = '__version__ = "2.8.3"\ndef flash_attn_func(*a, **k): pass\ndef flash_attn_varlen_func(*a, **k): pass\n'
+
+
+def plant_fa2(site: Path, init: str = FA2_INIT) -> None:
+    (site / "flash_attn").mkdir()
+    (site / "flash_attn" / "__init__.py").write_text(init)
+    (site / "flash_attn_2_cuda.py").write_text("")
+    info = site / "flash_attn-2.8.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")

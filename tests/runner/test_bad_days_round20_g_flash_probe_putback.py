@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 try:
-    from _bad_days import cli_cmd, env_with, make, manifest
+    from _bad_days import cli_cmd, env_with, make, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with, make, manifest
+    from tests.runner._bad_days import cli_cmd, env_with, make, manifest, plant_fa2
 
 FA2 = """\
 import signal
@@ -37,12 +37,7 @@ def flash_attn_func(*a, **k): pass
 def _plant(plugins, arm: str) -> dict:
     env = make(plugins)
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text(FA2.format(arm=arm))
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, FA2.format(arm=arm))
     (site / "flash_attn_interface.py").write_text(FA3)
     return env
 

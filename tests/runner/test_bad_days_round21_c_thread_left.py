@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 try:
-    from _bad_days import MAIN, cli_cmd, env_with, make, manifest
+    from _bad_days import FA2_INIT, MAIN, cli_cmd, env_with, make, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import MAIN, cli_cmd, env_with, make, manifest
+    from tests.runner._bad_days import FA2_INIT, MAIN, cli_cmd, env_with, make, manifest, plant_fa2
 
 STAGE = ("from nsa_runner import Stage, StageResult, Status\n"
          "class S(Stage):\n    name = {stage!r}; order = 9\n"
@@ -100,22 +100,11 @@ def test_an_import_that_ends_a_fresh_child_too_is_still_blamed(plugins, tmp_path
     assert "pb21c:S: importing it ended the discovery process (exit code 3" in bb["why_not"], bb
 
 
-FA2 = """\
-__version__ = "2.8.3"
-def flash_attn_func(*a, **k): pass
-def flash_attn_varlen_func(*a, **k): pass
-"""
-
 
 def test_flash_probe_blames_the_package_whose_import_left_the_thread(plugins, tmp_path):
     env = make(plugins)
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text(watchdog("flash_attn_interface", 0) + FA2)
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, watchdog("flash_attn_interface", 0) + FA2_INIT)
     (site / "flash_attn_interface.py").write_text(WAITS + "def flash_attn_func(*a, **k): pass\n")
     out = tmp_path / "out"
     r = subprocess.run(cli_cmd("oneshot", "--only", "env-pairing", "--out", out, "--device", "cpu", "--timeout", "120"),

@@ -11,9 +11,9 @@ import json
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, env_with, make, manifest
+    from _bad_days import FA2_INIT, cli_cmd, env_with, make, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with, make, manifest
+    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_with, make, manifest, plant_fa2
 
 WRAP = """import builtins
 _orig = builtins.__import__
@@ -53,21 +53,11 @@ def test_a_plugin_rebinding_import_does_not_get_the_next_plugin_blamed(plugins, 
     assert [(s["name"], s["status"]) for s in manifest(out)["stages"]] == [("bb22b", "PASS")]
 
 
-FA2 = """__version__ = "2.8.3"
-def flash_attn_func(*a, **k): pass
-def flash_attn_varlen_func(*a, **k): pass
-"""
-
 
 def test_a_flash_package_rebinding_import_does_not_get_the_next_one_blamed(plugins, tmp_path):
     env = make(plugins)
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text(WRAP + FA2)
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, WRAP + FA2_INIT)
     (site / "flash_attn_interface.py").write_text("import time\ndef flash_attn_func(*a, **k): pass\n")
     out = tmp_path / "out"
     r = subprocess.run(cli_cmd("oneshot", "--only", "env-pairing", "--out", out, "--device", "cpu"),

@@ -14,9 +14,9 @@ import json
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, env_with, make, manifest
+    from _bad_days import FA2_INIT, cli_cmd, env_with, make, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with, make, manifest
+    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_with, make, manifest, plant_fa2
 
 NO_CLOCK = """import time
 def _no_clock():
@@ -94,21 +94,11 @@ def test_a_plugin_leaving_an_audit_hook_does_not_get_the_next_plugin_blamed(plug
     assert listed["hh23b"]["runs_here"] is True, listed["hh23b"]
 
 
-FA2 = """__version__ = "2.8.3"
-def flash_attn_func(*a, **k): pass
-def flash_attn_varlen_func(*a, **k): pass
-"""
-
 
 def test_a_flash_package_rebinding_time_time_does_not_get_the_next_one_blamed(plugins, tmp_path):
     env = make(plugins)
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text(NO_CLOCK + FA2)
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, NO_CLOCK + FA2_INIT)
     (site / "flash_attn_interface.py").write_text("import time\nLOADED_AT = time.time()\n"
                                                   "def flash_attn_func(*a, **k): pass\n")
     out = tmp_path / "out"
@@ -127,12 +117,7 @@ def test_a_flash_package_rebinding_time_time_does_not_get_the_next_one_blamed(pl
 def test_a_flash_package_broken_alone_is_still_named_for_its_own_reason(plugins, tmp_path):
     env = make(plugins)
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text(NO_CLOCK + FA2)
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, NO_CLOCK + FA2_INIT)
     (site / "flash_attn_interface.py").write_text("raise ImportError('fa3: libcuda.so.1 missing')\n")
     out = tmp_path / "out"
     subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu"),

@@ -10,21 +10,14 @@ import json
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, env_with
+    from _bad_days import FA2_INIT, cli_cmd, env_with, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with
+    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_with, plant_fa2
 
 
 def test_a_flash_package_closing_inherited_descriptors_is_probed_as_it_is(plugins, tmp_path):
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text('import os\nos.closerange(3, 1024)\n__version__ = "2.8.3"\n'
-                                                     "def flash_attn_func(*a, **k): pass\n"
-                                                     "def flash_attn_varlen_func(*a, **k): pass\n")
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, 'import os\nos.closerange(3, 1024)\n' + FA2_INIT)
     out = tmp_path / "o"
     r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu"), env=env_with(plugins.env()),
                        capture_output=True, text=True, timeout=300)

@@ -9,18 +9,13 @@ import json
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, env_with, manifest
+    from _bad_days import cli_cmd, env_with, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with, manifest
+    from tests.runner._bad_days import cli_cmd, env_with, manifest, plant_fa2
 
 
 def _flash(site, body: str) -> None:
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text('__version__ = "2.8.3"\n' + body)
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, '__version__ = "2.8.3"\n' + body)
 
 
 def test_a_flash_package_printing_without_end_is_stopped_at_the_output_cap(plugins, tmp_path):

@@ -11,9 +11,9 @@ import json
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, env_with, manifest
+    from _bad_days import FA2_INIT, cli_cmd, env_with, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with, manifest
+    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_with, manifest, plant_fa2
 
 PATCH = 'import unittest.mock\nunittest.mock.patch("os.getpid", return_value=4242).start()\n'
 
@@ -50,14 +50,7 @@ def test_a_plugin_or_stage_leaving_os_getpid_patched_keeps_its_result(plugins, t
 
 def test_a_flash_package_leaving_os_getpid_patched_is_probed_as_it_is(plugins, tmp_path):
     site = plugins.site
-    (site / "flash_attn").mkdir()
-    (site / "flash_attn" / "__init__.py").write_text(PATCH + '__version__ = "2.8.3"\n'
-                                                     "def flash_attn_func(*a, **k): pass\n"
-                                                     "def flash_attn_varlen_func(*a, **k): pass\n")
-    (site / "flash_attn_2_cuda.py").write_text("")
-    info = site / "flash_attn-2.8.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+    plant_fa2(site, PATCH + FA2_INIT)
     out = tmp_path / "o"
     r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu"), env=env_with(plugins.env()),
                        capture_output=True, text=True, timeout=300)
