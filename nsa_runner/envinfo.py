@@ -373,7 +373,12 @@ _FLASH_PROBE = textwrap.dedent("""
     stdlib = load("_nsa_stdlib_put", sys.argv[2])
 
     def record(obj):  # the records file opened by its name for each record: a package's import may close every
-        with open(sys.argv[3], "a", encoding="utf-8") as records:  # inherited descriptor (round 24 B24-4)
+        try:  # inherited descriptor (round 24 B24-4)
+            records = open(sys.argv[3], "a", encoding="utf-8")
+        except FileNotFoundError:  # or remove the probe's folder (round 25 B25-2): made again, the records go on
+            os.makedirs(os.path.dirname(sys.argv[3]), exist_ok=True)
+            records = open(sys.argv[3], "a", encoding="utf-8")
+        with records:
             records.write(json.dumps(obj) + "\\n")
 
     for path in sys.argv[4:]:
@@ -439,9 +444,24 @@ def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | Non
 
     token = secrets.token_hex(8)
     env = {**os.environ, PROBE_ENV: token}
-    with open(output, "wb") as out:
+    # the file is watched and read through this descriptor, never by its name again: a package renaming or
+    # unlinking the file behind its stdout, or removing the probe's folder, went on printing past the cap (round 25
+    # B25-2: 200 MiB written against 64)
+    out = open(output, "w+b")  # noqa: SIM115 - closed below, after the read
+    try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+    except BaseException:
+        out.close()
+        raise
+    try:
+        return _wait_probe(proc, out, token, timeout_s)
+    finally:
+        out.close()
+
+
+def _wait_probe(proc: subprocess.Popen, out, token: str, timeout_s: float) -> tuple[int | None, str, str]:
+    """``_run_probe``'s wait, stop and read, ``out`` its output file open."""
     # waited for without being reaped (WNOWAIT): while it is a zombie its pid, which names its process group, is
     # nobody else's, so the group kill below cannot reach another process
     deadline, stopped = time.monotonic() + timeout_s, "timeout"
@@ -455,8 +475,8 @@ def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | Non
                 stopped = ""
                 break
             try:
-                if os.stat(output).st_size > PROBE_OUTPUT_CAP:
-                    stopped = f"its output passed {PROBE_OUTPUT_CAP >> 20} MiB (printing without end?): stopped"
+                if os.fstat(out.fileno()).st_size > PROBE_OUTPUT_CAP:
+                    stopped = f"printed more than {PROBE_OUTPUT_CAP >> 20} MiB (without end?): stopped"
                     break
             except OSError:
                 pass
@@ -465,9 +485,9 @@ def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | Non
         _end_probe(proc, token)
     rc = None if stopped else proc.returncode
     try:
-        with open(output, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4 * PROBE_OUTPUT_MAX))
-            printed = f.read().decode("utf-8", "replace")[-PROBE_OUTPUT_MAX:]
+        size = os.fstat(out.fileno()).st_size
+        printed = os.pread(out.fileno(), 4 * PROBE_OUTPUT_MAX, max(0, size - 4 * PROBE_OUTPUT_MAX))
+        printed = printed.decode("utf-8", "replace")[-PROBE_OUTPUT_MAX:]
     except OSError:
         printed = ""
     return rc, stopped, printed
@@ -481,6 +501,11 @@ def _end_probe(proc: subprocess.Popen, token: str) -> None:
 
     import psutil
 
+    for stop in (os.killpg, os.kill):  # frozen first: the listing below takes a while, and a child printing at full
+        try:  # speed went on meanwhile (round 25 U25-1: 195 MiB written against the 64 MiB cap)
+            stop(proc.pid, signal.SIGSTOP)
+        except OSError:
+            pass
     victims: dict[int, psutil.Process] = {}
     try:  # (not reaped yet: the pid is still the child's)
         victims.update((c.pid, c) for c in psutil.Process(proc.pid).children(recursive=True))
@@ -508,13 +533,29 @@ def _end_probe(proc: subprocess.Popen, token: str) -> None:
     proc.wait()  # reaped only now
 
 
-def _read_records(path: str) -> list[str]:
-    """The probe child's record lines (a file only it writes; at most 16 MiB read)."""
+def _read_records(held: int, path: str) -> list[str]:
+    """The probe child's record lines (a file only it writes; at most 16 MiB read): those in the file open as
+    ``held``, then those of a file the child made again at ``path`` (its folder was removed)."""
+    def read(fd: int) -> list[str]:
+        try:
+            return os.pread(fd, 16 << 20, 0).decode("utf-8", "replace").splitlines()
+        except OSError:
+            return []
+
+    lines = read(held)
     try:
-        with open(path, "rb") as f:
-            return f.read(16 << 20).decode("utf-8", "replace").splitlines()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return []
+        return lines
+    try:
+        again, first = os.fstat(fd), os.fstat(held)
+        if (again.st_dev, again.st_ino) != (first.st_dev, first.st_ino):
+            lines += read(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return lines
 
 
 def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[str, dict], dict[str, str], str]:
@@ -549,15 +590,21 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
             stage_tmp = None
         with tempfile.TemporaryDirectory(prefix="nsa-flash-probe-", dir=stage_tmp) as tmp:
             result = os.path.join(tmp, "records.jsonl")
-            rc, stopped, printed = _run_probe(python_c(_FLASH_PROBE, det, _STDLIB_PUT, result, *left),
-                                              os.path.join(tmp, "output.txt"), remaining)
-            lines = _read_records(result)
-        timed_out = bool(stopped)
+            # held open from the start: a package removing the probe's folder takes the records written before with
+            # it (round 25 B25-2: FA-2's "start" lost, every path "not probed"); the child makes the file again
+            held = os.open(result, os.O_RDONLY | os.O_CREAT, 0o600)
+            try:
+                rc, stopped, printed = _run_probe(python_c(_FLASH_PROBE, det, _STDLIB_PUT, result, *left),
+                                                  os.path.join(tmp, "output.txt"), remaining)
+                lines = _read_records(held, result)
+            finally:
+                os.close(held)
+        timed_out = stopped == "timeout"  # out of time; a child stopped at the output cap: the paths after go on
         if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
             print(f"# the flash probe's child printed (not parsed):\n{printed}", file=sys.stderr, flush=True)
         stderr = (f"timed out after {timeout_s:g}s" if stopped == "timeout" else stopped) if stopped else printed
         status = f"exit status {rc}" if rc is not None else stderr
-        tail = " | ".join(stderr.strip().splitlines()[-3:])
+        tail = "" if stopped else " | ".join(stderr.strip().splitlines()[-3:])  # (stopped: said once, in status)
         started, threaded, first = None, {}, None
         for line in lines:
             try:
@@ -584,10 +631,11 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
                     _blame_threads(recs, crashed, held["leavers"], held["status"], rec["path"])
         if started is not None:
             leavers = {p: v for p, v in threaded.items() if p != started and p in recs}
-            if leavers and not timed_out and started not in suspects:  # probed again, first, in the next child
+            if leavers and not stopped and started not in suspects:  # probed again, first, in the next child
                 suspects[started] = {"leavers": leavers, "status": status}
             else:
-                crashed[started] = f"import crashed the interpreter ({status}) {tail}".strip()
+                crashed[started] = (f"its import {status}" if stopped and stopped != "timeout" else
+                                    f"import crashed the interpreter ({status}) {tail}".strip())
                 suspects.pop(started, None)
         done = [p for p in left if p in recs or p in crashed]
         left = [p for p in left if p not in done]
