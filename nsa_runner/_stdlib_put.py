@@ -9,16 +9,24 @@ nsa_runner nor torch).
 - the **standard library's functions** nsa-run's code calls (round 24 B24-2: a stage leaving an orjson-style
   ``json.dumps`` returning bytes, or ``os.replace`` mocked, made the worker's own result writing fail: its PASS
   recorded "exited without a result"; a plugin's import doing the same was listed "ended the discovery process").
-  Only callables: a module's data (``tempfile.tempdir``) is the program's to set.
+  Only callables: a module's data (``tempfile.tempdir``) is the program's to set;
+- the **classes** whose methods nsa-run's result writing calls: pathlib's, json's encoder and decoder, ``enum.Enum``
+  (round 25 B25-1: a forgotten ``mock.patch.object(Path, "mkdir", ...).start()``, or ``JSONEncoder.encode``
+  returning bytes, lost a stage's PASS). Every attribute of the class itself; one a plugin added that hides a base
+  class's attribute (a patch of an inherited method) is taken away again.
 
-A name the plugin code added is kept (a library's, e.g. gettext's ``_``, used later). Standard library only."""
+A name the plugin code added to a module is kept (a library's, e.g. gettext's ``_``, used later). Cheap when nothing
+changed (identity checks in C: it runs after every adapter call). Standard library only."""
 
 from __future__ import annotations
 
 import builtins
+import enum
 import io
 import json
+import operator
 import os
+import pathlib
 import pickle
 import posixpath
 import shutil
@@ -29,49 +37,73 @@ import time
 import traceback
 
 MODULES = (builtins, os, posixpath, json, io, pickle, shutil, signal, subprocess, tempfile, time, traceback)
+CLASSES = (pathlib.PurePath, pathlib.PurePosixPath, pathlib.Path, pathlib.PosixPath, json.JSONEncoder,
+           json.JSONDecoder, enum.Enum)
 
 
-def snapshot(modules=MODULES) -> list[tuple[object, dict]]:
-    """Each module's names as they are now: every name of builtins, the callables of the others."""
-    return [(m, dict(vars(m)) if m is builtins else {k: v for k, v in vars(m).items() if callable(v)})
-            for m in modules]
+def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:
+    """The names of each module and class as they are now."""
+    return [(o, dict(vars(o))) for o in (*modules, *classes)]
+
+
+def _same(now, before: dict) -> bool:
+    """The same names in the same order, each bound to the very same object (no plugin's ``__eq__`` runs)."""
+    return (len(now) == len(before) and all(map(operator.is_, now, before))
+            and all(map(operator.is_, now.values(), before.values())))
 
 
 def changed(saved: list[tuple[object, dict]]) -> list[tuple[object, str]]:
-    """(module, name) for each name of ``saved`` rebound or deleted since (compared by identity: no plugin's
-    ``__eq__`` runs). Never raises."""
+    """(module or class, name) for each name of ``saved`` rebound or deleted since (a module's callables only; every
+    name of builtins and of a class), and each name added to a class that hides a base class's. Never raises."""
     out = []
-    for module, before in saved:
+    for owner, before in saved:
         try:
-            now = vars(module)
-            out += [(module, k) for k, v in before.items() if now.get(k, changed) is not v]
-        except Exception:  # noqa: BLE001 - a module whose names cannot be read is left as it is
+            now = vars(owner)
+            if _same(now, before):
+                continue
+            whole = owner is builtins or isinstance(owner, type)
+            out += [(owner, k) for k, v in before.items()
+                    if (whole or callable(v)) and now.get(k, changed) is not v]
+            if isinstance(owner, type):
+                bases = owner.__mro__[1:]
+                out += [(owner, k) for k in list(now) if k not in before and any(k in vars(b) for b in bases)]
+        except Exception:  # noqa: BLE001 - one whose names cannot be read is left as it is
             continue
     return out
 
 
 def names(which: list[tuple[object, str]]) -> list[str]:
-    """``changed``'s pairs as text: ``json.dumps``, ``builtins.ascii (deleted)``. Never raises."""
+    """``changed``'s pairs as text: ``json.dumps``, ``builtins.ascii (deleted)``, ``pathlib.Path.mkdir``. Never
+    raises."""
     out = []
-    for module, k in which:
+    for owner, k in which:
         try:
-            name = f"{getattr(module, '__name__', '?')}.{k}"
+            where = (f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type)
+                     else getattr(owner, "__name__", "?"))
+            name = f"{where}.{k}"
             name = name if len(name) <= 80 else name[:79] + "…"
-            out.append(name + ("" if k in vars(module) else " (deleted)"))
+            out.append(name + ("" if k in vars(owner) else " (deleted)"))
         except Exception:  # noqa: BLE001
             out.append("?")
     return out
 
 
 def put_back(saved: list[tuple[object, dict]]) -> list[str]:
-    """The names of ``saved`` rebound or deleted since, put back; returns them as ``names`` writes them (as they
-    were before the put-back: ``(deleted)`` where one was). Never raises."""
+    """What ``changed`` finds, put back (a name added to a class, taken away); returns it as ``names`` writes it (as
+    it was before the put-back). Never raises."""
     which = changed(saved)
     said = names(which)
-    before = {id(m): b for m, b in saved}
-    for module, k in which:
+    before = {id(o): b for o, b in saved}
+    for owner, k in which:
         try:
-            vars(module)[k] = before[id(module)][k]
+            was = before[id(owner)]
+            if isinstance(owner, type):
+                if k in was:
+                    setattr(owner, k, was[k])
+                else:
+                    delattr(owner, k)
+            else:
+                vars(owner)[k] = was[k]
         except Exception:  # noqa: BLE001 - what cannot be put back stays as the plugin left it
             continue
     return said
