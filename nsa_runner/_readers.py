@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsa_runner._text import clip, shown
+from nsa_runner._text import clip, shown, word_shown
 from nsa_runner.artifacts import (
     MANIFEST_NAME,
     JsonTextError,
@@ -124,10 +124,10 @@ def resolve_run(arg: str, out: Path) -> Path:
         if not _is(folder, "dir"):
             known = _runs_under(out)
             listing = (", ".join(known[-8:]) + (" ..." if len(known) > 8 else "")) if known else "none"
-            raise ArtifactError(f"no run {arg!r} under {out} (runs there: {listing}; for a folder elsewhere give "
-                                f"its path, e.g. ./{arg})")
+            raise ArtifactError(f"no run {arg!r} under {word_shown(out)} (runs there: {listing}; for a folder "
+                                f"elsewhere give its path, e.g. ./{arg})")
     if not _is(folder / MANIFEST_NAME, "file"):
-        raise ArtifactError(f"{folder}: not a run folder ({not_a_file_words(folder / MANIFEST_NAME)})")
+        raise ArtifactError(f"{word_shown(folder)}: not a run folder ({not_a_file_words(folder / MANIFEST_NAME)})")
     return folder
 
 
@@ -142,9 +142,9 @@ def _read_text(path: Path) -> str:
     except UnsafeFileError as e:
         raise ArtifactError(str(e)) from None
     except UnicodeDecodeError as e:
-        raise ArtifactError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ArtifactError(f"{word_shown(path)}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
-        raise ArtifactError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise ArtifactError(f"{word_shown(path)}: cannot read ({e.strerror or e})") from None
 
 
 def read_bytes_checked(path: Path) -> bytes:
@@ -154,22 +154,22 @@ def read_bytes_checked(path: Path) -> bytes:
     except UnsafeFileError as e:
         raise ArtifactError(str(e)) from None
     except OSError as e:
-        raise ArtifactError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise ArtifactError(f"{word_shown(path)}: cannot read ({e.strerror or e})") from None
 
 
 def read_json(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -> dict:
     """A JSON object with a supported ``schema_version``. Raises ArtifactError."""
     text = _read_text(path)
     if not text.strip():
-        raise ArtifactError(f"{path}: empty file (truncated?)")
+        raise ArtifactError(f"{word_shown(path)}: empty file (truncated?)")
     try:
         data = json_loads(text)
     except JsonTextError as e:
         if str(e) == "nested too deeply":
-            raise ArtifactError(f"{path}: not usable JSON (nested too deeply)") from None
-        raise ArtifactError(f"{path}: not valid JSON, truncated or corrupt ({e})") from None
+            raise ArtifactError(f"{word_shown(path)}: not usable JSON (nested too deeply)") from None
+        raise ArtifactError(f"{word_shown(path)}: not valid JSON, truncated or corrupt ({e})") from None
     if not isinstance(data, dict):
-        raise ArtifactError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise ArtifactError(f"{word_shown(path)}: expected a JSON object, got {type(data).__name__}")
     _check_version(path, data.get("schema_version"), versions)
     return data
 
@@ -177,7 +177,7 @@ def read_json(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) ->
 def _check_version(path: Path, version: Any, versions: tuple[int, ...], where: str = "") -> None:
     if isinstance(version, bool) or version not in versions:
         shown = "missing" if version is None else repr(version)
-        raise ArtifactError(f"{path}{where}: schema_version {shown} is not supported "
+        raise ArtifactError(f"{word_shown(path)}{where}: schema_version {shown} is not supported "
                             f"(this nsa-run reads {', '.join(map(str, versions))})")
 
 
@@ -185,7 +185,7 @@ def read_jsonl(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -
     """One JSON object per line, each with a supported ``schema_version``. Raises ArtifactError."""
     text = _read_text(path)
     if text and not text.endswith("\n"):
-        raise ArtifactError(f"{path}: truncated (the last line has no newline)")
+        raise ArtifactError(f"{word_shown(path)}: truncated (the last line has no newline)")
     rows = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -194,10 +194,11 @@ def read_jsonl(path: Path, versions: tuple[int, ...] = SUPPORTED_JSON_SCHEMAS) -
             obj = json_loads(line)
         except JsonTextError as e:
             if str(e) == "nested too deeply":
-                raise ArtifactError(f"{path}: line {i} is not usable JSON (nested too deeply)") from None
-            raise ArtifactError(f"{path}: line {i} is not valid JSON ({str(e).split(' at line ')[0]})") from None
+                raise ArtifactError(f"{word_shown(path)}: line {i} is not usable JSON (nested too deeply)") from None
+            why = str(e).split(" at line ")[0]
+            raise ArtifactError(f"{word_shown(path)}: line {i} is not valid JSON ({why})") from None
         if not isinstance(obj, dict):
-            raise ArtifactError(f"{path}: line {i} is not a JSON object")
+            raise ArtifactError(f"{word_shown(path)}: line {i} is not a JSON object")
         _check_version(path, obj.get("schema_version"), versions, f" line {i}")
         rows.append(obj)
     return rows
@@ -222,23 +223,23 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
 
     text = _read_text(path)
     if not text.strip():
-        raise ArtifactError(f"{path}: empty file (truncated?)")
+        raise ArtifactError(f"{word_shown(path)}: empty file (truncated?)")
     if not text.endswith("\n"):
-        raise ArtifactError(f"{path}: truncated (the last line has no newline)")
+        raise ArtifactError(f"{word_shown(path)}: truncated (the last line has no newline)")
     try:
         lines = list(csv.reader(io.StringIO(text)))
     except csv.Error as e:
-        raise ArtifactError(f"{path}: not valid CSV ({e})") from None
+        raise ArtifactError(f"{word_shown(path)}: not valid CSV ({e})") from None
     header = lines[0]
     if len(set(header)) != len(header) or any(not h.strip() for h in header):
-        raise ArtifactError(f"{path}: bad header (empty or duplicate column names): {header}")
+        raise ArtifactError(f"{word_shown(path)}: bad header (empty or duplicate column names): {header}")
     for i, fields in enumerate(lines[1:], 2):
         if fields and len(fields) != len(header):
-            raise ArtifactError(f"{path}: line {i} has {len(fields)} fields, the header has {len(header)} "
+            raise ArtifactError(f"{word_shown(path)}: line {i} has {len(fields)} fields, the header has {len(header)} "
                                 "(truncated or corrupt)")
     missing = [c for c in required if c not in header]
     if missing:
-        raise ArtifactError(f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
+        raise ArtifactError(f"{word_shown(path)}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
     rows = [fields for fields in lines[1:] if fields]  # a blank line is no row (as pandas skipped it)
     lineno = [i for i, fields in enumerate(lines[1:], 2) if fields]
     measured = set(numeric) | {c for c in header if is_time(c) or is_spread(c) or is_reads(c) or is_speedup(c)}
@@ -252,8 +253,8 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
             if bad:
                 shown_v = repr(values[bad[0]])
                 shown_v = shown_v if len(shown_v) <= 80 else f"{shown_v[:60]}... ({len(shown_v)} characters)"
-                raise ArtifactError(f"{path}: column {c!r} line {lineno[bad[0]]}: {shown_v} is not a number "
-                                    "(or too long to be one)")
+                raise ArtifactError(f"{word_shown(path)}: column {c!r} line {lineno[bad[0]]}: {shown_v} is not a "
+                                    "number (or too long to be one)")
             columns[c] = conv
         else:
             columns[c] = _typed_column(c, values)
@@ -263,8 +264,8 @@ def read_csv(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...
         bad = ~vals.isin(STATUSES)
         if bad.any():
             i = int(bad.idxmax())
-            raise ArtifactError(f"{path}: column {status_col!r} line {lineno[i]}: {vals[i]!r} is not one of "
-                                f"{', '.join(STATUSES)}")
+            raise ArtifactError(f"{word_shown(path)}: column {status_col!r} line {lineno[i]}: {vals[i]!r} is not "
+                                f"one of {', '.join(STATUSES)}")
     return df
 
 
@@ -315,7 +316,7 @@ def check_shape(path: Path, data: dict, shape: dict) -> None:
                 got = type(value).__name__
                 if not isinstance(value, (dict, list)):
                     got += f" {shown(value, 40)}"
-                raise ArtifactError(f"{path}: {where!r} must be {want}, got {got}")
+                raise ArtifactError(f"{word_shown(path)}: {where!r} must be {want}, got {got}")
 
 
 _TYPE_WORDS = {bool: "true or false", dict: "an object", list: "a list", str: "a string", int: "an integer",

@@ -179,6 +179,8 @@ def out_console() -> Console:
 def fail(message: str, hint: str = "", exit_code: int = 2) -> NoReturn:
     """Print ``error: message`` (and the hint) to stderr and exit with ``exit_code`` (usage: 2)."""
     c = err_console()
+    for brk in ("\n", "\u2028", "\u2029"):  # one line, whatever a path or a file's text in it holds: a line break
+        message = message.replace(brk, repr(brk)[1:-1])  # written out (round 25 B25-4: --out $'nl\nx' split it)
     c.print(f"[bold red]error:[/] {plain_text(clip(message, MESSAGE_CHARS))}", soft_wrap=True)
     # (paths stay copy-pasteable)
     if hint:
