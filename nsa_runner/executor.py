@@ -1001,7 +1001,8 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                           else f"the stage did not begin within {timeout_s + PRELOAD_GRACE_S:g}s (its worker was "
                                "still starting): its processes were killed")
             last = _last_line(log_path)
-            if visible(last):  # where it was: the case / implementation it ran last (round 17 B U-5)
+            if visible(last) and not last.startswith("[nsa-run: this log was cut"):  # where it was: the case /
+                # implementation it ran last (round 17 B U-5); never nsa-run's own note (round 25 U25-5)
                 rec.reason += f"; the last line of its log: {last}"
             # and its last progress line ("# ..."), where the code it ran printed after it (round 18 B U-c)
             progress = [ln.strip() for ln in tail(log_path, lines=200, max_bytes=65536).splitlines()

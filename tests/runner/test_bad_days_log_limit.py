@@ -117,6 +117,7 @@ def test_a_stage_printing_through_the_stops_grace_is_cut_at_the_log_limit(plugin
     assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-2000:])
     (rec,) = manifest(out)["stages"]
     assert rec["status"] == "TIMEOUT" and "its log passed 1 MiB (logs/late.log)" in rec["reason"], rec
+    assert "[nsa-run: this log was cut" not in rec["reason"], rec  # round 25 U25-5: not quoted as the stage's line
     log = out / "testrun" / "logs" / "late.log"
     assert LIMIT < log.stat().st_size < LIMIT + 200, log.stat().st_size
     assert log.read_bytes().rstrip().endswith(b"the stage was stopped]")
