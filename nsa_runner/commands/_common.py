@@ -130,6 +130,24 @@ def resolve_machine(device: str | None, profile: str | None, timeout: float | No
 MIN_FREE_BYTES = 64 << 20  # a quick run writes a few MB; below this a run would die mid-way
 
 
+def _not_a_folder(out: Path) -> str:
+    """"/dev/full is a character device, not a folder" where ``out`` or a folder above it is no folder, else ""
+    (round 25 U25-6: ``--out /dev/full`` was refused "File exists")."""
+    import stat
+
+    from nsa_runner.artifacts import file_kind
+
+    for p in (out, *out.parents):
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode):
+            return ""
+        return f"{p} is {'a file' if stat.S_ISREG(mode) else file_kind(mode)}, not a folder"
+    return ""
+
+
 def check_out(out: Path) -> Path:
     """Resolve ``--out`` once, against the caller's cwd, and check it is writable and has room.
 
@@ -156,7 +174,7 @@ def check_out(out: Path) -> Path:
         check_writable(out)
         free = shutil.disk_usage(out).free
     except OSError as e:
-        fail(f"--out {out}: cannot write there ({e.strerror or e})",
+        fail(f"--out {out}: cannot write there ({_not_a_folder(out) or e.strerror or e})",
              "choose a writable folder with --out")
     try:
         lock_timeout()

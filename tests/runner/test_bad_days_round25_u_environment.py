@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -34,3 +35,18 @@ def test_a_log_limit_below_one_mib_is_refused_before_anything_runs(plugins, tmp_
         assert r.returncode == 2, (value, r.stderr[-2000:])
         assert f"NSA_RUN_LOG_LIMIT_MIB={value!r} is below 1 MiB" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and not (out / "testrun").exists(), value
+
+
+def test_an_out_that_is_no_folder_is_named_for_what_it_is(tmp_path):
+    """Round 25 U25-6: ``--out /dev/full`` (or a file, a FIFO) was refused in one line, exit 2, worded "File
+    exists"."""
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, words in (("/dev/full", "/dev/full is a character device, not a folder"),
+                       (plain / "sub", f"{plain} is a file, not a folder"), (fifo, f"{fifo} is a FIFO, not a folder")):
+        r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 2 and words in r.stderr, (out, r.stderr)
+        assert len(r.stderr.splitlines()) == 2, r.stderr
