@@ -134,3 +134,18 @@ def plant_fa2(site: Path, init: str = FA2_INIT) -> None:
     info = site / "flash_attn-2.8.3.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.8.3\n")
+
+
+def env_pairing_flash(plugins, tmp_path: Path, *extra: str):
+    """``nsa-run stage env-pairing`` with ``plugins`` on the path and a TMPDIR of its own: (the finished process,
+    env.json's flash records by module, that TMPDIR)."""
+    import subprocess
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu", *extra),
+                       env=env_with(plugins.env(), TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    env_json = out / "testrun" / "env.json"
+    flash = {p["module"]: p for p in json.loads(env_json.read_text())["flash"]} if env_json.exists() else {}
+    return r, flash, tmp

@@ -6,12 +6,11 @@ BROKEN with that reason), and its files live in the stage's own temp folder, rem
 from __future__ import annotations
 
 import json
-import subprocess
 
 try:
-    from _bad_days import cli_cmd, env_with, manifest, plant_fa2
+    from _bad_days import env_pairing_flash, manifest, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, env_with, manifest, plant_fa2
+    from tests.runner._bad_days import env_pairing_flash, manifest, plant_fa2
 
 
 def _flash(site, body: str) -> None:
@@ -21,25 +20,16 @@ def _flash(site, body: str) -> None:
 def test_a_flash_package_printing_without_end_is_stopped_at_the_output_cap(plugins, tmp_path):
     _flash(plugins.site, "import os\nb = b'flash_attn: falling back to the slow path\\n' * 20000\n"
                          "while True:\n    os.write(1, b)\n")
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu"),
-                       env=env_with(plugins.env(), TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    r, flash, tmp = env_pairing_flash(plugins, tmp_path)
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
-    flash = {p["module"]: p for p in json.loads((out / "testrun" / "env.json").read_text())["flash"]}
     assert flash["flash_attn"]["ok"] is False and "printed more than 64 MiB" in json.dumps(flash["flash_attn"]), flash
     assert not list(tmp.rglob("output.txt")), list(tmp.rglob("*"))
 
 
 def test_the_flash_probes_files_go_with_a_stopped_stage(plugins, tmp_path):
     _flash(plugins.site, "import time\ntime.sleep(1000)\n")
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu", "--timeout", "8"),
-                       env=env_with(plugins.env(), TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    r, _, tmp = env_pairing_flash(plugins, tmp_path, "--timeout", "8")
     assert r.returncode == 1, r.stderr[-2000:]
-    (rec,) = manifest(out)["stages"]
+    (rec,) = manifest(tmp_path / "o")["stages"]
     assert rec["status"] == "TIMEOUT", rec
     assert not list(tmp.glob("nsa-flash-probe-*")), list(tmp.rglob("*"))  # before: left in TMPDIR

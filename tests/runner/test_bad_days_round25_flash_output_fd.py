@@ -8,15 +8,12 @@ other paths are probed as usual, nothing left in TMPDIR."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
 try:
-    from _bad_days import FA2_INIT, cli_cmd, env_with, plant_fa2
+    from _bad_days import FA2_INIT, env_pairing_flash, plant_fa2
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_with, plant_fa2
+    from tests.runner._bad_days import FA2_INIT, env_pairing_flash, plant_fa2
 
 STEPS = {
     "rename": "p = os.readlink('/proc/self/fd/1'); os.rename(p, p + '.old')\n",
@@ -33,15 +30,10 @@ FLOOD = ("import os, time\n{step}for i in range(400):\n    os.write(1, b'F' * (1
 def test_the_flash_output_cap_holds_whatever_the_package_does_to_its_file(plugins, tmp_path, step):
     count = tmp_path / "count"
     plant_fa2(plugins.site, FLOOD.format(step=STEPS[step], count=str(count)) + FA2_INIT)
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "env-pairing", "--out", out, "--device", "cpu"),
-                       env=env_with(plugins.env(), TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    r, flash, tmp = env_pairing_flash(plugins, tmp_path)
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
     written = count.stat().st_size
     assert written < 400, (step, written)  # before: 400 of 400 MiB written, never stopped
-    flash = {p["module"]: p for p in json.loads((out / "testrun" / "env.json").read_text())["flash"]}
     fa2 = flash["flash_attn"]
     assert fa2["ok"] is False and fa2["error"] == "its import printed more than 64 MiB (without end?): stopped", fa2
     for other in ("flash_attn_interface", "flash_attn.cute"):  # before (rmtree): BROKEN, "not probed (exit status 1)"
