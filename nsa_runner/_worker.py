@@ -880,6 +880,41 @@ _GETPID = os.getpid  # as at nsa-run's import: a stage may leave os.getpid patch
 _STDLIB = _stdlib_put.snapshot()
 
 
+def _limits() -> tuple[int, dict]:
+    import resource
+
+    return sys.getrecursionlimit(), {name: resource.getrlimit(getattr(resource, name))
+                                     for name in ("RLIMIT_FSIZE", "RLIMIT_NOFILE")}
+
+
+_LIMITS = _limits()
+
+
+def _put_back() -> list[str]:
+    """What the stage's code left changed that the worker's own result writing needs, put back: the standard
+    library (``_stdlib_put``), and the recursion limit and the file-size / open-files limits where it changed them
+    (round 25 U25-3: ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS). Names what. Never
+    raises."""
+    import resource
+
+    left = _stdlib_put.put_back(_STDLIB)
+    try:
+        depth, limits = _LIMITS
+        if sys.getrecursionlimit() < depth:
+            sys.setrecursionlimit(depth)
+            left.append("sys.setrecursionlimit")
+        for name, was in limits.items():
+            if resource.getrlimit(getattr(resource, name)) != was:
+                try:
+                    resource.setrlimit(getattr(resource, name), was)
+                    left.append(f"resource.{name}")
+                except (OSError, ValueError):  # a hard limit lowered: cannot be raised back (not root)
+                    pass
+    except Exception:  # noqa: BLE001
+        pass
+    return left
+
+
 def _forked_copy_ends(stage_pid: int, e: BaseException | None) -> None:
     """A copy of the stage's process that the stage forked and that came back into the worker (a helper ending
     with ``sys.exit`` where ``os._exit`` was meant, one whose work raised or that fell through) ends as it would
@@ -1205,18 +1240,18 @@ def main(argv: list[str]) -> int:
     prof = _profiler()
     stage_pid = os.getpid()  # a copy the stage forks that comes back here is not the stage (_forked_copy_ends)
     from_torch = False
-    left: list[str] = []  # standard-library functions the stage's code left rebound (put back)
+    left: list[str] = []  # standard-library functions and limits the stage's code left changed (put back)
     try:
         stage = _load(job["spec"])
         result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
-        left = _stdlib_put.put_back(_STDLIB)
+        left = _put_back()
         _forked_copy_ends(stage_pid, None)
         if not isinstance(result, StageResult):
             out = _error(f"run() returned {type_name(result)}, expected a StageResult", None)
         else:
             out = _result_out(result)
     except SystemExit as e:
-        left = _stdlib_put.put_back(_STDLIB)
+        left = _put_back()
         _forked_copy_ends(stage_pid, e)
         try:
             code = clip(repr(e.code), FIRST_LINE_CHARS)
@@ -1224,7 +1259,7 @@ def main(argv: list[str]) -> int:
             code = "..."
         out = _error(f"stage called sys.exit({code})", _traceback_text())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
-        left = _stdlib_put.put_back(_STDLIB)
+        left = _put_back()
         _forked_copy_ends(stage_pid, e)
         from_torch = _out_of_torch_import(e)
         tb = _traceback_text()
@@ -1237,7 +1272,7 @@ def main(argv: list[str]) -> int:
     _reopen_log_fds(log_fds)
     if left:  # said in the log: what the stage's code changed that nsa-run's own code needs
         try:
-            print(f"# note: the stage's code left {', '.join(left[:20])} rebound; put back", flush=True)
+            print(f"# note: the stage's code left {', '.join(left[:20])} changed; put back", flush=True)
         except Exception:  # noqa: BLE001 - the log is gone: the result still counts
             pass
     if prof is not None:

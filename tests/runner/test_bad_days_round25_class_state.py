@@ -98,3 +98,34 @@ def test_standard_library_state_an_adapter_left_is_put_back(plugins, tmp_path):
     note = [line for line in log.splitlines() if line.startswith("note: an implementation's code left")]
     assert any("json.dumps" in line and "os.replace" in line and "pathlib.Path.mkdir" in line for line in note), \
         (note, log[-3000:])
+
+
+LIMITS = """
+import resource, sys
+from nsa_runner import Stage, StageResult, Status
+
+class Deep(Stage):
+    name, order, timeout_s = "r25r", 15, 120.0
+    def run(self, ctx):
+        sys.setrecursionlimit(60)  # a stage's own recursion guard, never lifted
+        return StageResult(Status.PASS, "r25r ok")
+
+class Small(Stage):
+    name, order, timeout_s = "r25f", 16, 120.0
+    def run(self, ctx):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return StageResult(Status.PASS, "r25f ok")
+"""
+
+
+def test_limits_a_stage_lowered_are_put_back_before_its_result_is_written(plugins, tmp_path):
+    """Round 25 U25-3: ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE left by a stage lost its PASS
+    ("process exited with code 1 without a result")."""
+    plugins.make("r25-limits", "r25_limits", LIMITS, {"r25r": "r25_limits:Deep", "r25f": "r25_limits:Small"})
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("oneshot", "--only", "r25r,r25f", "--out", out, "--device", "cpu"),
+                       env=plugins.env(), capture_output=True, text=True, timeout=900)
+    recs = {s["name"]: (s["status"], s["reason"]) for s in manifest(out)["stages"]}
+    assert recs == {"r25r": ("PASS", "r25r ok"), "r25f": ("PASS", "r25f ok")}, (recs, r.stderr[-2000:])
+    log = (out / "testrun" / "logs" / "r25f.log").read_text()
+    assert "resource.RLIMIT_FSIZE" in log and "put back" in log, log[-2000:]
