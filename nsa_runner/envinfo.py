@@ -305,7 +305,7 @@ _FLASH_PROBE = textwrap.dedent("""
         # the builtins whole, and the functions of the modules this script calls (an orjson-style json.dumps
         # returning bytes broke the record writing below: "crashed the interpreter", round 24 B24-2): nsa-run's one
         # mechanism for it, nsa_runner/_stdlib_put.py, loaded by its path (argv[2])
-        names = stdlib.snapshot((builtins, os, os.path, json, time, signal, faulthandler, warnings, threading))
+        names = stdlib.snapshot(stdlib.MODULES + (faulthandler, warnings, threading))
         return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, []), names
 
     def put_back(saved):
