@@ -195,10 +195,15 @@ def _note_sigint(signum, frame):
 
 
 @contextmanager
-def adapter_code() -> Iterator[None]:
+def adapter_code(loading: bool = False) -> Iterator[None]:
     """Around a call of an adapter's code: a real SIGINT arriving meanwhile is noted (``stops``
     then says the KeyboardInterrupt is the process's stop, not the adapter's failure). Only where
-    SIGINT has Python's default handler, in the main thread; the handler comes back after."""
+    SIGINT has Python's default handler, in the main thread; the handler comes back after.
+
+    ``loading``: the adapter's import (or factory). What it leaves changed of the standard library is put back as
+    after any adapter code (adapters are judged in nsa-run's own state: round 23 B23-4, round 25 B25-3), and named in
+    every adapter failure's reason from then on (``describe_failure``): an adapter whose calls rely on such a change
+    (a global ``JSONEncoder.default`` patch, a frozen ``time.time``) FAILs saying why (round 26 B26-2)."""
     state = _saved_state()
     previous = None
     try:
@@ -221,7 +226,18 @@ def adapter_code() -> Iterator[None]:
                 signal.signal(signal.SIGINT, previous)
             except (ValueError, TypeError, OSError):
                 pass
+        if loading and "stdlib" in state:
+            try:
+                for name in _stdlib_put.names(_stdlib_put.changed(state["stdlib"])):
+                    if name not in PUT_BACK_AFTER_IMPORTS:
+                        PUT_BACK_AFTER_IMPORTS.append(name)
+            except Exception:  # noqa: BLE001
+                pass
         _restore_state(state)
+
+
+# what adapters' imports left changed of the standard library and nsa-run put back (``adapter_code(loading=True)``)
+PUT_BACK_AFTER_IMPORTS: list[str] = []
 
 
 # ---- what an adapter's code leaves changed in the process (round 16 B6) -----------------------------------
@@ -873,8 +889,14 @@ def adapter_failed(e: BaseException) -> None:
 
 def describe_failure(e: BaseException, limit: int = 300) -> str:
     """``TYPE: first line of its message`` (``TYPE`` alone when it has none), never raising but a real stop
-    (``stops``). (``_text.described``, shared with the worker.)"""
-    return _text.described(e, limit, let_through=stops)
+    (``stops``). (``_text.described``, shared with the worker.) Where an adapter's import changed the standard
+    library process-wide, what nsa-run put back is named too (an adapter relying on it fails for that reason)."""
+    said = _text.described(e, limit, let_through=stops)
+    if PUT_BACK_AFTER_IMPORTS:
+        names = PUT_BACK_AFTER_IMPORTS
+        said += (f" (note: nsa-run put back what an adapter's import changed process-wide, "
+                 f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}: adapters run in nsa-run's own state)")
+    return said
 
 
 def _int(v) -> bool:
