@@ -110,11 +110,20 @@ def _clip_usage_errors() -> None:
     if getattr(show, "_nsa_clipped", False):
         return
 
-    def clipped(e) -> None:
-        message = getattr(e, "message", None)
-        if isinstance(message, str) and len(message) > USAGE_MESSAGE_CHARS:
-            e.message = clip(message, USAGE_MESSAGE_CHARS)
-        show(e)
+    def clipped(e) -> None:  # one line and a hint, as nsa-run's own errors (round 26 U26-4: typer's 5-line box)
+        import sys
+
+        try:
+            message = e.format_message()
+            ctx = getattr(e, "ctx", None)
+            command = ctx.command_path if ctx is not None else "nsa-run"
+        except Exception:  # noqa: BLE001 - an error of another shape: typer's own box
+            show(e)
+            return
+        message = " ".join(str(message).split())  # never over two lines (an option's text may hold a newline),
+        message = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)  # control characters written out
+        print(f"error: {clip(message, USAGE_MESSAGE_CHARS)}\nhint: see `{clip(command, 80)} --help`",
+              file=sys.stderr, flush=True)
 
     clipped._nsa_clipped = True
     rich_utils.rich_format_error = clipped
