@@ -149,3 +149,15 @@ def env_pairing_flash(plugins, tmp_path: Path, *extra: str):
     env_json = out / "testrun" / "env.json"
     flash = {p["module"]: p for p in json.loads(env_json.read_text())["flash"]} if env_json.exists() else {}
     return r, flash, tmp
+
+
+def running_first(*stages: tuple[str, str, int, str]) -> str:
+    """A stage plugin module's source: for each (attribute, stage name, order, code), a stage whose run executes
+    ``code`` first (what plugin code leaves behind), then PASSes with the reason "<name> ok"."""
+    head = ("from nsa_runner import Stage, StageResult, Status\n\n"
+            "def _stage(name, order, code):\n"
+            "    def run(self, ctx):\n"
+            "        exec(code, {})\n"
+            "        return StageResult(Status.PASS, name + ' ok')\n"
+            "    return type(name, (Stage,), {'name': name, 'order': order, 'timeout_s': 120.0, 'run': run})\n\n")
+    return head + "".join(f"{attr} = _stage({name!r}, {order}, {code!r})\n" for attr, name, order, code in stages)

@@ -18,25 +18,15 @@ import json
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, manifest
+    from _bad_days import cli_cmd, manifest, running_first
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, manifest
+    from tests.runner._bad_days import cli_cmd, manifest, running_first
 
 MKDIR = ("from unittest import mock\nfrom pathlib import Path\n"
          "mock.patch.object(Path, 'mkdir', side_effect=PermissionError('mocked mkdir')).start()\n")
 ENCODE = "import json\njson.JSONEncoder.encode = lambda self, o: b'{}'\n"
 ITERENCODE = "import json\njson.JSONEncoder.iterencode = lambda self, o, _one_shot=False: iter(['{}'])\n"
-STAGES = """
-from nsa_runner import Stage, StageResult, Status
-
-def _stage(name, order, code):
-    def run(self, ctx):
-        exec(code, {})
-        return StageResult(Status.PASS, name + " ok")
-    return type(name, (Stage,), {"name": name, "order": order, "timeout_s": 120.0, "run": run})
-
-""" + "".join(f"{v} = _stage({n!r}, {o}, {code!r})\n" for v, n, o, code in
-               (("A", "r25a", 11, MKDIR), ("B", "r25b", 12, ENCODE), ("C", "r25c", 13, ITERENCODE)))
+STAGES = running_first(("A", "r25a", 11, MKDIR), ("B", "r25b", 12, ENCODE), ("C", "r25c", 13, ITERENCODE))
 AT_IMPORT = MKDIR + """
 from nsa_runner import Stage, StageResult, Status
 

@@ -11,25 +11,15 @@ from __future__ import annotations
 import subprocess
 
 try:
-    from _bad_days import FA2_INIT, cli_cmd, env_pairing_flash, manifest, plant_fa2
+    from _bad_days import FA2_INIT, cli_cmd, env_pairing_flash, manifest, plant_fa2, running_first
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_pairing_flash, manifest, plant_fa2
+    from tests.runner._bad_days import FA2_INIT, cli_cmd, env_pairing_flash, manifest, plant_fa2, running_first
 
 ASCII_BYTES = ("import json.encoder\n_e = json.encoder.encode_basestring_ascii\n"
                "json.encoder.encode_basestring_ascii = lambda s: _e(s).encode()\n")
 ITERENCODE = ("import json.encoder\n_m = json.encoder._make_iterencode\n"
               "json.encoder._make_iterencode = lambda *a, **k: (lambda o, level: iter([b'{}']))\n")
-STAGES = """
-from nsa_runner import Stage, StageResult, Status
-
-def _stage(name, order, code):
-    def run(self, ctx):
-        exec(code, {})
-        return StageResult(Status.PASS, name + " ok")
-    return type(name, (Stage,), {"name": name, "order": order, "timeout_s": 120.0, "run": run})
-
-""" + "".join(f"{v} = _stage({n!r}, {o}, {code!r})\n" for v, n, o, code in
-               (("A", "r26a", 11, ASCII_BYTES), ("B", "r26b", 12, ITERENCODE)))
+STAGES = running_first(("A", "r26a", 11, ASCII_BYTES), ("B", "r26b", 12, ITERENCODE))
 AT_IMPORT = ASCII_BYTES + """
 from nsa_runner import Stage, StageResult, Status
 
