@@ -120,6 +120,9 @@ def _clip_usage_errors() -> None:
         except Exception:  # noqa: BLE001 - an error of another shape: typer's own box
             show(e)
             return
+        if not str(message).strip():  # `nsa-run` alone: the help was printed, nothing to say (round 27 B27-7)
+            show(e)
+            return
         message = " ".join(str(message).split())  # never over two lines (an option's text may hold a newline),
         message = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)  # control characters written out
         print(f"error: {clip(message, USAGE_MESSAGE_CHARS)}\nhint: see `{clip(command, 80)} --help`",

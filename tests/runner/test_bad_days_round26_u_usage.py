@@ -29,3 +29,10 @@ def test_a_usage_error_is_one_line_and_a_hint(tmp_path, args, said):
     lines = r.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith("error: ") and said in lines[0], lines
     assert lines[1].startswith("hint: ") and "\x1b" not in r.stderr, lines
+
+
+def test_nsa_run_alone_shows_the_help_and_no_empty_error(tmp_path):
+    """Round 27 B27-7: after the one-line rule, `nsa-run` alone printed the help, then an empty ``error: `` line."""
+    r = subprocess.run([sys.executable, "-c", MAIN], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "Usage:" in r.stdout + r.stderr and "oneshot" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    assert "error:" not in r.stderr, r.stderr
