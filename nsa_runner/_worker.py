@@ -883,21 +883,38 @@ _STDLIB = _stdlib_put.snapshot()
 def _limits() -> tuple[int, dict]:
     import resource
 
-    return sys.getrecursionlimit(), {name: resource.getrlimit(getattr(resource, name))
-                                     for name in ("RLIMIT_FSIZE", "RLIMIT_NOFILE")}
+    limits = {}
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        try:
+            limits[name] = resource.getrlimit(getattr(resource, name))
+        except (OSError, ValueError):
+            continue
+    return sys.getrecursionlimit(), limits
 
 
 _LIMITS = _limits()
+_TIMERS = (signal.alarm, signal.setitimer, faulthandler.cancel_dump_traceback_later)  # as before any stage code
 
 
 def _put_back() -> list[str]:
     """What the stage's code left changed that the worker's own result writing needs, put back: the standard
-    library (``_stdlib_put``), and the recursion limit and the file-size / open-files limits where it changed them
-    (round 25 U25-3: ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS). Names what. Never
-    raises."""
+    library (``_stdlib_put``), the recursion limit and the resource limits where it changed them (round 25 U25-3:
+    ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS; round 27 B27-4: a lowered RLIMIT_AS), and
+    timers it left armed are cancelled (round 27 B27-3: an alarm armed as it returned fired while the result was
+    written). Names what. Never raises."""
     import resource
 
-    left = _stdlib_put.put_back(_STDLIB)
+    left = []
+    try:  # first; the stage has returned: nothing of it is waited for any more (the worker arms no timer itself)
+        if _TIMERS[0](0):
+            left.append("signal.alarm")
+        for which in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"):
+            if _TIMERS[1](getattr(signal, which), 0)[0]:
+                left.append(f"signal.setitimer({which})")
+        _TIMERS[2]()
+    except Exception:  # noqa: BLE001
+        pass
+    left += _stdlib_put.put_back(_STDLIB)
     try:
         depth, limits = _LIMITS
         if sys.getrecursionlimit() < depth:
