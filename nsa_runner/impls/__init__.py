@@ -195,15 +195,16 @@ def _note_sigint(signum, frame):
 
 
 @contextmanager
-def adapter_code(loading: bool = False) -> Iterator[None]:
+def adapter_code(loading: str = "") -> Iterator[None]:
     """Around a call of an adapter's code: a real SIGINT arriving meanwhile is noted (``stops``
     then says the KeyboardInterrupt is the process's stop, not the adapter's failure). Only where
     SIGINT has Python's default handler, in the main thread; the handler comes back after.
 
-    ``loading``: the adapter's import (or factory). What it leaves changed of the standard library is put back as
-    after any adapter code (adapters are judged in nsa-run's own state: round 23 B23-4, round 25 B25-3), and named in
-    every adapter failure's reason from then on (``describe_failure``): an adapter whose calls rely on such a change
-    (a global ``JSONEncoder.default`` patch, a frozen ``time.time``) FAILs saying why (round 26 B26-2)."""
+    ``loading``: the name of the adapter whose import (or factory) this is. What it leaves changed is put back as
+    after any adapter code (adapters are judged in nsa-run's own state: round 23 B23-4, round 25 B25-3), and named,
+    with that adapter, in every adapter failure's reason from then on (``describe_failure``): an adapter whose calls
+    rely on such a change (a global ``JSONEncoder.default`` patch, a frozen ``time.time``, ``os.environ``, the
+    working directory, torch's default dtype) FAILs saying why (round 26 B26-2, round 27 B27-1 / B27-2)."""
     state = _saved_state()
     previous = None
     try:
@@ -226,18 +227,13 @@ def adapter_code(loading: bool = False) -> Iterator[None]:
                 signal.signal(signal.SIGINT, previous)
             except (ValueError, TypeError, OSError):
                 pass
-        if loading and "stdlib" in state:
-            try:
-                for name in _stdlib_put.names(_stdlib_put.changed(state["stdlib"])):
-                    if name not in PUT_BACK_AFTER_IMPORTS:
-                        PUT_BACK_AFTER_IMPORTS.append(name)
-            except Exception:  # noqa: BLE001
-                pass
-        _restore_state(state)
+        said = _restore_state(state)
+        if loading and said:
+            PUT_BACK_AFTER_IMPORTS[clip(str(loading), 60)] = said
 
 
-# what adapters' imports left changed of the standard library and nsa-run put back (``adapter_code(loading=True)``)
-PUT_BACK_AFTER_IMPORTS: list[str] = []
+# what each adapter's import left changed and nsa-run put back, by adapter (``adapter_code(loading=NAME)``)
+PUT_BACK_AFTER_IMPORTS: dict[str, list[str]] = {}
 
 
 # ---- what an adapter's code leaves changed in the process (round 16 B6) -----------------------------------
@@ -544,7 +540,7 @@ def _cancel_watchdog() -> None:
         pass
 
 
-def _restore_state(state: dict) -> None:
+def _restore_state(state: dict) -> list[str]:
     """Put back what an adapter's code left changed of ``state`` (``_saved_state``), each thing on its own
     (one that cannot be put back never keeps the others); a line in the stage's log names what. Never raises
     but a real stop (``stops``)."""
@@ -623,6 +619,7 @@ def _restore_state(state: dict) -> None:
                   "(the next one runs in the runner's own state)", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - the log is gone: nothing to say it in
             pass
+    return list(dict.fromkeys(changed))
 
 
 # round 19 B19-4: torch's functions an adapter rebinds (``torch.softmax = fast_bf16_softmax``, installed process-wide
@@ -893,9 +890,10 @@ def describe_failure(e: BaseException, limit: int = 300) -> str:
     library process-wide, what nsa-run put back is named too (an adapter relying on it fails for that reason)."""
     said = _text.described(e, limit, let_through=stops)
     if PUT_BACK_AFTER_IMPORTS:
-        names = PUT_BACK_AFTER_IMPORTS
-        said += (f" (note: nsa-run put back what an adapter's import changed process-wide, "
-                 f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}: adapters run in nsa-run's own state)")
+        each = "; ".join(f"{name}'s: {', '.join(what[:4])}{' ...' if len(what) > 4 else ''}"
+                         for name, what in list(PUT_BACK_AFTER_IMPORTS.items())[:3])
+        said += (f" (note: nsa-run put back what adapter imports changed process-wide ({each}): adapters run in "
+                 "nsa-run's own state)")
     return said
 
 

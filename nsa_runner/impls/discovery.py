@@ -172,7 +172,7 @@ def _check(obj, ep: md.EntryPoint) -> tuple[Impl | None, str, str]:
     """(impl, error, traceback) for what an entry point loaded (an Impl or a factory of one)."""
     try:  # its factory is the adapter's code: in the guard (round 16 B2: its own KeyboardInterrupt re-raised
         # by isinstance ended the whole parity stage "process died with SIGINT"; only a real stop, ``stops``)
-        with adapter_code(loading=True):
+        with adapter_code(loading=ep.name):
             impl = obj() if callable(obj) and not isinstance(obj, Impl) else obj
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
         if stops(e):
@@ -191,7 +191,7 @@ def _load_one(ep: md.EntryPoint, dist: str, version: str, dist_path: str = "") -
             entry.error = problem
             return entry
     try:  # its import is the adapter's code too (round 16 B2, as _check)
-        with adapter_code(loading=True):
+        with adapter_code(loading=ep.name):
             obj = ep.load()
     except BaseException as e:  # noqa: BLE001 - an adapter may raise anything, even SystemExit
         if stops(e):
