@@ -371,6 +371,39 @@ def _describe_exit(rc: int) -> str:
     return describe_exit(rc)
 
 
+def _runner_names_left(run_dir: Path, stage: str) -> str | None:
+    """What the stage left at the run folder's ``logs`` / ``history`` (a file, a FIFO, a symlink: names nsa-run keeps
+    for its own folders), moved aside to ``<name>.left-by-<stage>`` (nothing deleted), in words; None when both are
+    as they should be (round 27 B27-6: a ``history`` file left by a PASSing stage made the next stage ERROR "log
+    cannot be written" and every later ``stage`` into the folder exit 2, the culprit never named)."""
+    from nsa_runner.artifacts import file_kind, runner_dirs_problem
+
+    try:
+        if runner_dirs_problem(run_dir) is None:
+            return None
+    except OSError:
+        return None
+    said = []
+    for name in ("logs", "history"):
+        p = Path(run_dir) / name
+        try:
+            if not (p.is_symlink() or (os.path.lexists(p) and not p.is_dir())):
+                continue
+            what = "a symlink" if p.is_symlink() else file_kind(os.lstat(p).st_mode)
+            what = "a file" if what == "not a regular file" else what
+            dest, n = Path(run_dir) / f"{name}.left-by-{stage}", 1
+            while os.path.lexists(dest):
+                n += 1
+                dest = Path(run_dir) / f"{name}.left-by-{stage}.{n}"
+            os.rename(p, dest)
+            said.append(f"the stage left {name} in the run folder as {what} (a name nsa-run keeps for its own "
+                        f"folder): moved to {dest.name}")
+        except OSError as e:
+            said.append(f"the stage left {name} in the run folder as no folder, and it could not be moved aside "
+                        f"({e.strerror or e})")
+    return "; ".join(said) or None
+
+
 def _check_files(run_dir: Path, result: StageResult,
                  allowed: tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
     """Declared files that are (missing or outside the run folder, shared names of the run folder,
@@ -1045,6 +1078,11 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             rec.hint = (f"have the stage print less (its files hold data, its log progress), or raise "
                         f"{LOG_LIMIT_ENV} (now {watch.limit / 2**20:g})")
             rec.log_tail = tail(log_path)
+        left_there = _runner_names_left(run_dir, entry.name)
+        if left_there is not None:  # the folder stays usable for every later command; the stage is named
+            if rec.status is not Status.TIMEOUT:
+                rec.status = Status.ERROR
+            rec.reason = f"{rec.reason}; {left_there}" if visible(rec.reason) else left_there
     finally:
         until.begin()  # every way out: the removal is never cut in two (its marker last: _remove_marker_last)
         if watch is not None:
