@@ -32,6 +32,7 @@ import os
 import pathlib
 import pickle
 import posixpath
+import resource
 import shutil
 import signal
 import subprocess
@@ -110,5 +111,30 @@ def put_back(saved: list[tuple[object, dict]]) -> list[str]:
             else:
                 vars(owner)[k] = was[k]
         except Exception:  # noqa: BLE001 - what cannot be put back stays as the plugin left it
+            continue
+    return said
+
+
+def limits() -> dict[str, tuple[int, int]]:
+    """Every resource limit of the process, by name (``RLIMIT_FSIZE``)."""
+    out = {}
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        try:
+            out[name] = resource.getrlimit(getattr(resource, name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def put_back_limits(saved: dict[str, tuple[int, int]]) -> list[str]:
+    """The resource limits changed since ``saved`` (``limits``) put back where the process may (a lowered hard
+    limit comes back only for root); returns the names put back (``resource.RLIMIT_AS``). Never raises."""
+    said = []
+    for name, was in saved.items():
+        try:
+            if resource.getrlimit(getattr(resource, name)) != was:
+                resource.setrlimit(getattr(resource, name), was)
+                said.append(f"resource.{name}")
+        except (OSError, ValueError):
             continue
     return said

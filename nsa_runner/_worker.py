@@ -880,19 +880,7 @@ _GETPID = os.getpid  # as at nsa-run's import: a stage may leave os.getpid patch
 _STDLIB = _stdlib_put.snapshot()
 
 
-def _limits() -> tuple[int, dict]:
-    import resource
-
-    limits = {}
-    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
-        try:
-            limits[name] = resource.getrlimit(getattr(resource, name))
-        except (OSError, ValueError):
-            continue
-    return sys.getrecursionlimit(), limits
-
-
-_LIMITS = _limits()
+_LIMITS = (sys.getrecursionlimit(), _stdlib_put.limits())
 _TIMERS = (signal.alarm, signal.setitimer, faulthandler.cancel_dump_traceback_later)  # as before any stage code
 
 
@@ -902,8 +890,6 @@ def _put_back() -> list[str]:
     ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS; round 27 B27-4: a lowered RLIMIT_AS), and
     timers it left armed are cancelled (round 27 B27-3: an alarm armed as it returned fired while the result was
     written). Names what. Never raises."""
-    import resource
-
     left = []
     try:  # first; the stage has returned: nothing of it is waited for any more (the worker arms no timer itself)
         if _TIMERS[0](0):
@@ -920,13 +906,7 @@ def _put_back() -> list[str]:
         if sys.getrecursionlimit() < depth:
             sys.setrecursionlimit(depth)
             left.append("sys.setrecursionlimit")
-        for name, was in limits.items():
-            if resource.getrlimit(getattr(resource, name)) != was:
-                try:
-                    resource.setrlimit(getattr(resource, name), was)
-                    left.append(f"resource.{name}")
-                except (OSError, ValueError):  # a hard limit lowered: cannot be raised back (not root)
-                    pass
+        left += _stdlib_put.put_back_limits(limits)
     except Exception:  # noqa: BLE001
         pass
     return left

@@ -187,6 +187,11 @@ class UnsafeFileError(ValueError):
     """A file a reader refuses before reading: not a regular file (FIFO, device, folder) or too big."""
 
 
+def entry_kind(mode: int) -> str:
+    """What a folder entry is, in words: "a file" for a regular one, else ``file_kind``'s words."""
+    return "a file" if stat.S_ISREG(mode) else file_kind(mode)
+
+
 def file_kind(mode: int) -> str:
     """What a non-regular file is, in words ("a FIFO", "a folder", ...)."""
     for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),

@@ -252,7 +252,7 @@ def nvidia_smi() -> dict:
 # stderr, and a progress message without a newline glued onto a record made a working FA-2 "not probed" (round 19
 # B19-7). What the packages printed is kept for the stage log, never parsed.
 _FLASH_PROBE = textwrap.dedent("""
-    import builtins, ctypes, faulthandler, importlib.util, json, os, resource, signal, sys, threading, time, warnings
+    import builtins, ctypes, faulthandler, importlib.util, json, os, signal, sys, threading, time, warnings
     faulthandler.enable()
     try:  # a subreaper: a helper a flash package's import starts and orphans comes back here, to be ended below
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
@@ -306,24 +306,13 @@ _FLASH_PROBE = textwrap.dedent("""
         # returning bytes broke the record writing below: "crashed the interpreter", round 24 B24-2): nsa-run's one
         # mechanism for it, nsa_runner/_stdlib_put.py, loaded by its path (argv[2])
         names = stdlib.snapshot(stdlib.MODULES + (faulthandler, warnings, threading))
-        limits = {}  # the resource limits (round 27 B27-5: a 10-byte RLIMIT_FSIZE broke the record writing)
-        for n in dir(resource):
-            if n.startswith("RLIMIT_"):
-                try:
-                    limits[n] = resource.getrlimit(getattr(resource, n))
-                except (OSError, ValueError):
-                    pass
+        limits = stdlib.limits()  # the resource limits (round 27 B27-5: a 10-byte RLIMIT_FSIZE broke the records)
         return handlers, list(warnings.filters), signal.pthread_sigmask(signal.SIG_BLOCK, []), names, limits
 
     def put_back(saved):
         handlers, filters, mask, names, limits = saved
         stdlib.put_back(names)  # one rebound or deleted is put back; one added is kept (a library's, used later)
-        for n, was in limits.items():
-            try:
-                if resource.getrlimit(getattr(resource, n)) != was:
-                    resource.setrlimit(getattr(resource, n), was)
-            except (OSError, ValueError):
-                pass
+        stdlib.put_back_limits(limits)
         signal.alarm(0)
         for t in TIMERS:
             signal.setitimer(t, 0)

@@ -376,7 +376,7 @@ def _runner_names_left(run_dir: Path, stage: str) -> str | None:
     for its own folders), moved aside to ``<name>.left-by-<stage>`` (nothing deleted), in words; None when both are
     as they should be (round 27 B27-6: a ``history`` file left by a PASSing stage made the next stage ERROR "log
     cannot be written" and every later ``stage`` into the folder exit 2, the culprit never named)."""
-    from nsa_runner.artifacts import file_kind, runner_dirs_problem
+    from nsa_runner.artifacts import entry_kind, runner_dirs_problem
 
     try:
         if runner_dirs_problem(run_dir) is None:
@@ -389,8 +389,7 @@ def _runner_names_left(run_dir: Path, stage: str) -> str | None:
         try:
             if not (p.is_symlink() or (os.path.lexists(p) and not p.is_dir())):
                 continue
-            what = "a symlink" if p.is_symlink() else file_kind(os.lstat(p).st_mode)
-            what = "a file" if what == "not a regular file" else what
+            what = "a symlink" if p.is_symlink() else entry_kind(os.lstat(p).st_mode)
             dest, n = Path(run_dir) / f"{name}.left-by-{stage}", 1
             while os.path.lexists(dest):
                 n += 1

@@ -135,16 +135,14 @@ def _not_a_folder(out: Path) -> str:
     (round 25 U25-6: ``--out /dev/full`` was refused "File exists")."""
     import stat
 
-    from nsa_runner.artifacts import file_kind
+    from nsa_runner.artifacts import entry_kind
 
     for p in (out, *out.parents):
         try:
             mode = os.stat(p).st_mode
         except OSError:
             continue
-        if stat.S_ISDIR(mode):
-            return ""
-        return f"{p} is {'a file' if stat.S_ISREG(mode) else file_kind(mode)}, not a folder"
+        return "" if stat.S_ISDIR(mode) else f"{p} is {entry_kind(mode)}, not a folder"
     return ""
 
 
