@@ -1,5 +1,5 @@
 """How nsa-run starts a Python child of its own (worker, spare, watchdog, plugin discovery, a measure's
-child): ``python_m``."""
+child): ``python_m``, and how much such a child may print (``OUTPUT_CAP``)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,14 @@ def python_c(code: str, *args: str) -> list[str]:
     if sys.version_info >= (3, 11):
         return [sys.executable, "-P", "-c", code, *args]
     return [sys.executable, "-c", "import sys; del sys.path[0]\n" + code, *args]
+
+
+# what a child of nsa-run's that runs plugin code (the discovery child, env-pairing's flash probe) may print before it
+# is stopped: its output goes to a file in TMPDIR, and a plugin or flash package printing without end at its import
+# filled the disk (round 24 B24-5: 2.78 GB; U24-5)
+OUTPUT_CAP = 64 << 20
+
+
+def flooded(what: str) -> str:
+    """Why such a child was stopped at ``OUTPUT_CAP``: "its import printed more than 64 MiB (without end?); stopped"."""
+    return f"{what} printed more than {OUTPUT_CAP >> 20} MiB (without end?); stopped"

@@ -21,6 +21,7 @@ import sys
 import textwrap
 import time
 
+from nsa_runner import _python
 from nsa_runner._python import python_c
 
 # (module, what it is, distribution names that provide it, install hint)
@@ -426,17 +427,14 @@ def detect_file() -> str | None:
 _STDLIB_PUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stdlib_put.py")  # the probe loads it by path
 PROBE_ENV = "NSA_RUN_FLASH_PROBE"  # marks the probe child and all it starts (``_end_probe``)
 PROBE_OUTPUT_MAX = 8000  # characters of what the probe child printed, kept for the stage log (its end)
-# what the probe child may print in all (a flash package printing without end at import filled TMPDIR: 2.78 GB, round
-# 24 B24-5); past it the child is stopped as at its timeout
-PROBE_OUTPUT_CAP = 64 << 20
 # the stage's own temp folder (the worker's, removed by the runner on every way out): the probe's files go there, never
 # left in TMPDIR when the stage is stopped (round 24 B24-5)
 STAGE_TMP_ENV = "NSA_RUN_STAGE_TMP"
 
 
 def _run_probe(cmd: list[str], output: str, timeout_s: float) -> tuple[int | None, str, str]:
-    """(exit status or None, why it was stopped: "" / "timeout" / its output past the cap, the end of what it
-    printed) of the probe child ``cmd``.
+    """(exit status or None, why it was stopped: "" / "timeout" / "flooded" (its output past ``_python.OUTPUT_CAP``),
+    the end of what it printed) of the probe child ``cmd``.
 
     Its stdout / stderr go to the file ``output``, never to a pipe: a flash package whose import starts a helper
     process inheriting them kept the pipes open, and env-pairing waited for their EOF to its 300 s timeout
@@ -477,8 +475,8 @@ def _wait_probe(proc: subprocess.Popen, out, token: str, timeout_s: float) -> tu
                 stopped = ""
                 break
             try:
-                if os.fstat(out.fileno()).st_size > PROBE_OUTPUT_CAP:
-                    stopped = f"printed more than {PROBE_OUTPUT_CAP >> 20} MiB (without end?): stopped"
+                if os.fstat(out.fileno()).st_size > _python.OUTPUT_CAP:  # past it, stopped as at its timeout
+                    stopped = "flooded"
                     break
             except OSError:
                 pass
@@ -604,7 +602,8 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
         timed_out = stopped == "timeout"  # out of time; a child stopped at the output cap: the paths after go on
         if printed.strip():  # for the stage log only: what the flash packages printed is never parsed
             print(f"# the flash probe's child printed (not parsed):\n{printed}", file=sys.stderr, flush=True)
-        stderr = (f"timed out after {timeout_s:g}s" if stopped == "timeout" else stopped) if stopped else printed
+        stderr = {"timeout": f"timed out after {timeout_s:g}s", "flooded": _python.flooded("its import")}.get(stopped,
+                                                                                                           printed)
         status = f"exit status {rc}" if rc is not None else stderr
         tail = "" if stopped else " | ".join(stderr.strip().splitlines()[-3:])  # (stopped: said once, in status)
         started, threaded, first = None, {}, None
@@ -636,7 +635,7 @@ def _probe_children(det: str, paths: list[str], timeout_s: float) -> tuple[dict[
             if leavers and not stopped and started not in suspects:  # probed again, first, in the next child
                 suspects[started] = {"leavers": leavers, "status": status}
             else:
-                crashed[started] = (f"its import {status}" if stopped and stopped != "timeout" else
+                crashed[started] = (status if stopped == "flooded" else
                                     f"import crashed the interpreter ({status}) {tail}".strip())
                 suspects.pop(started, None)
         done = [p for p in left if p in recs or p in crashed]

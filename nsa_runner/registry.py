@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from nsa_runner import _python
 from nsa_runner._discover import (
     EXIT_TEMP_FULL,
     SafeDistribution,
@@ -601,17 +602,12 @@ def temp_folder() -> str:
     return tempfile.gettempdir()
 
 
-# what the discovery child may print (plugins' imports and option parses) before it is stopped: it goes to a file in
-# TMPDIR, and a plugin printing without end at its import filled the disk until the per-import limit (round 24 U24-5)
-OUTPUT_CAP = 64 << 20
-
-
 def _describe_end(proc: subprocess.Popen, timed_out: bool, limit: float, ended: int | None = None,
                   what: str = "", flooded: bool = False) -> str:
     """How the discovery child ended while importing an entry point (or, ``what``, while running that: "the
-    parse of option --x"); ``flooded``: stopped at ``OUTPUT_CAP``."""
+    parse of option --x"); ``flooded``: stopped at ``_python.OUTPUT_CAP``."""
     if flooded:
-        return f"{what or 'its import'} printed more than {OUTPUT_CAP >> 20} MiB (without end?); stopped"
+        return _python.flooded(what or "its import")
     if timed_out:
         return f"{what or 'its import'} did not finish within {limit:g}s (hangs?); stopped"
     rc = ended if ended is not None else proc.returncode
@@ -772,7 +768,6 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                    "not_tried": f"not imported: {failed} plugin imports before it ended or hung the discovery "
                                 f"process (nsa-run tries no more in one discovery: they are listed as broken); fix "
                                 "or uninstall them, then rerun"}
-            from nsa_runner._python import python_m
             from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
 
             env = dict(os.environ)
@@ -784,7 +779,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             logfd = os.open("child.log", os.O_WRONLY | os.O_APPEND | _NOFOLLOW, dir_fd=dir_fd)
             out_fd = os.dup(logfd)  # its size is watched: a plugin printing without end at import (round 24 U24-5)
             with open(logfd, "ab") as logf:
-                proc = subprocess.Popen(python_m("nsa_runner._discover", result),
+                proc = subprocess.Popen(_python.python_m("nsa_runner._discover", result),
                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             guard = Watchdog(cookie, proc.pid, tmp, env)
@@ -830,7 +825,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                             ended = line["ended"]  # the importing child ended; its parent keeps its orphans
                     if done or exited or ended is not None:
                         break
-                    if os.fstat(out_fd).st_size > OUTPUT_CAP:  # would fill TMPDIR until the limit: stopped now
+                    if os.fstat(out_fd).st_size > _python.OUTPUT_CAP:  # would fill TMPDIR until the limit: stopped now
                         timed_out = flooded = True
                         break
                     # the child's own start-up (python, nsa_runner) may take long on a loaded machine

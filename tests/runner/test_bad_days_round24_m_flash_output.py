@@ -1,6 +1,6 @@
 """Bad days, red-team round 24 B24-5, through the CLI: env-pairing's flash probe sent a flash package's import output
 to a file in TMPDIR with no cap, and left that folder in TMPDIR when the stage was stopped (355 MB after a timeout,
-2.78 GB in a tighter loop). Expected: the probe is stopped once its output passes PROBE_OUTPUT_CAP (the package named
+2.78 GB in a tighter loop). Expected: the probe is stopped once its output passes _python.OUTPUT_CAP (the package named
 BROKEN with that reason), and its files live in the stage's own temp folder, removed on every way out."""
 
 from __future__ import annotations
