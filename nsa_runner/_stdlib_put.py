@@ -127,14 +127,22 @@ def limits() -> dict[str, tuple[int, int]]:
 
 
 def put_back_limits(saved: dict[str, tuple[int, int]]) -> list[str]:
-    """The resource limits changed since ``saved`` (``limits``) put back where the process may (a lowered hard
-    limit comes back only for root); returns the names put back (``resource.RLIMIT_AS``). Never raises."""
+    """The resource limits changed since ``saved`` (``limits``) put back where the process may: a lowered hard limit
+    comes back only for root. Returns each changed one by name, ``resource.RLIMIT_AS``, with "(lowered to (s, h);
+    could not be raised back: the process may not)" where it stayed. Never raises."""
     said = []
     for name, was in saved.items():
         try:
-            if resource.getrlimit(getattr(resource, name)) != was:
+            now = resource.getrlimit(getattr(resource, name))
+            if now == was:
+                continue
+            try:
                 resource.setrlimit(getattr(resource, name), was)
-                said.append(f"resource.{name}")
+            except (OSError, ValueError):
+                pass
+            stayed = resource.getrlimit(getattr(resource, name)) != was
+            said.append(f"resource.{name}" + (f" (lowered to {now}; could not be raised back: the process may not)"
+                                               if stayed else ""))
         except (OSError, ValueError):
             continue
     return said

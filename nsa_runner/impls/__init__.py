@@ -23,7 +23,6 @@ from __future__ import annotations
 import operator
 import os
 import random
-import resource
 import signal
 import sys
 import threading
@@ -249,9 +248,6 @@ _WATCHED_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in (
 _TIMERS = tuple(t for t in (getattr(signal, n, None) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"))
                 if t is not None)
 _STREAMS = ("stdin", "stdout", "stderr")
-# the process's resource limits (round 17 B-2: an adapter that left RLIMIT_FSIZE at 64 bytes cut the stage's log
-# and result off: ERROR "exited with code 1 without a result", nsa_core's checks lost, the adapter not named)
-_RLIMITS = tuple((n, getattr(resource, n)) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
 _KEPT_FDS: dict[int, tuple[int, tuple]] = {}  # fd 0/1/2 -> (a copy of it above 2, the file's (dev, ino))
 _HELD: list = []  # inference-mode guards holding the runner's mode where an adapter left its own on
 
@@ -433,7 +429,9 @@ def _saved_state() -> dict:
         if hasattr(signal, "pthread_sigmask"):
             state["mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         state["timers"] = {t: signal.getitimer(t) for t in _TIMERS}
-        state["rlimits"] = {name: (r, resource.getrlimit(r)) for name, r in _RLIMITS}
+        # the resource limits (round 17 B-2: an adapter that left RLIMIT_FSIZE at 64 bytes cut the stage's log and
+        # result off: ERROR "exited with code 1 without a result", nsa_core's checks lost, the adapter not named)
+        state["rlimits"] = _stdlib_put.limits()
         state["environ"] = (os.environ, dict(os.environ))
         state["random"] = random.getstate()
         state["numpy"] = _numpy_rng()
@@ -578,15 +576,7 @@ def _restore_state(state: dict) -> list[str]:
         if before == (0.0, 0.0) and signal.getitimer(t) != (0.0, 0.0):  # an alarm / timer left armed
             put("an armed timer (signal.alarm / setitimer)", signal.setitimer, t, 0)
     _cancel_watchdog()
-    for name, (r, before) in state.get("rlimits", {}).items():
-        try:
-            now = resource.getrlimit(r)
-        except (OSError, ValueError):
-            continue
-        if now != before:  # a hard limit lowered comes back only where the process may raise it (root)
-            put(f"the {name} limit", resource.setrlimit, r, before)
-            if resource.getrlimit(r) != before:
-                changed.append(f"the {name} limit (lowered to {now}; could not be raised back: the process may not)")
+    changed += _stdlib_put.put_back_limits(state.get("rlimits", {}))
     if threading.current_thread() is threading.main_thread():
         for sig, handler in state.get("handlers", {}).items():
             if handler is not None and signal.getsignal(sig) is not handler:
