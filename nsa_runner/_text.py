@@ -32,6 +32,13 @@ def word_shown(text: object) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def written_out(text: object) -> str:
+    """``text`` with each character that is not printable (newline, ESC, C1, U+2028, bidi / format) written out as its
+    escape (``\\x1b``), the rest as it is: an error line stays one line and names what was given, never a name with a
+    character dropped (round 25 B25-4: a newline split the line; round 27: ``f<ESC>x`` shown as ``fx``)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+
+
 def command_shown(argv: object) -> str:
     """A recorded command line (manifest.json's ``argv``), each word under ``word_shown``, and a printable word the
     shell would split or expand quoted as the shell reads it back (``shlex.quote``: round 21's unclear U-1,

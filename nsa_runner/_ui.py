@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Column, Table
 
 from nsa_runner._text import CONTROL as _CONTROL
-from nsa_runner._text import clip, shown, word_shown  # noqa: F401 - shown: re-exported for the commands
+from nsa_runner._text import clip, shown, word_shown, written_out  # noqa: F401 - shown: re-exported for the commands
 from nsa_runner.executor import Observer, StageRecord
 from nsa_runner.registry import StageEntry
 from nsa_runner.results import counts
@@ -179,12 +179,11 @@ def out_console() -> Console:
 def fail(message: str, hint: str = "", exit_code: int = 2) -> NoReturn:
     """Print ``error: message`` (and the hint) to stderr and exit with ``exit_code`` (usage: 2)."""
     c = err_console()
-    for brk in ("\n", "\u2028", "\u2029"):  # one line, whatever a path or a file's text in it holds: a line break
-        message = message.replace(brk, repr(brk)[1:-1])  # written out (round 25 B25-4: --out $'nl\nx' split it)
-    c.print(f"[bold red]error:[/] {plain_text(clip(message, MESSAGE_CHARS))}", soft_wrap=True)
+    # one line, whatever a path or a file's text in it holds, each control character written out, never dropped
+    c.print(f"[bold red]error:[/] {plain_text(written_out(clip(message, MESSAGE_CHARS)))}", soft_wrap=True)
     # (paths stay copy-pasteable)
     if hint:
-        c.print(f"[dim]hint:[/] {plain_text(clip(hint, MESSAGE_CHARS))}", soft_wrap=True)
+        c.print(f"[dim]hint:[/] {plain_text(written_out(clip(hint, MESSAGE_CHARS)))}", soft_wrap=True)
     raise typer.Exit(exit_code)
 
 

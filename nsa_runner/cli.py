@@ -104,7 +104,7 @@ def _clip_usage_errors() -> None:
     is clipped like nsa-run's own error lines (``_text.clip``) before typer prints it."""
     from typer import rich_utils
 
-    from nsa_runner._text import clip
+    from nsa_runner._text import clip, written_out
 
     show = rich_utils.rich_format_error
     if getattr(show, "_nsa_clipped", False):
@@ -124,7 +124,7 @@ def _clip_usage_errors() -> None:
             show(e)
             return
         message = " ".join(str(message).split())  # never over two lines (an option's text may hold a newline),
-        message = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)  # control characters written out
+        message = written_out(message)  # control characters written out, as nsa-run's own error lines
         print(f"error: {clip(message, USAGE_MESSAGE_CHARS)}\nhint: see `{clip(command, 80)} --help`",
               file=sys.stderr, flush=True)
 
