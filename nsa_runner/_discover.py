@@ -289,8 +289,8 @@ def plugin_import():
     (signal handlers and mask, armed alarms / interval timers and a faulthandler
     watchdog cancelled, the recursion limit, cwd,
     os.environ, sys.stdin / stdout / stderr and fds 0-2, resource limits, random generators, torch's modes
-    and attributes), and the warnings filters, sys.path, sys.meta_path, sys.path_hooks (entries taken away put
-    back in front, entries added kept: ``_put_list``), the umask, the
+    and attributes, sys.path, sys.meta_path, sys.path_hooks: entries taken away put back in front, entries added
+    kept, ``_stdlib_put.put_back_import_state``), and the warnings filters, the umask, the
     trace and profile functions, the switch interval, socket's default timeout, and the builtins and the standard
     library's functions nsa-run's own code calls (``_stdlib_put``: a wrapped ``builtins.__import__``, round 22 B22-3;
     an orjson-style ``json.dumps`` made this child's own record writing fail, round 24 B24-2)."""
@@ -300,9 +300,7 @@ def plugin_import():
     from nsa_runner import _stdlib_put
     from nsa_runner.impls import adapter_code
 
-    saved = {"stdlib": _stdlib_put.snapshot(),
-             "path": (sys.path, list(sys.path)), "meta_path": (sys.meta_path, list(sys.meta_path)),
-             "path_hooks": (sys.path_hooks, list(sys.path_hooks)), "trace": sys.gettrace(),
+    saved = {"stdlib": _stdlib_put.snapshot(), "trace": sys.gettrace(),
              "profile": sys.getprofile(), "switch": sys.getswitchinterval(),
              "timeout": socket_.getdefaulttimeout()}
     umask = os.umask(0o022)
@@ -319,33 +317,11 @@ def plugin_import():
                     lambda: sys.setprofile(saved["profile"]),
                     lambda: sys.setswitchinterval(saved["switch"]),
                     lambda: socket_.setdefaulttimeout(saved["timeout"]),
-                    lambda: _stdlib_put.put_back(saved["stdlib"]),  # builtins, json.dumps, os.replace ...
-                    *(lambda n=n: _put_list(n, *saved[n]) for n in ("path", "meta_path", "path_hooks"))):
+                    lambda: _stdlib_put.put_back(saved["stdlib"])):  # builtins, json.dumps, os.replace ...
             try:  # each on its own: one that cannot be put back never keeps the others
                 put()
             except Exception:  # noqa: BLE001
                 pass
-
-
-def _put_list(name: str, obj: list, items: list) -> None:
-    """sys.<name> the same list object again, holding ``items`` in their order, then what the import added.
-
-    An entry the import added is kept (after the earlier ones): a library registers its import hook or its
-    folder once, at its import, and stays in sys.modules; taking the entry away broke the next plugin that
-    uses it (round 20 B20-4: after one plugin's ``import six``, six's meta-path importer was removed and the
-    next plugin's ``from six.moves import urllib`` failed, listed broken). What the import removed or moved is
-    put back in front, so no plugin takes away or shadows what the next one finds."""
-    current = getattr(sys, name, None)
-    added = [x for x in (current if isinstance(current, list) else []) if not any(_same(x, y) for y in items)]
-    if current is not obj:
-        setattr(sys, name, obj)
-    if obj != items + added:
-        obj[:] = items + added
-
-
-def _same(x: object, y: object) -> bool:
-    """The same entry: the same object, or equal plain strings (never a plugin object's ``__eq__``)."""
-    return x is y or (type(x) is str and type(y) is str and x == y)
 
 
 def threads_now() -> tuple[set[str], dict[int, str]]:

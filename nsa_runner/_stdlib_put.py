@@ -15,6 +15,10 @@ nsa_runner nor torch).
   returning bytes, lost a stage's PASS). Every attribute of the class itself; one a plugin added that hides a base
   class's attribute (a patch of an inherited method) is taken away again.
 
+- the **import system's lists**, ``sys.path``, ``sys.meta_path``, ``sys.path_hooks`` (``import_state``; round 26
+  U26-1: a stage or adapter that took the standard library's folder off ``sys.path``, or left a finder raising for
+  every name, made nsa-run's next import of its own fail: "No module named 'platform'", the PASS lost).
+
 A name the plugin code added to a module is kept (a library's, e.g. gettext's ``_``, used later). Cheap when nothing
 changed (identity checks in C: it runs after every adapter call). Standard library only."""
 
@@ -36,6 +40,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -144,5 +149,46 @@ def put_back_limits(saved: dict[str, tuple[int, int]]) -> list[str]:
             said.append(f"resource.{name}" + (f" (lowered to {now}; could not be raised back: the process may not)"
                                                if stayed else ""))
         except (OSError, ValueError):
+            continue
+    return said
+
+
+IMPORT_LISTS = ("path", "meta_path", "path_hooks")
+
+
+def import_state() -> dict[str, tuple[object, list]]:
+    """``sys.path``, ``sys.meta_path`` and ``sys.path_hooks`` as they are now: each list object and its entries."""
+    return {n: (getattr(sys, n), list(getattr(sys, n))) for n in IMPORT_LISTS}
+
+
+def _entry(x: object, y: object) -> bool:
+    """The same entry: the same object, or equal plain strings (never a plugin object's ``__eq__``)."""
+    return x is y or (type(x) is str and type(y) is str and x == y)
+
+
+def put_back_import_state(saved: dict[str, tuple[object, list]], keep_added: bool = True) -> list[str]:
+    """Each of ``import_state``'s lists the same list object again, holding its saved entries in their order, then,
+    ``keep_added``, the entries added since: a library registers its import hook or its folder once, at its import,
+    and stays in ``sys.modules``; taking the entry away broke the next plugin using it (round 20 B20-4: six's
+    meta-path importer). What was removed or moved is put back in front: no plugin code takes away or shadows what
+    nsa-run or the next plugin finds. Without ``keep_added``, exactly as saved (the stage's worker once the stage has
+    ended: none of its code imports again). Returns the names of those whose saved entries were replaced, taken away
+or moved (``sys.meta_path``). Never raises."""
+    said = []
+    for name, (obj, items) in saved.items():
+        try:
+            current = getattr(sys, name, None)
+            now = list(current) if isinstance(current, list) else []
+            added = [x for x in now if not any(_entry(x, y) for y in items)] if keep_added else []
+            want = items + added
+            if current is obj and len(now) == len(want) and all(map(_entry, now, want)):
+                continue
+            kept = [x for x in now if any(_entry(x, y) for y in items)]
+            if current is not obj or len(kept) != len(items) or not all(map(_entry, kept, items)):
+                said.append(f"sys.{name}")  # (an entry only added, kept or taken away again, is not news)
+            if current is not obj:
+                setattr(sys, name, obj)
+            obj[:] = want
+        except Exception:  # noqa: BLE001 - one that cannot be put back is left as the plugin code left it
             continue
     return said

@@ -884,12 +884,44 @@ _LIMITS = (sys.getrecursionlimit(), _stdlib_put.limits())
 _TIMERS = (signal.alarm, signal.setitimer, faulthandler.cancel_dump_traceback_later)  # as before any stage code
 
 
-def _put_back() -> list[str]:
+# descriptors held for the worker's own result writing while the stage runs, given back after it (round 26 U26-2: a
+# stage leaking descriptors up to its limit lost its PASS: "Too many open files" at the worker's import and write)
+_RESERVED_FDS = 4
+
+
+def _reserve_fds() -> list[tuple[int, tuple[int, int]]]:
+    """``_RESERVED_FDS`` descriptors on /dev/null, each with its file's (dev, ino)."""
+    out = []
+    try:
+        for _ in range(_RESERVED_FDS):
+            fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            out.append((fd, (st.st_dev, st.st_ino)))
+    except OSError:
+        pass
+    return out
+
+
+def _release_fds(held: list[tuple[int, tuple[int, int]]]) -> None:
+    """``_reserve_fds``'s descriptors closed, each only where it is still /dev/null (the stage may have closed it and
+    the number been reused). Never raises."""
+    for fd, ident in held:
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == ident:
+                os.close(fd)
+        except OSError:
+            continue
+
+
+def _put_back(imports: dict, held: list) -> list[str]:
     """What the stage's code left changed that the worker's own result writing needs, put back: the standard
     library (``_stdlib_put``), the recursion limit and the resource limits where it changed them (round 25 U25-3:
-    ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS; round 27 B27-4: a lowered RLIMIT_AS), and
-    timers it left armed are cancelled (round 27 B27-3: an alarm armed as it returned fired while the result was
-    written). Names what. Never raises."""
+    ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS; round 27 B27-4: a lowered RLIMIT_AS),
+    ``imports``, sys.path / meta_path / path_hooks as before the stage's import, exactly (round 26 U26-1: the
+    worker's own imports after the stage failed), and timers it left armed are cancelled (round 27 B27-3: an alarm
+    armed as it returned fired while the result was written); ``held``, the descriptors kept for the result, given
+    back. Names what. Never raises."""
     left = []
     try:  # first; the stage has returned: nothing of it is waited for any more (the worker arms no timer itself)
         if _TIMERS[0](0):
@@ -901,6 +933,8 @@ def _put_back() -> list[str]:
     except Exception:  # noqa: BLE001
         pass
     left += _stdlib_put.put_back(_STDLIB)
+    left += _stdlib_put.put_back_import_state(imports, keep_added=False)
+    _release_fds(held)
     try:
         depth, limits = _LIMITS
         if sys.getrecursionlimit() < depth:
@@ -1238,17 +1272,18 @@ def main(argv: list[str]) -> int:
     stage_pid = os.getpid()  # a copy the stage forks that comes back here is not the stage (_forked_copy_ends)
     from_torch = False
     left: list[str] = []  # standard-library functions and limits the stage's code left changed (put back)
+    imports, held = _stdlib_put.import_state(), _reserve_fds()
     try:
         stage = _load(job["spec"])
         result = stage.run(ctx) if prof is None else prof.runcall(stage.run, ctx)
-        left = _put_back()
+        left = _put_back(imports, held)
         _forked_copy_ends(stage_pid, None)
         if not isinstance(result, StageResult):
             out = _error(f"run() returned {type_name(result)}, expected a StageResult", None)
         else:
             out = _result_out(result)
     except SystemExit as e:
-        left = _put_back()
+        left = _put_back(imports, held)
         _forked_copy_ends(stage_pid, e)
         try:
             code = clip(repr(e.code), FIRST_LINE_CHARS)
@@ -1256,7 +1291,7 @@ def main(argv: list[str]) -> int:
             code = "..."
         out = _error(f"stage called sys.exit({code})", _traceback_text())
     except Exception as e:  # noqa: BLE001 - any exception is the stage's ERROR, with traceback
-        left = _put_back()
+        left = _put_back(imports, held)
         _forked_copy_ends(stage_pid, e)
         from_torch = _out_of_torch_import(e)
         tb = _traceback_text()

@@ -445,6 +445,7 @@ def _saved_state() -> dict:
         pass
     try:
         state["stdlib"] = _stdlib_put.snapshot()  # builtins, the standard library's functions, pathlib / json classes
+        state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
         state["matplotlib"] = _rc_saved()
     except Exception:  # noqa: BLE001
         pass
@@ -554,6 +555,8 @@ def _restore_state(state: dict) -> list[str]:
 
     if "stdlib" in state:  # first: what follows calls them (print, open, __import__, json.dumps)
         _restore_stdlib(state["stdlib"], put)
+    if "imports" in state:  # next: what follows may import (an entry taken away or shadowed: back in front)
+        changed += _stdlib_put.put_back_import_state(state["imports"])
     for fd, ident in state.get("fds", {}).items():
         kept = _KEPT_FDS.get(fd)
         if ident is not None and _fd_id(fd) != ident and kept is not None and kept[1] == ident \
