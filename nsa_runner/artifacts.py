@@ -519,7 +519,7 @@ def declared_file_problem(run_dir: str | os.PathLike, rel: Any,
     if pure.is_absolute():
         return "outside", f"{rel} is an absolute path"
     if ".." in pure.parts:
-        return "outside", f"{rel} climbs out with '..'"
+        return "outside", f"{rel} holds '..' (a declared name never climbs, even back inside)"
     if not pure.parts:
         return "shared", f"{rel} is the run folder itself"
     if _runner_name(pure.parts[0], allowed):

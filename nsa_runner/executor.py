@@ -404,29 +404,29 @@ def _runner_names_left(run_dir: Path, stage: str) -> str | None:
 
 
 def _check_files(run_dir: Path, result: StageResult,
-                 allowed: tuple[str, ...] = ()) -> tuple[list[str], list[str], list[str]]:
-    """Declared files that are (missing or outside the run folder, shared names of the run folder,
-    written as a folder but no folder: ``a.csv/``).
+                 allowed: tuple[str, ...] = ()) -> tuple[list[str], list[tuple[str, str]], list[str], list[str]]:
+    """Declared files that are (missing; refused, with why: outside the run folder or not a plain relative
+    name; shared names of the run folder; written as a folder but no folder: ``a.csv/``).
 
     A declared file must stay inside the run folder (no ``..``, no absolute path, no symlink
     out) and not be a shared name such as ``logs`` (``artifacts.declared_file_problem``): a
     rerun moves a stage's declared files into history.
     """
-    outside, shared, folder = [], [], []
+    missing, refused, shared, folder = [], [], [], []
     for rel in result.files:
         if not_text(rel):
             continue  # named by _apply_result (not_text), never looked up
         problem = declared_file_problem(run_dir, rel, allowed)
         if problem is None:
             if not os.path.lexists(Path(run_dir) / rel):
-                outside.append(rel)
+                missing.append(rel)
         elif problem[0] == "shared":
             shared.append(rel)
         elif problem[0] == "folder":
             folder.append(rel)
         else:
-            outside.append(str(rel))
-    return outside, shared, folder
+            refused.append((str(rel), problem[1]))
+    return missing, refused, shared, folder
 
 
 def not_text(rel: object) -> bool:
@@ -1219,17 +1219,20 @@ def _apply_result(rec: StageRecord, result_path: Path, run_dir: Path, machine: M
         rec.log_tail = tail(log_path)
     if rec.status is Status.SKIP:
         rec.strict_fail = strict_counts_skip(None, machine, by_requirement=False)
-    outside, shared, folder = _check_files(run_dir, result, stage_allowed(rec.name, rec.source == "built-in"))
+    missing, refused, shared, folder = _check_files(run_dir, result, stage_allowed(rec.name,
+                                                                                    rec.source == "built-in"))
     bad_text = [f for f in rec.files if not_text(f)]
-    if outside or shared or folder or bad_text:
+    if missing or refused or shared or folder or bad_text:
         # a set: 20 000 missing names were quadratic
-        dropped = set(outside) | set(shared) | set(folder) | set(bad_text)
+        dropped = set(missing) | {r for r, _ in refused} | set(shared) | set(folder) | set(bad_text)
         rec.files = [f for f in rec.files if isinstance(f, str) and f not in dropped]
         notes = []
         if bad_text:
             notes.append(f"declared file name(s) not UTF-8 text, not recorded: {', '.join(map(shown_name, bad_text))}")
-        if outside:
-            notes.append(f"declared file(s) missing or outside the run folder: {', '.join(outside)}")
+        if missing:
+            notes.append(f"declared file(s) missing: {', '.join(missing)}")
+        if refused:  # each with why (round 27 U27-7: sub/../a.txt, inside and there, was called "missing or outside")
+            notes.append(f"declared name(s) refused: {'; '.join(why for _, why in refused)}")
         if shared:
             notes.append(f"declared file(s) shared by every stage, not this stage's own: {', '.join(shared)}")
         if folder:

@@ -80,8 +80,23 @@ def test_declared_files_partly_missing(tmp_path, reason):
     executor._apply_result(rec, res, run, CPU, log)
     assert rec.status == Status.ERROR
     assert rec.files == ["here.csv"]  # the files that exist inside the run folder are kept
-    note = "declared file(s) missing or outside the run folder: gone.csv, ../outside.txt"
+    note = ("declared file(s) missing: gone.csv; declared name(s) refused: ../outside.txt holds '..' (a declared name "
+            "never climbs, even back inside)")
     assert rec.reason == (f"{reason}; {note}" if reason else note)
+
+
+def test_a_declared_name_with_dots_inside_the_folder_is_refused_for_what_it_is(tmp_path):
+    """Round 27 U27-7: ``sub/../here.csv`` (inside the folder, the file there) was ERROR "declared file(s) missing or
+    outside the run folder", neither true. Expected: refused (never normalised: a rerun moves declared names), saying
+    why."""
+    res, run, log = _result(tmp_path, reason="ok", files=["here.csv", "sub/../here.csv"])
+    (run / "here.csv").write_text("a\n1\n")
+    (run / "sub").mkdir()
+    rec = _rec()
+    executor._apply_result(rec, res, run, CPU, log)
+    assert rec.status == Status.ERROR and rec.files == ["here.csv"]
+    assert rec.reason == ("ok; declared name(s) refused: sub/../here.csv holds '..' (a declared name never climbs, "
+                          "even back inside)"), rec.reason
 
 
 @pytest.mark.parametrize("rc,text", [(0, "process exited with code 0 without a result"),
