@@ -382,7 +382,7 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
                 # SystemExit / GeneratorExit / its own KeyboardInterrupt of an adapter's part too, its text
                 # never trusted (round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
                 adapter_failed(e)
-                row = {**unmeasured, "status": "ERROR", "note": describe_failure(e, 200)}
+                row = {**unmeasured, "status": "ERROR", "note": describe_failure(e, 200, adapter=entry.name)}
             row["seconds"] = round(time.perf_counter() - t0, 2)
             if impl.note:
                 row["note"] = "; ".join(filter(None, [row.get("note"), impl.note]))

@@ -1149,7 +1149,7 @@ def _impl_points(entry, o, dev, log, rows, problems) -> None:
                 # SystemExit / GeneratorExit / its own KeyboardInterrupt too, its text never trusted (as the
                 # parity stages, round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
                 adapter_failed(e)
-                why = f"{entry.name}: decode_step raised {describe_failure(e, 200)}"
+                why = f"{entry.name}: decode_step raised {describe_failure(e, 200, adapter=entry.name)}"
                 rows.append(_unmeasured(S, B, entry.name, "ERROR", why))
                 problems.append(f"{tag}: {why}")
                 continue

@@ -790,7 +790,7 @@ def measure_T(T: int, o: dict, device: str, log) -> tuple[list[dict], list[str],
         except BaseException as e:  # noqa: BLE001 - its adapter's code: SystemExit / GeneratorExit / its own
             # KeyboardInterrupt too, its text never trusted (round 13 B5); a real SIGINT stops the stage
             adapter_failed(e)
-            msg = f"T={T} {entry.name}: {describe_failure(e, 160)}"
+            msg = f"T={T} {entry.name}: {describe_failure(e, 160, adapter=entry.name)}"
             warnings.append(f"{entry.name} not timed: {msg}")
             log(f"{entry.name} not timed: {msg}")
         _free(device)

@@ -80,16 +80,17 @@ class _Checks:
         print(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
         return ok
 
-    def guard(self, name: str, fn) -> None:
+    def guard(self, name: str, fn, adapter: str | None = None) -> None:
         """Run fn(); a failure of the code under test is a failed check with its message: any
         BaseException an adapter raises (SystemExit, GeneratorExit, its own KeyboardInterrupt: round
-        13 B5), its text never trusted (a ``__str__`` that raises). A real SIGINT still stops the stage."""
+        13 B5), its text never trusted (a ``__str__`` that raises). A real SIGINT still stops the stage.
+        ``adapter``: the implementation whose code fn runs (named first in ``describe_failure``'s note)."""
         try:
             with adapter_code():
                 fn()
         except BaseException as e:  # noqa: BLE001
             adapter_failed(e)
-            self.add(name, False, f"raised {describe_failure(e)}")
+            self.add(name, False, f"raised {describe_failure(e, adapter=adapter)}")
 
 
 def _rand(gen, *shape, device, dtype, requires_grad=False):
@@ -316,7 +317,7 @@ def _check_impl_branches(c: _Checks, skips: list, impl, testing, s: Shape, cfg, 
             continue
         c.guard(f"{impl.name} {branch}", lambda b=branch: _check_branch(
             c, F, testing, b, impl.name, s, cfg, gen, device, sel_q, sel_k, label=f"{impl.name} {b}",
-            tf32=device == "cuda"))
+            tf32=device == "cuda"), adapter=impl.name)
 
 
 def _check_impl_shared(c: _Checks, skips: list, impl, testing, profile: str, gen, device):
@@ -345,7 +346,8 @@ def _check_impl_shared(c: _Checks, skips: list, impl, testing, profile: str, gen
                 skips.append({"check": f"{impl.name} nsa_attention (shared K/V)", "reason": why})
             else:
                 c.guard(f"{impl.name} nsa_attention (shared K/V)",
-                        lambda: _nsa_vs_reference(c, impl, testing, F, q, k, v, cfg, gen, device, dtype, shape))
+                        lambda: _nsa_vs_reference(c, impl, testing, F, q, k, v, cfg, gen, device, dtype, shape),
+                        adapter=impl.name)
     if "select" in impl.parts:
         try:
             why = impl.excluded(case, "select")
@@ -355,7 +357,8 @@ def _check_impl_shared(c: _Checks, skips: list, impl, testing, profile: str, gen
             if why:
                 skips.append({"check": f"{impl.name} select (shared K/V case)", "reason": why})
             else:
-                c.guard(f"{impl.name} select", lambda: _select_vs_reference(c, impl, F, q, k, cfg, shape))
+                c.guard(f"{impl.name} select", lambda: _select_vs_reference(c, impl, F, q, k, cfg, shape),
+                        adapter=impl.name)
 
 
 def _nsa_vs_reference(c: _Checks, impl, testing, F, q, k, v, cfg, gen, device, dtype, shape):

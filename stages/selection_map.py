@@ -419,7 +419,7 @@ class SelectionMap(Stage):
                 continue
             except BaseException as ex:  # noqa: BLE001 - the code under test broke: a failed check
                 adapter_failed(ex)
-                others.append((e.name, f"select raised {describe_failure(ex)}", True))
+                others.append((e.name, f"select raised {describe_failure(ex, adapter=e.name)}", True))
                 continue
             if tuple(idx.shape) != (B, T, G, cfg.n_sel) or tuple(cnt.shape) != (B, T, G):
                 others.append((e.name, f"select returned shapes {tuple(idx.shape)} / {tuple(cnt.shape)}, want "

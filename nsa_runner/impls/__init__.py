@@ -227,8 +227,9 @@ def adapter_code(loading: str = "") -> Iterator[None]:
             except (ValueError, TypeError, OSError):
                 pass
         said = _restore_state(state)
-        if loading and said:
-            PUT_BACK_AFTER_IMPORTS[clip(str(loading), 60)] = said
+        if loading and said:  # the import's and the factory's, one list (round 28 B28-2: the factory's replaced it)
+            kept = PUT_BACK_AFTER_IMPORTS.setdefault(clip(str(loading), 60), [])
+            kept += [x for x in said if x not in kept]
 
 
 # what each adapter's import left changed and nsa-run put back, by adapter (``adapter_code(loading=NAME)``)
@@ -608,8 +609,9 @@ def _restore_state(state: dict) -> list[str]:
         _restore_torch(torch, state["torch"] or _torch_defaults(torch), put)
     if changed:
         try:
-            print(f"note: an implementation's code left {', '.join(dict.fromkeys(changed))} changed: put back "
-                  "(the next one runs in the runner's own state)", file=sys.stderr, flush=True)
+            print(_text.written_out(f"note: an implementation's code left {', '.join(dict.fromkeys(changed))} "
+                                    "changed: put back (the next one runs in the runner's own state)"),
+                  file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - the log is gone: nothing to say it in
             pass
     return list(dict.fromkeys(changed))
@@ -877,17 +879,28 @@ def adapter_failed(e: BaseException) -> None:
             raise
 
 
-def describe_failure(e: BaseException, limit: int = 300) -> str:
+def describe_failure(e: BaseException, limit: int = 300, adapter: str | None = None) -> str:
     """``TYPE: first line of its message`` (``TYPE`` alone when it has none), never raising but a real stop
     (``stops``). (``_text.described``, shared with the worker.) Where an adapter's import changed the standard
-    library process-wide, what nsa-run put back is named too (an adapter relying on it fails for that reason)."""
-    said = _text.described(e, limit, let_through=stops)
-    if PUT_BACK_AFTER_IMPORTS:
-        each = "; ".join(f"{name}'s: {', '.join(what[:4])}{' ...' if len(what) > 4 else ''}"
-                         for name, what in list(PUT_BACK_AFTER_IMPORTS.items())[:3])
-        said += (f" (note: nsa-run put back what adapter imports changed process-wide ({each}): adapters run in "
-                 "nsa-run's own state)")
-    return said
+    library process-wide, what nsa-run put back is named too (an adapter relying on it fails for that reason):
+    ``adapter``'s own first, the one whose call failed (round 28 B28-1: with four such adapters the failing one's
+    change was cut off, three others named)."""
+    return _text.described(e, limit, let_through=stops) + _put_back_note(adapter)
+
+
+def _put_back_note(adapter: str | None) -> str:
+    """`` (note: nsa-run put back what adapter imports changed process-wide (rd's: os.environ (X); ra's: ...))``, or
+    "" where no adapter's import changed anything. Three adapters at most, ``adapter``'s first; each name written
+    out (``_text.written_out``: an environment variable named with a newline kept the reason on one line)."""
+    if not PUT_BACK_AFTER_IMPORTS:
+        return ""
+    items = list(PUT_BACK_AFTER_IMPORTS.items())
+    key = None if adapter is None else clip(str(adapter), 60)
+    items = [(n, w) for n, w in items if n == key] + [(n, w) for n, w in items if n != key]
+    each = "; ".join(f"{name}'s: {', '.join(what[:4])}{' ...' if len(what) > 4 else ''}" for name, what in items[:3])
+    more = f"; and {len(items) - 3} more adapter(s)" if len(items) > 3 else ""
+    return _text.written_out(f" (note: nsa-run put back what adapter imports changed process-wide ({each}{more}): "
+                             "adapters run in nsa-run's own state)")
 
 
 def _int(v) -> bool:
