@@ -6,12 +6,12 @@ from __future__ import annotations
 
 
 def _early_interrupts() -> None:
-    """(The nsa-run script only.) From this module's first line until ``main`` installs the real
-    handlers, a Ctrl-C, SIGTERM or SIGHUP ends the process at once with the one interrupted line and
-    exit 130: nothing has started yet (importing typer, rich, the commands takes a second or more on
-    a loaded machine; a Ctrl-C there printed a KeyboardInterrupt traceback, a TERM exited 143). An
-    ignored signal (``nohup``, a background job's SIGINT) stays ignored. Not when this module is
-    imported by other code (tests, an embedding): their handlers are theirs."""
+    """(The nsa-run script only.) From this module's first line until ``main`` installs the real handlers, a Ctrl-C,
+    SIGTERM, SIGHUP or SIGQUIT (Ctrl-backslash) ends the process at once with the one interrupted line and exit 130:
+    nothing has started yet (importing typer, rich, the commands takes a second or more on a loaded machine; a
+    Ctrl-C there printed a KeyboardInterrupt traceback, a TERM exited 143). An ignored signal (``nohup``, a
+    background job's SIGINT) stays ignored. Not when this module is imported by other code (tests, an embedding):
+    their handlers are theirs."""
     import os
     import signal
     import sys
@@ -28,7 +28,7 @@ def _early_interrupts() -> None:
             pass
         os._exit(130)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # (manifest.INTERRUPTS, not loaded)
         try:
             if signal.getsignal(sig) != signal.SIG_IGN:
                 signal.signal(sig, stop)
@@ -220,7 +220,9 @@ def main() -> None:
 def _quiet_signals() -> None:
     import signal
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    from nsa_runner.manifest import INTERRUPTS
+
+    for sig in INTERRUPTS:
         try:
             signal.signal(sig, signal.SIG_IGN)
         except ValueError:  # not the main thread

@@ -310,7 +310,7 @@ def received() -> bool:
 
 
 class Terminated(KeyboardInterrupt):
-    """A SIGTERM / SIGHUP the CLI turned into an interrupt: stops the run like Ctrl-C does, and
+    """A SIGTERM / SIGHUP / SIGQUIT the CLI turned into an interrupt: stops the run like Ctrl-C does, and
     the stage's reason names the signal (a cancelled CI job is not a Ctrl-C)."""
 
     def __init__(self, signum: int):
@@ -587,7 +587,7 @@ class _TempFolder(TempFolder):
 
 
 class _UntilRecorded:
-    """The runner's interrupts (Ctrl-C, SIGTERM, SIGHUP) held from a stage's end until its record is
+    """The runner's interrupts (``manifest.INTERRUPTS``) held from a stage's end until its record is
     written (``manifest._Deferred``), across ``run_one`` (the result read and checked, the temp folder
     removed) and ``execute`` (the spare that ran it closed, the record). A signal there cut the steps in
     two: the stage went unrecorded (a finished PASS / FAIL too), a rerun was not put back, the temp

@@ -382,7 +382,9 @@ def _refuse_unsafe(path: Path, problem: str) -> ManifestError:
                          f"it (nsa-run makes a new one) and rerun")
 
 
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# the user's interrupts: Ctrl-C, SIGTERM (a CI cancel), SIGHUP (a closed terminal), Ctrl-\ (SIGQUIT, a terminal key
+# too: its default action killed the runner mid-rerun, the earlier result left set aside; round 27 U27-6)
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 LOCK_POLL_S = 0.05
 
 

@@ -43,6 +43,7 @@ from nsa_runner.executor import (
     spare_on,
 )
 from nsa_runner.manifest import (
+    INTERRUPTS,
     LOCK_TIMEOUT_ENV,
     LOCK_TIMEOUT_S,
     ManifestBusy,
@@ -328,8 +329,7 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     and before the run began (``interrupt_puts_back``): no stage runs, the run is recorded as
     interrupted the way an interrupt of its stages is (the earlier result put back, exit 130).
     """
-    previous = signal.getsignal(signal.SIGTERM)
-    previous_hup = signal.getsignal(signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in INTERRUPTS[1:]}
     closing = _Closing()
     if stopped:  # stopping already: a second signal is noted, never raised (the put-back is not cut off)
         closing.start()
@@ -346,8 +346,8 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
     # arriving while the closing reports are written is an interrupt like Ctrl-C, never the default
     # action (the process exited 129 while manifest.json recorded 130)
     if not stopped:
-        catch(signal.SIGTERM, _term)
-        catch(signal.SIGHUP, _term)
+        for sig in INTERRUPTS[1:]:  # (Ctrl-C: KeyboardInterrupt, Python's own)
+            catch(sig, _term)
     global RUN_STARTED
     if STOPPED_BY is not None and not stopped:  # an interrupt that came before the run and was swallowed on the
         raise KeyboardInterrupt  # way (plugin or C extension code taking it): no stage runs after a Ctrl-C
@@ -360,8 +360,8 @@ def run_and_report(plan: list[tuple[StageEntry, dict[str, Any]]], manifest: RunM
         raise
     finally:
         if not PROCESS_ENTRY:  # embedded (tests, a caller's process): its handlers come back
-            signal.signal(signal.SIGTERM, previous)
-            signal.signal(signal.SIGHUP, previous_hup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 # set by ``cli.main`` (the nsa-run script): once a run's exit code is recorded, a late Ctrl-C,
@@ -384,10 +384,10 @@ def catch(sig: int, handler) -> None:
 
 
 def catch_interrupts() -> None:
-    """(The nsa-run script.) Ctrl-C, SIGTERM and SIGHUP stop any command as an interrupt, exit 130,
-    with one line saying so (``list``, ``compare``, ``report``, a ``stage`` waiting for the run
-    folder's lock ended silently: TERM 143, HUP 129, Ctrl-C 130). A run installs its own handlers
-    and records the interrupt in its manifest."""
+    """(The nsa-run script.) Ctrl-C, SIGTERM, SIGHUP and SIGQUIT (``manifest.INTERRUPTS``) stop any command as an
+    interrupt, exit 130, with one line saying so (``list``, ``compare``, ``report``, a ``stage`` waiting for the run
+    folder's lock ended silently: TERM 143, HUP 129, Ctrl-C 130). A run installs its own handlers and records the
+    interrupt in its manifest."""
     def stop(signum, frame):
         global STOPPED_BY, _PUT_BACK
         if FINISHING:  # cli.main ends the process now, with its code: nothing to stop (round 21 B21-5)
@@ -402,7 +402,7 @@ def catch_interrupts() -> None:
             raise KeyboardInterrupt
         raise Terminated(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in INTERRUPTS:
         catch(sig, stop)
 
 
@@ -416,10 +416,10 @@ def _end_with(code: int) -> None:
         os._exit(code)
 
     def ignore() -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in INTERRUPTS:
             signal.signal(sig, signal.SIG_IGN)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in INTERRUPTS:
         catch(sig, handler)
     atexit.register(ignore)
 
@@ -451,7 +451,7 @@ class _Closing:
         if self.started:
             return
         self.started = True
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in INTERRUPTS:
             catch(sig, self._note)
 
 
@@ -519,7 +519,7 @@ def _run_and_report(plan, manifest: RunManifest, machine: Machine, profile: str,
                   soft_wrap=True)
     # the exit code is recorded: a late Ctrl-C / TERM / HUP ends the command with that same code
     _late = _exit_with(code)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in INTERRUPTS:
         catch(sig, _late)
     try:
         _print_run(records, manifest, machine, profile, strict, as_json, interrupted, code, err)
@@ -537,7 +537,7 @@ def signals_noted():
     def note(signum, frame):
         late.append(signum)
 
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    sigs = INTERRUPTS
     previous = {}
     try:
         for sig in sigs:
