@@ -882,6 +882,11 @@ _STDLIB = _stdlib_put.snapshot()
 
 _LIMITS = (sys.getrecursionlimit(), _stdlib_put.limits())
 _TIMERS = (signal.alarm, signal.setitimer, faulthandler.cancel_dump_traceback_later)  # as before any stage code
+_SET_HANDLER = signal.signal
+# once the stage has ended, these end the worker no more: a timer a stage's thread arms after run() returned (round
+# 28 U28-4: "process died with SIGALRM", the PASS lost) or a CPU-time limit set just above what the stage used (round
+# 27 U27-2: SIGXCPU); the worker's own code uses none of them
+_LATE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU") if hasattr(signal, n))
 
 
 # descriptors held for the worker's own result writing while the stage runs, given back after it (round 26 U26-2: a
@@ -920,10 +925,16 @@ def _put_back(imports: dict, held: list) -> list[str]:
     ``sys.setrecursionlimit(60)`` or a 100-byte RLIMIT_FSIZE lost a PASS; round 27 B27-4: a lowered RLIMIT_AS),
     ``imports``, sys.path / meta_path / path_hooks as before the stage's import, exactly (round 26 U26-1: the
     worker's own imports after the stage failed), and timers it left armed are cancelled (round 27 B27-3: an alarm
-    armed as it returned fired while the result was written); ``held``, the descriptors kept for the result, given
+    armed as it returned fired while the result was written; the timer and CPU-limit signals ignored from then on:
+    ``_LATE_SIGNALS``); ``held``, the descriptors kept for the result, given
     back. Names what. Never raises."""
     left = []
-    try:  # first; the stage has returned: nothing of it is waited for any more (the worker arms no timer itself)
+    for sig in _LATE_SIGNALS:  # first: a timer armed from here on (a stage's thread) cannot end the worker
+        try:
+            _SET_HANDLER(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    try:  # the stage has returned: nothing of it is waited for any more (the worker arms no timer itself)
         if _TIMERS[0](0):
             left.append("signal.alarm")
         for which in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"):
