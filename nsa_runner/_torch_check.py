@@ -101,7 +101,7 @@ TORCH_IMPORT_S = 300.0  # torch's own import with no device backend to run: boun
 def torch_facts() -> TorchFacts:
     """Whether torch sees a CUDA device, asked of a child process (see the module's docstring)."""
     from nsa_runner._python import python_m
-    from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog, kill_processes
+    from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog, hold_pid, kill_processes
     from nsa_runner.registry import DISCOVERY_TIMEOUT_ENV, STARTUP_S, _pkg_parent, discovery_timeout
 
     # (the CLI refused a bad value before). The limit is there for a [torch.backends] init that hangs (round 21
@@ -117,9 +117,10 @@ def torch_facts() -> TorchFacts:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_pkg_parent(), env.get("PYTHONPATH", "")]))
     try:
         # the child's output goes to stderr: never into stdout (``--json``), as a backend's print at load did
-        proc = subprocess.Popen(python_m("nsa_runner._torch_check", str(w)), pass_fds=(w,),
-                                stdin=subprocess.DEVNULL, stdout=sys.__stderr__ or subprocess.DEVNULL,
-                                stderr=sys.__stderr__ or subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = hold_pid(subprocess.Popen(python_m("nsa_runner._torch_check", str(w)), pass_fds=(w,),
+                                         stdin=subprocess.DEVNULL, stdout=sys.__stderr__ or subprocess.DEVNULL,
+                                         stderr=sys.__stderr__ or subprocess.DEVNULL, env=env,
+                                         start_new_session=True))
     except BaseException:
         os.close(r)
         os.close(w)
@@ -160,7 +161,7 @@ def torch_facts() -> TorchFacts:
             time.sleep(POLL_S)
     finally:
         os.close(r)
-        kill_processes(cookie, proc.pid, grace_s=0.0)
+        kill_processes(cookie, proc, grace_s=0.0)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

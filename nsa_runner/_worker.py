@@ -271,6 +271,40 @@ def _children_of(pid: int) -> list[int] | None:
         return None
 
 
+def hold_pid(proc: subprocess.Popen) -> subprocess.Popen:
+    """``proc`` (just started, so not reaped: its pid is its own) with a pidfd of it kept (``proc.nsa_pidfd``, closed
+    with the object) where the system has them: ``StageTree`` signals it, its tree and its group only while it is
+    still this process, never a process that got its pid after it was reaped (a stage's fork storm cycled the pids
+    within a second: the runner, freezing a worker it had reaped already, stopped another nsa-run that had the pid
+    next, with its spare worker; found in CI beside a round 15 comet test)."""
+    import weakref
+
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux, or an old kernel: the returncode check alone
+        fd = None
+    proc.nsa_pidfd = fd
+    if fd is not None:
+        weakref.finalize(proc, os.close, fd)
+    return proc
+
+
+def _still_ours(proc: subprocess.Popen) -> bool:
+    """``proc`` not reaped yet (its pid still names it; a zombie counts: its pid is held)."""
+    if proc.returncode is not None:
+        return False
+    fd = getattr(proc, "nsa_pidfd", None)
+    if fd is None:
+        return True
+    try:
+        signal.pidfd_send_signal(fd, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 # how long the keeper's children are killed before the tree kill goes on without them (``StageTree.drain``)
 DRAIN_S = 5.0
 
@@ -286,12 +320,21 @@ class StageTree:
     A1: a stage's TERM-ignoring helper, alive for the 3 s grace beside the next stage, forged that
     stage's result)."""
 
-    def __init__(self, cookie: str, root: int | None):
+    def __init__(self, cookie: str, root: int | subprocess.Popen | None):
+        """``root``: the worker, as the Popen that started it (``hold_pid``: acted on only while it is that
+        process), or a pid (the watchdog's: the worker is not its child)."""
         import psutil
 
         self._psutil = psutil
-        self.cookie, self.root = cookie, root
+        self._proc = root if isinstance(root, subprocess.Popen) else None
+        self.cookie, self.root = cookie, (root.pid if self._proc is not None else root)
         self.known: dict[tuple[int, float], psutil.Process] = {}
+
+    def _root(self) -> int | None:
+        """The worker's pid while it still names the worker (``_still_ours``), else None from then on."""
+        if self.root is not None and self._proc is not None and not _still_ours(self._proc):
+            self.root = None
+        return self.root
 
     def _tell(self, pids) -> None:
         """(Round 16 A2.) The runner's watchdog of this stage (``Watchdog``, where this process has one) is
@@ -315,7 +358,7 @@ class StageTree:
 
     def look(self) -> bool:
         """Find the stage's processes again; True when one not known before was found."""
-        found = stage_processes(self.cookie, self.root)
+        found = stage_processes(self.cookie, self._root())
         for p in self.live():
             try:
                 found += p.children(recursive=True)
@@ -343,7 +386,8 @@ class StageTree:
     def groups(self, procs: list) -> list[int]:
         """The worker's process group and those of the stage's processes (the stage's work runs in a
         group of its own: ``keep_orphans``), never this process's own group."""
-        out = [] if self.root is None else [self.root]
+        root = self._root()
+        out = [] if root is None else [root]
         for p in procs:
             try:
                 out.append(os.getpgid(p.pid))
@@ -374,8 +418,8 @@ class StageTree:
         "comet") is never found alive by the looks (psutil, tens of ms), and ran on beside the next
         stage; its successors come to the worker (a child subreaper: ``become_subreaper``), and a
         stopped process forks no more. The stopped worker reaps nothing: a pid read below it is not
-        reused before it is signalled."""
-        root = self.root
+        reused before it is signalled; the worker itself is acted on only while it is the worker (``_root``)."""
+        root = self._root()
         if root is None:
             return
         deadline = time.monotonic() + limit_s
@@ -400,7 +444,7 @@ class StageTree:
                     if kid_state not in ("T", "t"):
                         running.append(kid)
                     stack.append(kid)
-            if not running:
+            if not running or self._root() is None:  # (after the reads: they were the worker's, its pid held)
                 return
             self._tell(running)
             for pid in running:
@@ -418,8 +462,9 @@ class StageTree:
         run; read from ``/proc/<worker>/task/*/children`` it is seen each time, and it cannot leave the
         worker's tree while the worker lives. The stopped worker reaps nothing: a pid read there is
         not reused before it is signalled. Where the worker is gone already (the stage killed it) or
-        cannot be a subreaper (not Linux), this does nothing: the cookie and the looks remain."""
-        root = self.root
+        cannot be a subreaper (not Linux), this does nothing: the cookie and the looks remain; so too once the
+        worker is reaped (``_root``: its pid may be another process's)."""
+        root = self._root()
         if root is None:
             return
         deadline = time.monotonic() + limit_s
@@ -428,6 +473,8 @@ class StageTree:
         while time.monotonic() < deadline:
             state = _proc_state(root)
             if state in ("", "Z", "X"):
+                return
+            if self._root() is None:
                 return
             if state != "T":  # continued by someone (a stage's process): stopped again, never reaping
                 dead.clear()
@@ -445,7 +492,7 @@ class StageTree:
                         dead.add(pid)
                     else:
                         live.append(pid)
-            if not live:
+            if not live or self._root() is None:  # (after the reads: they were the worker's children)
                 return
             fresh = [pid for pid in live if pid not in signalled]
             for pid in live:
@@ -485,14 +532,14 @@ class StageTree:
                 self._psutil.wait_procs(procs, timeout=wait)
 
 
-def freeze_processes(cookie: str, root: int | None) -> StageTree:
+def freeze_processes(cookie: str, root: int | subprocess.Popen | None) -> StageTree:
     """Stop every process of the stage now (``StageTree.freeze``); ``.kill(...)`` ends them later."""
     tree = StageTree(cookie, root)
     tree.freeze()
     return tree
 
 
-def kill_processes(cookie: str, root: int | None, grace_s: float) -> None:
+def kill_processes(cookie: str, root: int | subprocess.Popen | None, grace_s: float) -> None:
     """SIGTERM every process of the stage (and the process groups of the worker and of the stage's
     processes), wait up to ``grace_s``, then SIGKILL what is left (``StageTree.kill``: the tree is
     known before anything is signalled, frozen before each signal, the worker's children drained

@@ -48,6 +48,7 @@ from nsa_runner._worker import (
     _proc_state,
     describe_exit,
     freeze_processes,
+    hold_pid,
     kill_processes,
     signal_name,
 )
@@ -340,7 +341,7 @@ def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE
             while not done.wait(POLL_S):
                 if watch.over() is not None:
                     try:
-                        kill_processes(cookie, proc.pid, 0.0)
+                        kill_processes(cookie, proc, 0.0)
                     except Exception:  # noqa: BLE001 - the grace's own SIGKILL still comes
                         pass
                     return
@@ -352,7 +353,7 @@ def _stop_stage(proc: subprocess.Popen, cookie: str, grace_s: float = KILL_GRACE
     try:
         while True:
             try:
-                kill_processes(cookie, proc.pid, 0.0 if interrupted else grace_s)
+                kill_processes(cookie, proc, 0.0 if interrupted else grace_s)
                 break
             except KeyboardInterrupt as e:
                 interrupted = interrupted or e
@@ -645,11 +646,11 @@ class _Spare:
             mark_owned(self.tmp)
             self.preload_log = Path(self.tmp) / "preload.log"
             self.pre_fd = os.open(self.preload_log, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-            self.proc = subprocess.Popen(
+            self.proc = hold_pid(subprocess.Popen(
                 python_m("nsa_runner._worker", "--spare", str(child.fileno()),
                          *(["flash"] if flash else []), *(["fla"] if fla else [])),
                 stdin=subprocess.DEVNULL, stdout=self.pre_fd, stderr=subprocess.STDOUT, cwd=run_dir,
-                env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),))
+                env=_child_env(device, self.cookie), start_new_session=True, pass_fds=(child.fileno(),)))
         except OSError:
             self.close()
         finally:
@@ -684,7 +685,7 @@ class _Spare:
         proc, self.proc = self.proc, None
         if proc is not None:
             if proc.poll() is None:
-                kill_processes(self.cookie, proc.pid, 0.0)
+                kill_processes(self.cookie, proc, 0.0)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -726,7 +727,7 @@ class _Reaper:
         self._finished = threading.Event()
         self._tree = None
         try:
-            self._tree = freeze_processes(cookie, proc.pid)
+            self._tree = freeze_processes(cookie, proc)
         except Exception:  # noqa: BLE001 - psutil missing or broken: the thread kills as before
             pass
         self._watch()
@@ -901,11 +902,11 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         env = _child_env(ctx.device, cookie)
         if proc is None:
             with os.fdopen(log_fd, "ab") as log:
-                proc = subprocess.Popen(
+                proc = hold_pid(subprocess.Popen(
                     python_m("nsa_runner._worker", str(job), str(result_path)),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     cwd=run_dir, env=env, start_new_session=True,
-                )
+                ))
         guard = None
         timed_out = False
         meddled: str | None = None  # what the stage did to its temp folder (round 14 A BR-3)

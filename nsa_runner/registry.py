@@ -768,7 +768,7 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
                    "not_tried": f"not imported: {failed} plugin imports before it ended or hung the discovery "
                                 f"process (nsa-run tries no more in one discovery: they are listed as broken); fix "
                                 "or uninstall them, then rerun"}
-            from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog
+            from nsa_runner._worker import COOKIE_ENV, PARENT_ENV, Watchdog, hold_pid
 
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [_pkg_parent(), env.get("PYTHONPATH", "")]))
@@ -779,9 +779,9 @@ def _discover_pass(group: str, describe: str, *, only: str | None = None, parse:
             logfd = os.open("child.log", os.O_WRONLY | os.O_APPEND | _NOFOLLOW, dir_fd=dir_fd)
             out_fd = os.dup(logfd)  # its size is watched: a plugin printing without end at import (round 24 U24-5)
             with open(logfd, "ab") as logf:
-                proc = subprocess.Popen(_python.python_m("nsa_runner._discover", result),
-                                        stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                proc = hold_pid(subprocess.Popen(_python.python_m("nsa_runner._discover", result),
+                                                 stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
+                                                 env=env, start_new_session=True))
             guard = Watchdog(cookie, proc.pid, tmp, env)
             try:
                 proc.stdin.write(json.dumps(req).encode())
@@ -969,7 +969,7 @@ def _stop(proc: subprocess.Popen, cookie: str) -> None:
     its descendants, every process carrying its cookie: ``setsid`` grandchildren included)."""
     from nsa_runner._worker import kill_processes
 
-    kill_processes(cookie, proc.pid, grace_s=0.0)
+    kill_processes(cookie, proc, grace_s=0.0)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
