@@ -374,33 +374,49 @@ def _describe_exit(rc: int) -> str:
 
 def _runner_names_left(run_dir: Path, stage: str) -> str | None:
     """What the stage left at the run folder's ``logs`` / ``history`` (a file, a FIFO, a symlink: names nsa-run keeps
-    for its own folders), moved aside to ``<name>.left-by-<stage>`` (nothing deleted), in words; None when both are
-    as they should be (round 27 B27-6: a ``history`` file left by a PASSing stage made the next stage ERROR "log
-    cannot be written" and every later ``stage`` into the folder exit 2, the culprit never named)."""
-    from nsa_runner.artifacts import entry_kind, runner_dirs_problem
+    for its own folders) or at a name in ``logs/`` (a FIFO, a folder, a symlink where a stage's log goes), moved aside
+    to ``<name>.left-by-<stage>`` beside it (nothing deleted), in words; None when all is as it should be (round 27
+    B27-6: a ``history`` file left by a PASSing stage made the next stage ERROR "log cannot be written" and every later
+    ``stage`` into the folder exit 2, the culprit never named; round 28 U28-6: the same for ``logs/<other>.log``)."""
+    from nsa_runner.artifacts import entry_kind
 
-    try:
-        if runner_dirs_problem(run_dir) is None:
-            return None
-    except OSError:
-        return None
     said = []
+
+    def aside(p: Path, shown: str, what: str, why: str) -> None:
+        try:
+            dest, n = p.with_name(f"{p.name}.left-by-{stage}"), 1
+            while os.path.lexists(dest):
+                n += 1
+                dest = p.with_name(f"{p.name}.left-by-{stage}.{n}")
+            os.rename(p, dest)
+            said.append(f"the stage left {shown} in the run folder as {what} ({why}): moved to "
+                        f"{dest.relative_to(run_dir)}")
+        except OSError as e:
+            said.append(f"the stage left {shown} in the run folder as {what}, and it could not be moved aside "
+                        f"({e.strerror or e})")
+
     for name in ("logs", "history"):
         p = Path(run_dir) / name
         try:
             if not (p.is_symlink() or (os.path.lexists(p) and not p.is_dir())):
                 continue
             what = "a symlink" if p.is_symlink() else entry_kind(os.lstat(p).st_mode)
-            dest, n = Path(run_dir) / f"{name}.left-by-{stage}", 1
-            while os.path.lexists(dest):
-                n += 1
-                dest = Path(run_dir) / f"{name}.left-by-{stage}.{n}"
-            os.rename(p, dest)
-            said.append(f"the stage left {name} in the run folder as {what} (a name nsa-run keeps for its own "
-                        f"folder): moved to {dest.name}")
-        except OSError as e:
-            said.append(f"the stage left {name} in the run folder as no folder, and it could not be moved aside "
-                        f"({e.strerror or e})")
+        except OSError:
+            continue
+        aside(p, name, what, "a name nsa-run keeps for its own folder")
+    logs = Path(run_dir) / "logs"
+    try:
+        entries = list(os.scandir(logs)) if logs.is_dir() and not logs.is_symlink() else []
+    except OSError:
+        entries = []
+    for e in entries[:10000]:  # (a stage's logs only: a few)
+        try:
+            if ".left-by-" in e.name or e.is_file(follow_symlinks=False):
+                continue
+            what = "a symlink" if e.is_symlink() else entry_kind(e.stat(follow_symlinks=False).st_mode)
+        except OSError:
+            continue
+        aside(Path(e.path), f"logs/{e.name}", what, "where nsa-run writes a stage's log")
     return "; ".join(said) or None
 
 
