@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 
+import pytest
 from _bad_days import cli_cmd, env_with, make, manifest, wait_for
 
 
@@ -41,17 +42,21 @@ def _earlier_result_is_back(out):
     return m
 
 
-def test_an_interrupted_rerun_puts_the_earlier_result_back(plugins, tmp_path, spawn):
+@pytest.mark.parametrize(("sig", "said"), [(signal.SIGINT, "Ctrl-C"), (signal.SIGQUIT, "SIGQUIT")])
+def test_an_interrupted_rerun_puts_the_earlier_result_back(plugins, tmp_path, spawn, sig, said):
+    """SIGQUIT too (Ctrl-\\, a terminal key; round 27 U27-6: its default action killed the runner, exit 131, the
+    earlier result left set aside until a later command)."""
     env = make(plugins)
     out = tmp_path / "out"
     _first_run(env, out)
     proc = _start_rerun(env, out, tmp_path, spawn)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert f"interrupted ({said})" in err, err
     m = _earlier_result_is_back(out)
     (attempt,) = [h for h in m["history"] if h["name"] == "x"]
-    assert attempt["status"] == "ERROR" and "interrupted" in attempt["reason"]
+    assert attempt["status"] == "ERROR" and f"interrupted ({said})" in attempt["reason"], attempt
     assert (out / "testrun" / attempt["moved_to"] / "x.txt").read_text() == "v2"  # kept, not deleted
 
 
