@@ -223,8 +223,13 @@ class StageResult:
         )
 
 
+# the largest size ``int_list`` takes: past it no kernel indexes (int32), and a point was ERROR at run time, "Overflow
+# when unpacking long long" (round 28 U28-7: --S-list 99999999999999999999k was accepted)
+INT_LIST_MAX = 2**31 - 1
+
+
 def int_list(text: str) -> list[int]:
-    """Parse '512,1024,2k,64K' -> [512, 1024, 2048, 65536]."""
+    """Parse '512,1024,2k,64K' -> [512, 1024, 2048, 65536]; each in 1 .. ``INT_LIST_MAX``."""
     out = []
     for part in text.split(","):
         p = part.strip().lower()
@@ -236,6 +241,8 @@ def int_list(text: str) -> list[int]:
         v = int(p) * mult
         if v <= 0:
             raise ValueError(f"expected positive integers, got {part.strip()!r}")
+        if v > INT_LIST_MAX:
+            raise ValueError(f"expected integers up to {INT_LIST_MAX}, got {part.strip()[:40]!r}")
         out.append(v)
     if not out:
         raise ValueError("expected a comma-separated list of integers")

@@ -1,0 +1,26 @@
+"""Bad days, red-team round 28 U28-7, through the CLI: ``--S-list 99999999999999999999k`` was accepted at parse time;
+the stage ran and was ERROR at every point ("Overflow when unpacking long long"), rc 1, while ``--T -5`` is a usage
+error. Expected: a size past what any kernel indexes (2**31 - 1) is refused like a negative one: one line naming the
+option, exit 2, nothing run."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+try:
+    from _bad_days import cli_cmd
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import cli_cmd
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999k", "2147483648", "4,2097152k"])
+def test_a_size_no_kernel_can_index_is_a_usage_error(tmp_path, value):
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "decode-bench", "--S-list", value, "--out", out, "--device", "cpu"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # before: 1, every point ERROR
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("error: ") and "--S-list" in lines[0] and "2147483647" in lines[0], lines
+    assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
