@@ -10,10 +10,10 @@ import re
 # body, shared by the terminal (CONTROL) and the report files (results.junit.clean: junit.xml, summary.md)
 BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 
-# terminal control: CSI / OSC / other ESC sequences, C0/C1 control characters but tab and newline,
-# and the bidi controls
+# terminal control: CSI / OSC / other ESC sequences, C0/C1 control characters but tab and newline, the line and
+# paragraph separators U+2028 / U+2029 (round 26 U26-5: raw in the oneshot and compare tables), and the bidi controls
 CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])?"
-                     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f" + BIDI + "]")
+                     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029" + BIDI + "]")
 
 
 def visible(text: str) -> str:
