@@ -81,19 +81,33 @@ def env_positive(name: str, default: float, unit: str) -> float:
     """A positive, finite number of ``unit`` from the environment variable ``name`` (``default`` when
     unset or blank); anything else raises ValueError naming the variable and (the start of) its value."""
     import math
-    import os
 
-    text = os.environ.get(name, "").strip()
-    if not text:
+    raw, text = env_text(name)
+    if raw is None:
         return default
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
-                         + f" is not a positive number of {unit}")
+        raise ValueError(f"{env_said(name, raw)} is not a positive number of {unit}")
     return value
+
+
+def env_text(name: str) -> tuple[str | None, str]:
+    """(the value of ``name`` as given, or None when unset or blank: spaces and tabs only; the value stripped, to
+    parse). A value of control characters only is no blank: it is refused, never taken as the default (round 29
+    B29-4: ``$'\x1c'`` was)."""
+    import os
+
+    raw = os.environ.get(name, "")
+    return (None, "") if not raw.strip(" \t") else (raw, raw.strip())
+
+
+def env_said(name: str, raw: str) -> str:
+    """``NAME='value'`` as an error line names a variable: the value as given (never stripped: round 29 B29-4,
+    ``'abc\x1c'`` was shown ``'abc'``), its start where it is long."""
+    return f"{name}={raw[:40]!r}" + (f" ({len(raw)} characters)" if len(raw) > 40 else "")
 
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -104,17 +118,14 @@ def env_switch(name: str, default: bool) -> bool:
     Raises ValueError naming the variable and (the start of) its value for anything else: the CLI refuses it in one
     line, exit 2 (round 14 U4 for NSA_RUN_SPARE_WORKER; round 24 B24-6: NSA_RUN_PYCACHE took only ``0`` as off and
     NSA_RUN_DEBUG=off turned debug on)."""
-    import os
-
-    text = os.environ.get(name, "").strip()
-    if not text:
+    raw, text = env_text(name)
+    if raw is None:
         return default
     if text.lower() in _ON:
         return True
     if text.lower() in _OFF:
         return False
-    raise ValueError(f"{name}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
-                     + " is not one of 1/true/yes/on, 0/false/no/off")
+    raise ValueError(f"{env_said(name, raw)} is not one of 1/true/yes/on, 0/false/no/off")
 
 
 PARITY_JOBS_ENV, PARITY_JOBS_MAX = "NSA_RUN_PARITY_JOBS", 64
@@ -125,14 +136,12 @@ def parity_jobs() -> int | None:
     the CPU count). Raises ValueError naming the variable and (the start of) its value when it is not a whole
     number from 1 to 64: the CLI refuses it up front in one line, exit 2, as the other NSA_RUN_* (round 17 A
     U-g: ``abc`` was fa2-probe's ValueError on a GPU, not a line of the CLI)."""
-    import os
-
-    text = os.environ.get(PARITY_JOBS_ENV, "").strip()
-    if not text:
+    raw, text = env_text(PARITY_JOBS_ENV)
+    if raw is None:
         return None
     if not (text.isascii() and text.isdigit() and 1 <= int(text) <= PARITY_JOBS_MAX):
-        raise ValueError(f"{PARITY_JOBS_ENV}={text[:40]!r}" + (f" ({len(text)} characters)" if len(text) > 40 else "")
-                         + f" is not a whole number of processes from 1 to {PARITY_JOBS_MAX}")
+        raise ValueError(f"{env_said(PARITY_JOBS_ENV, raw)} is not a whole number of processes from 1 to "
+                         f"{PARITY_JOBS_MAX}")
     return int(text)
 
 

@@ -474,13 +474,13 @@ def log_limit() -> int:
     """The bytes a stage may write to its log: ``NSA_RUN_LOG_LIMIT_MIB`` (MiB, default 256). Raises
     ValueError naming the variable and its value for anything but a positive number (the CLI refuses it
     up front in one line, exit 2)."""
-    from nsa_runner._text import env_positive
+    from nsa_runner._text import env_positive, env_said
 
     mib = env_positive(LOG_LIMIT_ENV, LOG_LIMIT_MIB, "MiB")
     if mib < 1:  # a log needs room for nsa-run's own lines (its header): 1e-300 was a 1-byte limit, every stage
-        text = os.environ.get(LOG_LIMIT_ENV, "").strip()  # ERROR on that header (round 24 U24-1, round 25 U25-7)
-        raise ValueError(f"{LOG_LIMIT_ENV}={text[:40]!r} is below 1 MiB: a stage's log needs room for nsa-run's "
-                         "own lines")
+        # ERROR on that header (round 24 U24-1, round 25 U25-7)
+        raise ValueError(f"{env_said(LOG_LIMIT_ENV, os.environ.get(LOG_LIMIT_ENV, ''))} is below 1 MiB: a stage's "
+                         "log needs room for nsa-run's own lines")
     # (a huge value is no practical limit: 1e308 MiB overflowed to inf in bytes, round 24 B24-1)
     return int(min(mib, 2.0**40) * 2**20)
 
