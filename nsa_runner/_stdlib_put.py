@@ -15,7 +15,8 @@ nsa_runner nor torch).
   returning bytes, lost a stage's PASS). Every attribute of the class itself; one a plugin added that hides a base
   class's attribute (a patch of an inherited method) is taken away again.
 
-- the **import system's lists**, ``sys.path``, ``sys.meta_path``, ``sys.path_hooks`` (``import_state``; round 26
+- the **import system's state**, ``sys.path``, ``sys.meta_path``, ``sys.path_hooks``, ``sys.path_importer_cache``
+  (``import_state``; round 29 B29-1: None cached for every folder after a plugin emptied the path hooks; round 26
   U26-1: a stage or adapter that took the standard library's folder off ``sys.path``, or left a finder raising for
   every name, made nsa-run's next import of its own fail: "No module named 'platform'", the PASS lost).
 
@@ -156,9 +157,31 @@ def put_back_limits(saved: dict[str, tuple[int, int]]) -> list[str]:
 IMPORT_LISTS = ("path", "meta_path", "path_hooks")
 
 
-def import_state() -> dict[str, tuple[object, list]]:
-    """``sys.path``, ``sys.meta_path`` and ``sys.path_hooks`` as they are now: each list object and its entries."""
-    return {n: (getattr(sys, n), list(getattr(sys, n))) for n in IMPORT_LISTS}
+def import_state() -> dict[str, tuple[object, list | dict]]:
+    """``sys.path``, ``sys.meta_path`` and ``sys.path_hooks`` as they are now (each list object and its entries), and
+    ``sys.path_importer_cache`` (the dict and a copy)."""
+    out: dict[str, tuple[object, list | dict]] = {n: (getattr(sys, n), list(getattr(sys, n))) for n in IMPORT_LISTS}
+    out["path_importer_cache"] = (sys.path_importer_cache, dict(sys.path_importer_cache))
+    return out
+
+
+def _put_back_cache(obj: dict, saved: dict, keep_added: bool) -> bool:
+    """``sys.path_importer_cache`` the same dict again, each saved folder's finder as saved; an entry added since kept
+    (``keep_added``) unless it is None, "no finder for this folder", which a plugin emptying ``sys.path_hooks`` for a
+    moment left for every folder (round 29 B29-1: nsa-run's next import of its own failed, "No module named
+    'platform'"; a None is only looked up again). True when a saved folder's finder was taken away or made None."""
+    if sys.path_importer_cache is not obj:
+        sys.path_importer_cache = obj
+    now = dict(obj)
+    for k in now:
+        if k not in saved and (not keep_added or now[k] is None):
+            del obj[k]
+    if any(now.get(k, _MISSING) is not v for k, v in saved.items()):
+        obj.update(saved)  # (a finder made again for a folder, after a clear(), is as good: put back unsaid)
+    return any(v is not None and now.get(k) is None for k, v in saved.items())
+
+
+_MISSING = object()
 
 
 def _entry(x: object, y: object) -> bool:
@@ -177,6 +200,10 @@ or moved (``sys.meta_path``). Never raises."""
     said = []
     for name, (obj, items) in saved.items():
         try:
+            if name == "path_importer_cache":
+                if _put_back_cache(obj, items, keep_added):
+                    said.append("sys.path_importer_cache")
+                continue
             current = getattr(sys, name, None)
             now = list(current) if isinstance(current, list) else []
             added = [x for x in now if not any(_entry(x, y) for y in items)] if keep_added else []

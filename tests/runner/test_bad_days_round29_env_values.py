@@ -5,6 +5,7 @@ Expected: the value as given, written out, one line and a hint, exit 2; nothing 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,7 +16,6 @@ try:
 except ImportError:  # pragma: no cover - run from the repository root
     from tests.runner._bad_days import MAIN, env_with
 
-import os
 
 
 @pytest.mark.parametrize(("name", "value"), [
