@@ -374,10 +374,11 @@ def _describe_exit(rc: int) -> str:
 
 def _runner_names_left(run_dir: Path, stage: str) -> str | None:
     """What the stage left at the run folder's ``logs`` / ``history`` (a file, a FIFO, a symlink: names nsa-run keeps
-    for its own folders) or at a name in ``logs/`` (a FIFO, a folder, a symlink where a stage's log goes), moved aside
-    to ``<name>.left-by-<stage>`` beside it (nothing deleted), in words; None when all is as it should be (round 27
-    B27-6: a ``history`` file left by a PASSing stage made the next stage ERROR "log cannot be written" and every later
-    ``stage`` into the folder exit 2, the culprit never named; round 28 U28-6: the same for ``logs/<other>.log``)."""
+    for its own folders) or at a name in ``logs/`` (a FIFO, a folder, a symlink, a hard link where a stage's log
+    goes), moved aside to ``<name>.left-by-<stage>`` beside it (nothing deleted), in words; None when all is as it
+    should be (round 27 B27-6: a ``history`` file left by a PASSing stage made the next stage ERROR "log cannot be
+    written" and every later ``stage`` into the folder exit 2, the culprit never named; round 28 U28-6: the same for
+    ``logs/<other>.log``)."""
     from nsa_runner.artifacts import entry_kind
 
     said = []
@@ -411,9 +412,13 @@ def _runner_names_left(run_dir: Path, stage: str) -> str | None:
         entries = []
     for e in entries[:10000]:  # (a stage's logs only: a few)
         try:
-            if ".left-by-" in e.name or e.is_file(follow_symlinks=False):
+            if ".left-by-" in e.name:
                 continue
-            what = "a symlink" if e.is_symlink() else entry_kind(e.stat(follow_symlinks=False).st_mode)
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                continue
+            what = ("a symlink" if e.is_symlink() else "a hard link (a second name of another file)"
+                    if stat.S_ISREG(st.st_mode) else entry_kind(st.st_mode))  # (round 29 B29-2: a hard link)
         except OSError:
             continue
         aside(Path(e.path), f"logs/{e.name}", what, "where nsa-run writes a stage's log")

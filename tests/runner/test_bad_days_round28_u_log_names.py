@@ -2,7 +2,7 @@
 FIFO, a folder or a symlink PASSed; that other stage was then ERROR "the stage's log cannot be written" at every
 later run, the culprit never named (round 27 B27-6's shape one level down). Expected: the stage that left it is
 ERROR naming it; the thing is moved aside in ``logs/`` (``r27n.log.left-by-r27h``, nothing deleted) and the other
-stage runs."""
+stage runs. Round 29 B29-2: a hard link there (a second name of one of the stage's files) the same."""
 
 from __future__ import annotations
 
@@ -20,10 +20,13 @@ except ImportError:  # pragma: no cover - run from the repository root
 
 STAGES_WITH_DIR = STAGES.replace('''        elif kind == "fifo":''', '''        elif kind == "dir":
             target.mkdir()
+        elif kind == "hardlink":
+            (ctx.dir / "notes.txt").write_text("the stage's notes")
+            os.link(ctx.dir / "notes.txt", target)
         elif kind == "fifo":''')
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dir", "symlink"])
+@pytest.mark.parametrize("kind", ["fifo", "dir", "symlink", "hardlink"])  # hardlink: round 29 B29-2
 def test_a_log_name_left_by_a_stage_is_named_and_moved_aside(plugins, tmp_path, kind):
     plugins.make("r28-logs", "r28_logs", STAGES_WITH_DIR, {"r27h": "r28_logs:Leaves", "r27n": "r28_logs:After"})
     env = {**plugins.env(), "R27_NAME": "logs/r27n.log", "R27_KIND": kind}
