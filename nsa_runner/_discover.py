@@ -289,22 +289,18 @@ def plugin_import():
     (signal handlers and mask, armed alarms / interval timers and a faulthandler
     watchdog cancelled, the recursion limit, cwd,
     os.environ, sys.stdin / stdout / stderr and fds 0-2, resource limits, random generators, torch's modes
-    and attributes, sys.path, sys.meta_path, sys.path_hooks: entries taken away put back in front, entries added
-    kept, ``_stdlib_put.put_back_import_state``), and the warnings filters, the umask, the
-    trace and profile functions, the switch interval, socket's default timeout, and the builtins and the standard
-    library's functions nsa-run's own code calls (``_stdlib_put``: a wrapped ``builtins.__import__``, round 22 B22-3;
-    an orjson-style ``json.dumps`` made this child's own record writing fail, round 24 B24-2)."""
-    import socket as socket_
+    and attributes, sys.path, sys.meta_path, sys.path_hooks, sys.path_importer_cache: entries taken away put back
+    in front, entries added kept, ``_stdlib_put.put_back_import_state``; the umask, the trace and profile functions,
+    the switch interval, socket's default timeout, the garbage collector's switch ...: ``_interpreter_settings``),
+    and the warnings filters, and the builtins and the standard library's functions nsa-run's own code calls
+    (``_stdlib_put``: a wrapped ``builtins.__import__``, round 22 B22-3; an orjson-style ``json.dumps`` made this
+    child's own record writing fail, round 24 B24-2), once more after the filters' own put-back."""
     import warnings
 
     from nsa_runner import _stdlib_put
     from nsa_runner.impls import adapter_code
 
-    saved = {"stdlib": _stdlib_put.snapshot(), "trace": sys.gettrace(),
-             "profile": sys.getprofile(), "switch": sys.getswitchinterval(),
-             "timeout": socket_.getdefaulttimeout()}
-    umask = os.umask(0o022)
-    os.umask(umask)
+    saved = {"stdlib": _stdlib_put.snapshot()}
     filters = warnings.catch_warnings()
     filters.__enter__()
     try:
@@ -312,11 +308,6 @@ def plugin_import():
             yield
     finally:
         for put in (lambda: filters.__exit__(None, None, None),
-                    lambda: os.umask(umask),
-                    lambda: sys.settrace(saved["trace"]),
-                    lambda: sys.setprofile(saved["profile"]),
-                    lambda: sys.setswitchinterval(saved["switch"]),
-                    lambda: socket_.setdefaulttimeout(saved["timeout"]),
                     lambda: _stdlib_put.put_back(saved["stdlib"])):  # builtins, json.dumps, os.replace ...
             try:  # each on its own: one that cannot be put back never keeps the others
                 put()

@@ -414,11 +414,67 @@ def _torch_defaults(torch) -> dict:
             "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None, "hooks": None}
 
 
+def _interpreter_settings() -> dict[str, tuple]:
+    """(value, setter) of each process-wide interpreter setting an adapter may change and ``_restore_state`` puts back
+    (round 29 B29-3: an adapter's factory left the umask at 077, socket's default timeout at 1 ms, the garbage
+    collector off, the switch interval, the int-to-str digit limit, decimal's precision, the thread stack size, a
+    profile function: the next adapter FAILed, blamed on itself, nothing said; discovery put back some of them for
+    plugin imports only). Read without changing any (the umask: set and set back at once). Never raises."""
+    import gc
+    import socket
+
+    out: dict[str, tuple] = {}
+    for name, get, put in (
+            ("the umask", _umask, os.umask),
+            ("socket.setdefaulttimeout", socket.getdefaulttimeout, socket.setdefaulttimeout),
+            ("the garbage collector (gc.disable)", gc.isenabled, lambda on: gc.enable() if on else gc.disable()),
+            ("sys.setswitchinterval", sys.getswitchinterval, sys.setswitchinterval),
+            ("sys.set_int_max_str_digits", getattr(sys, "get_int_max_str_digits", None),
+             getattr(sys, "set_int_max_str_digits", None)),
+            ("threading.stack_size", threading.stack_size, threading.stack_size),
+            ("sys.setprofile", sys.getprofile, sys.setprofile),
+            ("sys.settrace", sys.gettrace, sys.settrace)):
+        if get is None or put is None:
+            continue
+        try:
+            out[name] = (get(), put)
+        except Exception:  # noqa: BLE001 - what cannot be read is not put back
+            continue
+    decimal = sys.modules.get("decimal")
+    try:
+        if decimal is not None:
+            ctx = decimal.getcontext()
+            out["the decimal context"] = ((ctx, ctx.copy()), lambda saved: decimal.setcontext(saved[1].copy()))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _umask() -> int:
+    """The process's umask (set and set back at once: there is no other way to read it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _same_setting(name: str, before, now) -> bool:
+    if name == "the decimal context":  # (the context object and a copy of it)
+        b_ctx, b_copy = before
+        n_ctx, _ = now
+        try:
+            return n_ctx is b_ctx and all(getattr(n_ctx, a) == getattr(b_copy, a) for a in
+                                          ("prec", "rounding", "Emin", "Emax", "capitals", "clamp"))
+        except Exception:  # noqa: BLE001
+            return True
+    return now is before or now == before
+
+
 def _saved_state() -> dict:
     """The process's state an adapter's code may change and ``_restore_state`` can put back; never raises."""
     state: dict[str, Any] = {}
     try:
         state["recursion"] = sys.getrecursionlimit()
+        state["interpreter"] = _interpreter_settings()
         state["streams"] = tuple(getattr(sys, n, None) for n in _STREAMS)
         state["fds"] = {fd: _keep_fd(fd) for fd in (0, 1, 2)}
         try:
@@ -585,6 +641,10 @@ def _restore_state(state: dict) -> list[str]:
         for sig, handler in state.get("handlers", {}).items():
             if handler is not None and signal.getsignal(sig) is not handler:
                 put(f"the {signal.Signals(sig).name} handler", signal.signal, sig, handler)
+    now = _interpreter_settings() if "interpreter" in state else {}
+    for name, (before, setter) in state.get("interpreter", {}).items():
+        if name in now and not _same_setting(name, before, now[name][0]):
+            put(name, setter, before)
     if state.get("recursion_was_changed"):
         changed.append("the recursion limit")
     if "cwd" in state:
