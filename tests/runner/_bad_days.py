@@ -151,6 +151,19 @@ def env_pairing_flash(plugins, tmp_path: Path, *extra: str):
     return r, flash, tmp
 
 
+def selection_map(plugins, tmp_path: Path, impls: str):
+    """``nsa-run stage selection-map --impl IMPLS`` on the CPU into ``tmp_path / "o"``, ``plugins`` on the path: (the
+    finished process, the stage's manifest record, its log's text)."""
+    import subprocess
+
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--impl", impls, "--out", out, "--device", "cpu"),
+                       env=plugins.env(), capture_output=True, text=True, timeout=900)
+    (rec,) = manifest(out)["stages"]
+    log = out / "testrun" / "logs" / "selection-map.log"
+    return r, rec, log.read_text(errors="replace") if log.is_file() else ""
+
+
 def running_first(*stages: tuple[str, str, int, str]) -> str:
     """A stage plugin module's source: for each (attribute, stage name, order, code), a stage whose run executes
     ``code`` first (what plugin code leaves behind), then PASSes with the reason "<name> ok"."""

@@ -15,9 +15,9 @@ import resource
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, manifest, running_first
+    from _bad_days import cli_cmd, manifest, running_first, selection_map
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, manifest, running_first
+    from tests.runner._bad_days import cli_cmd, manifest, running_first, selection_map
 
 NO_STDLIB = ("import sys, sysconfig\n_std = {sysconfig.get_path('stdlib'), sysconfig.get_path('platstdlib')}\n"
              "_dyn = [p for p in sys.path if p.endswith('lib-dynload')]\n"
@@ -66,10 +66,6 @@ def test_an_adapter_call_leaving_the_import_system_keeps_every_verdict(plugins, 
         source = ADAPTER.replace("%r", repr(NO_STDLIB)).replace("r26q", f"r26q{i}")
         plugins.make(f"r26-adapter{i}", f"r26_adapter{i}", source, {f"r26q{i}": f"r26_adapter{i}:IMPL"},
                      version="1.0", group="nsa_runner.impls")
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "selection-map", "--impl", "r26q0,r26q1,nsa_core", "--out", out, "--device",
-                               "cpu"), env=plugins.env(), capture_output=True, text=True, timeout=900)
-    (rec,) = manifest(out)["stages"]
+    r, rec, log = selection_map(plugins, tmp_path, "r26q0,r26q1,nsa_core")
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:])  # before: ERROR "No module named 'html'"
-    log = (out / "testrun" / "logs" / "selection-map.log").read_text()
     assert "sys.path" in log and "put back" in log, log[-2000:]

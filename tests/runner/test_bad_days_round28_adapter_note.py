@@ -9,12 +9,10 @@ out."""
 
 from __future__ import annotations
 
-import subprocess
-
 try:
-    from _bad_days import cli_cmd, manifest
+    from _bad_days import selection_map
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, manifest
+    from tests.runner._bad_days import selection_map
 
 ADAPTER = """
 import os
@@ -47,10 +45,7 @@ def _adapter(plugins, name: str, var: str, relies: bool, entry: str = "IMPL") ->
 
 
 def _selection_map(plugins, tmp_path, impls: str) -> dict:
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "selection-map", "--impl", impls, "--out", out, "--device", "cpu"),
-                       env=plugins.env(), capture_output=True, text=True, timeout=900)
-    (rec,) = manifest(out)["stages"]
+    r, rec, _ = selection_map(plugins, tmp_path, impls)
     assert rec["status"] == "FAIL", (rec, r.stderr[-2000:])
     return rec
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import subprocess
 
 try:
-    from _bad_days import cli_cmd, manifest, running_first
+    from _bad_days import cli_cmd, manifest, running_first, selection_map
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, manifest, running_first
+    from tests.runner._bad_days import cli_cmd, manifest, running_first, selection_map
 
 NO_HOOKS = ("import sys\n_hooks = list(sys.path_hooks)\nsys.path_hooks[:] = []\nsys.path_importer_cache.clear()\n"
             "try:\n    import r29_optional_speedup\nexcept ImportError:\n    pass\nsys.path_hooks[:] = _hooks\n")
@@ -52,8 +52,5 @@ def test_an_importer_cache_left_without_finders_is_put_back_after_a_stage(plugin
 def test_an_importer_cache_left_without_finders_is_put_back_after_an_adapters_import(plugins, tmp_path):
     plugins.make("r29-adapter", "r29_adapter", ADAPTER, {"r29i": "r29_adapter:IMPL"}, version="1.0",
                  group="nsa_runner.impls")
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "selection-map", "--impl", "r29i,nsa_core", "--out", out, "--device", "cpu"),
-                       env=plugins.env(), capture_output=True, text=True, timeout=900)
-    (rec,) = manifest(out)["stages"]
+    r, rec, _ = selection_map(plugins, tmp_path, "r29i,nsa_core")
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:])  # before: ERROR, every verdict lost

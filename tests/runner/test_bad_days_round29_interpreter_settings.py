@@ -6,12 +6,10 @@ process's state (adapters run in nsa-run's own state), the log's note naming the
 
 from __future__ import annotations
 
-import subprocess
-
 try:
-    from _bad_days import cli_cmd, manifest
+    from _bad_days import selection_map
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import cli_cmd, manifest
+    from tests.runner._bad_days import selection_map
 
 CHANGES = """
 import decimal, gc, os, socket, sys, threading
@@ -63,12 +61,8 @@ def test_interpreter_settings_an_adapter_changed_are_put_back_before_the_next(pl
                  group="nsa_runner.impls")
     plugins.make("r29-checks", "r29_checks", CHECKS, {"r29k": "r29_checks:IMPL"}, version="1.0",
                  group="nsa_runner.impls")
-    out = tmp_path / "o"
-    r = subprocess.run(cli_cmd("stage", "selection-map", "--impl", "r29m,r29k,nsa_core", "--out", out, "--device",
-                               "cpu"), env=plugins.env(), capture_output=True, text=True, timeout=900)
-    (rec,) = manifest(out)["stages"]
+    r, rec, log = selection_map(plugins, tmp_path, "r29m,r29k,nsa_core")
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:])  # before: FAIL "r29k: ... left: [...]"
-    log = (out / "testrun" / "logs" / "selection-map.log").read_text()
     for name in ("the umask", "socket.setdefaulttimeout", "the garbage collector", "sys.setprofile",
                  "the decimal context"):
         assert name in log, (name, log[-3000:])
