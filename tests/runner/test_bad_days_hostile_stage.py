@@ -58,12 +58,19 @@ def _run(env, *args, timeout=120):
 
 
 def test_a_stage_that_swaps_its_log_for_a_fifo_does_not_hang_the_runner(hostile, tmp_path):
+    """The runner never opens the FIFO (no hang); since round 28 U28-6 the stage is ERROR for what it left where a
+    log goes, the FIFO moved aside (it was PASS, the FIFO left in logs/), and its rerun's log is written."""
     out = tmp_path / "out"
     r = _run(env_with(hostile, HS_P="fifolog"), "stage", "p", "--out", out, "--device", "cpu",
              "--timeout", "30", timeout=60)
+    assert r.returncode == 1, r.stderr
+    (p,) = manifest(out)["stages"]
+    assert p["status"] == "ERROR" and "the stage left logs/p.log in the run folder as a FIFO" in p["reason"], p
+    assert (out / "testrun" / "logs" / "p.log.left-by-p").is_fifo()
+    r = _run(env_with(hostile, HS_P=""), "stage", "p", "--out", out, "--device", "cpu", timeout=60)
     assert r.returncode == 0, r.stderr
     (p,) = manifest(out)["stages"]
-    assert p["status"] == "PASS"
+    assert p["status"] == "PASS" and (out / "testrun" / "logs" / "p.log").is_file(), p
 
 
 @pytest.mark.parametrize("other", ["p.txt", "summary.md", ".manifest.lock", "junit.xml", "report.html"])
