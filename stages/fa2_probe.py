@@ -128,7 +128,7 @@ class Fa2Probe(Stage):
         device = str(ctx.device)
         t0 = time.perf_counter()
         probe = _flash_probe.probe(device)
-        wall = {"probe": round(time.perf_counter() - t0, 2)}
+        wall = {"probe": round(time.perf_counter() - t0, 3)}
         doc = {"schema_version": SCHEMA_VERSION, "device": device, "torch": torch.__version__,
                "cuda": torch.version.cuda, "probe": probe, "wall_s": wall}
         txt = [f"fa2-probe on {device} (torch {torch.__version__}, CUDA {torch.version.cuda})", "",
@@ -137,7 +137,7 @@ class Fa2Probe(Stage):
 
         def finish(result: StageResult) -> StageResult:
             doc["status"], doc["reason"] = result.status.value, result.reason
-            wall["total"] = round(time.perf_counter() - t0, 2)
+            wall["total"] = round(time.perf_counter() - t0, 3)
             txt.append("wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in wall.items()))
             txt.append(f"{result.status.value}: {result.reason}")
             if result.hint:
@@ -181,7 +181,7 @@ class Fa2Probe(Stage):
                                                 seed=seed, log=lambda m: print(m, flush=True),
                                                 apart_cases=None if full else [one],
                                                 apart_dtypes=None if full else [torch.bfloat16])
-        doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 2)
+        doc.setdefault("wall_s", {})["parity"] = round(time.perf_counter() - t0, 3)
         doc["parity_children"] = pinfo
         if "apart_cases" in pinfo:
             txt.append(f"parity (quick profile): the {', '.join(pinfo['apart'])} rows on case "
@@ -241,7 +241,7 @@ class Fa2Probe(Stage):
         t0 = time.perf_counter()
         rows, timer = _flash_bench.bench(device, good, list(S_list), cfg,
                                          score_rows=opts.get("score_rows", "no") == "yes")
-        doc.setdefault("wall_s", {})["bench"] = round(time.perf_counter() - t0, 2)
+        doc.setdefault("wall_s", {})["bench"] = round(time.perf_counter() - t0, 3)
         thr = _flash_bench.thresholds(rows)
         if not thr:  # every path ran out of memory (or none was timed): nothing to recommend
             write_csv(d / "fa2_bench.csv", pd.DataFrame(rows))

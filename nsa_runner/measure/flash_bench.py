@@ -119,7 +119,7 @@ def parity(device: str, paths: dict[str, list[str]], dtypes, cases: list[Case], 
                         o, gs = _grads(_branch_fns(branch, cfg, S, path), [x.to(dtype) for x in leaves], do)
                         if str(device).startswith("cuda"):
                             torch.cuda.synchronize()
-                        row["wall_s"] = round(time.perf_counter() - t0, 3)  # fwd+bwd, JIT compile included
+                        row["wall_s"] = round(time.perf_counter() - t0, 6)  # fwd+bwd, JIT compile included
                     except PathUnavailable as e:
                         rows.append({**row, "status": "N/A", "note": str(e)[:200]})
                         continue
