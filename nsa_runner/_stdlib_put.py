@@ -154,6 +154,67 @@ def put_back_limits(saved: dict[str, tuple[int, int]]) -> list[str]:
     return said
 
 
+def c_environ() -> dict[bytes, bytes] | None:
+    """The C environment (``environ``: what ``getenv``, C libraries and a child started with ``env=None`` read), which
+    ``os.putenv`` / ``os.unsetenv`` change behind ``os.environ``'s back; None where it cannot be read."""
+    try:
+        import ctypes
+
+        env = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+        out: dict[bytes, bytes] = {}
+        i = 0
+        while env[i] is not None:
+            k, _, v = env[i].partition(b"=")
+            out.setdefault(k, v)
+            i += 1
+        return out
+    except Exception:  # noqa: BLE001 - no libc symbol: nothing to compare
+        return None
+
+
+def put_back_c_environ() -> list[str]:
+    """After ``os.environ``'s own put back: each of its variables made the same in the C environment (round 30 B30-1:
+    an adapter's ``os.unsetenv("PATH")`` left ``os.environ`` saying PATH while the stage's own ``subprocess.run``
+    found no program; ``os.putenv`` of a name ``os.environ`` has, to another value, likewise). A name set in the C
+    environment only is left: a C library sets its own (CUDA's ``CUDA_MODULE_LOADING``), nothing tells the adapter's
+    from theirs. Returns "the C environment (NAME, ...)" where it put something back. Never raises."""
+    c = c_environ()
+    if c is None:
+        return []
+    fixed = []
+    try:
+        for k, v in dict(os.environ).items():
+            kb, vb = os.fsencode(k), os.fsencode(v)
+            if c.get(kb) != vb:
+                try:
+                    os.putenv(k, v)
+                    fixed.append(k)
+                except (OSError, ValueError):
+                    continue
+    except Exception:  # noqa: BLE001 - an os.environ that cannot be read: os.environ's put back says so
+        return []
+    return [f"the C environment ({', '.join(x[:60] for x in fixed[:5])}"
+            f"{f' and {len(fixed) - 5} more' if len(fixed) > 5 else ''}: os.unsetenv / os.putenv)"] if fixed else []
+
+
+def time_zone() -> tuple:
+    """What ``time.tzset`` last read (the names, offsets and daylight flag)."""
+    return (time.tzname, time.timezone, time.altzone, time.daylight)
+
+
+def put_back_time_zone(saved: tuple) -> list[str]:
+    """``time.tzset`` again where the zone differs from ``saved`` (``time_zone``), after ``os.environ``'s TZ was put
+    back (round 30 B30-1: an adapter's ``TZ=Asia/Kolkata`` + ``tzset`` left every later local time 5:30 off, after
+    its TZ itself had been put back). Never raises."""
+    try:
+        if time_zone() == saved:
+            return []
+        time.tzset()
+        return ["the time zone (time.tzset)"]
+    except Exception:  # noqa: BLE001
+        return []
+
+
 IMPORT_LISTS = ("path", "meta_path", "path_hooks")
 
 

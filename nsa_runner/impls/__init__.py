@@ -420,11 +420,35 @@ def _interpreter_settings() -> dict[str, tuple]:
     collector off, the switch interval, the int-to-str digit limit, decimal's precision, the thread stack size, a
     profile function: the next adapter FAILed, blamed on itself, nothing said; discovery put back some of them for
     plugin imports only). Read without changing any (the umask: set and set back at once). Never raises."""
+    import faulthandler
     import gc
     import socket
 
+    def attr(owner, name):  # (get, set) of a hook that is a module attribute
+        return (lambda: getattr(owner, name)), (lambda f: setattr(owner, name, f))
+
+    logging = sys.modules.get("logging")
+    root = getattr(logging, "root", None)
     out: dict[str, tuple] = {}
     for name, get, put in (
+            # round 30 B30-1 / B30-2: hooks and switches an adapter left set, each made a later failure silent or
+            # wrong (an excepthook that swallows, a displayhook, logging switched off, a faulthandler disabled: a
+            # later segfault left no stack)
+            ("threading.settrace", getattr(threading, "gettrace", None), threading.settrace),
+            ("threading.setprofile", getattr(threading, "getprofile", None), threading.setprofile),
+            ("sys.excepthook", *attr(sys, "excepthook")),
+            ("threading.excepthook", *attr(threading, "excepthook")),
+            ("sys.unraisablehook", *attr(sys, "unraisablehook")),
+            ("sys.breakpointhook", *attr(sys, "breakpointhook")),
+            ("sys.displayhook", *attr(sys, "displayhook")),
+            ("sys.set_asyncgen_hooks", sys.get_asyncgen_hooks, lambda hooks: sys.set_asyncgen_hooks(*hooks)),
+            ("sys.set_coroutine_origin_tracking_depth", sys.get_coroutine_origin_tracking_depth,
+             sys.set_coroutine_origin_tracking_depth),
+            ("sys.setdlopenflags", sys.getdlopenflags, sys.setdlopenflags),
+            ("faulthandler (disabled)", faulthandler.is_enabled,
+             lambda on: faulthandler.enable(file=2, all_threads=True) if on else faulthandler.disable()),
+            ("logging.disable", *((lambda: root.manager.disable, logging.disable) if root else (None, None))),
+            ("the root logger's level", *((lambda: root.level, root.setLevel) if root else (None, None))),
             ("the umask", _umask, os.umask),
             ("socket.setdefaulttimeout", socket.getdefaulttimeout, socket.setdefaulttimeout),
             ("the garbage collector (gc.disable)", gc.isenabled, lambda on: gc.enable() if on else gc.disable()),
@@ -463,7 +487,8 @@ def _same_setting(name: str, before, now) -> bool:
         n_ctx, _ = now
         try:
             return n_ctx is b_ctx and all(getattr(n_ctx, a) == getattr(b_copy, a) for a in
-                                          ("prec", "rounding", "Emin", "Emax", "capitals", "clamp"))
+                                          ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")) \
+                and dict(n_ctx.traps) == dict(b_copy.traps) and dict(n_ctx.flags) == dict(b_copy.flags)  # B30-1
         except Exception:  # noqa: BLE001
             return True
     return now is before or now == before
@@ -490,6 +515,7 @@ def _saved_state() -> dict:
         # result off: ERROR "exited with code 1 without a result", nsa_core's checks lost, the adapter not named)
         state["rlimits"] = _stdlib_put.limits()
         state["environ"] = (os.environ, dict(os.environ))
+        state["time zone"] = _stdlib_put.time_zone()
         state["random"] = random.getstate()
         state["numpy"] = _numpy_rng()
         torch = sys.modules.get("torch")
@@ -596,6 +622,21 @@ def _cancel_watchdog() -> None:
         pass
 
 
+def _rebind_faulthandler(state: dict) -> None:
+    """Where the process had faulthandler on (the stage's worker and the discovery child turn it on, on fd 2), on
+    again, on fd 2, after every adapter's code, silently: the code may have pointed it at ``/dev/null`` or at a file
+    it then closed (round 30 B30-2: a later segfault left no stack in the log), which faulthandler cannot say. fd 2
+    itself is put back before this."""
+    if state.get("interpreter", {}).get("faulthandler (disabled)", (False,))[0] is not True:
+        return
+    try:
+        import faulthandler
+
+        faulthandler.enable(file=2, all_threads=True)
+    except Exception:  # noqa: BLE001 - a faulthandler module replaced by the code, fd 2 closed: nothing to do
+        pass
+
+
 def _restore_state(state: dict) -> list[str]:
     """Put back what an adapter's code left changed of ``state`` (``_saved_state``), each thing on its own
     (one that cannot be put back never keeps the others); a line in the stage's log names what. Never raises
@@ -645,6 +686,7 @@ def _restore_state(state: dict) -> list[str]:
     for name, (before, setter) in state.get("interpreter", {}).items():
         if name in now and not _same_setting(name, before, now[name][0]):
             put(name, setter, before)
+    _rebind_faulthandler(state)
     if state.get("recursion_was_changed"):
         changed.append("the recursion limit")
     if "cwd" in state:
@@ -656,6 +698,9 @@ def _restore_state(state: dict) -> list[str]:
             put("the working directory", os.chdir, state["cwd"])
     if "environ" in state:
         _restore_environ(*state["environ"], put)
+        changed += _stdlib_put.put_back_c_environ()
+    if "time zone" in state:
+        changed += _stdlib_put.put_back_time_zone(state["time zone"])
     if "random" in state and random.getstate() != state["random"]:
         put("the random module's generator state", random.setstate, state["random"])
     if state.get("numpy") is not None and not _same_numpy(_numpy_rng(), state["numpy"]):
