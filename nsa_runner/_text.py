@@ -85,8 +85,8 @@ def env_positive(name: str, default: float, unit: str) -> float:
     raw, text = env_text(name)
     if raw is None:
         return default
-    try:
-        value = float(text)
+    try:  # plain ASCII digits only: float() takes Unicode digits and "_" too (round 30 U30-2)
+        value = float(text) if text.isascii() and "_" not in text else math.nan
     except ValueError:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):

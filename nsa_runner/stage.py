@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,29 +224,65 @@ class StageResult:
         )
 
 
-# the largest size ``int_list`` takes: past it no kernel indexes (int32), and a point was ERROR at run time, "Overflow
-# when unpacking long long" (round 28 U28-7: --S-list 99999999999999999999k was accepted)
+# the largest integer a size option takes (``int_list``, ``whole_number``): past it no kernel indexes (int32), and a
+# point was ERROR at run time, "Overflow when unpacking long long" (round 28 U28-7: --S-list 99999999999999999999k was
+# accepted; round 30 B30-3: the single-integer options --dk, --heads, --T, --iters had no bound at all)
 INT_LIST_MAX = 2**31 - 1
 
 
+def _quoted(text: str, bad: int | None = None) -> str:
+    """``text`` quoted for an error line: clipped to 40 characters, and, where it is longer, the first character
+    that is not a digit named with its place (round 30 U30-3: the offending character was cut off)."""
+    q = repr(text if len(text) <= 40 else text[:37] + "...")
+    if bad is not None and len(text) > 40:
+        q += f" ({text[bad]!r} at character {bad + 1})"
+    return q
+
+
+def whole_number(text: str, least: int = 1) -> int:
+    """Parse one integer of the command line: ASCII digits only (``int`` would take Unicode digits and ``_``,
+    round 30 U30-2), in ``least`` .. ``INT_LIST_MAX``; a ValueError that quotes the text otherwise."""
+    t = text.strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", t, flags=re.ASCII):
+        bad = next((i for i, c in enumerate(t) if not ("0" <= c <= "9" or (i == 0 and c in "+-"))), None)
+        raise ValueError(f"expected an integer, got {_quoted(t, bad)}")
+    v = int(t)
+    if v < least:
+        raise ValueError(f"expected {'a positive integer' if least == 1 else f'an integer >= {least}'}, "
+                         f"got {_quoted(t)}")
+    if v > INT_LIST_MAX:
+        raise ValueError(f"expected an integer up to {INT_LIST_MAX}, got {_quoted(t)}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An option's positive integer: 1 .. ``INT_LIST_MAX`` (``whole_number``)."""
+    return whole_number(text, 1)
+
+
+def nonneg_int(text: str) -> int:
+    """An option's non-negative integer: 0 .. ``INT_LIST_MAX`` (``whole_number``)."""
+    return whole_number(text, 0)
+
+
 def int_list(text: str) -> list[int]:
-    """Parse '512,1024,2k,64K' -> [512, 1024, 2048, 65536]; each in 1 .. ``INT_LIST_MAX``."""
-    out = []
-    for part in text.split(","):
-        p = part.strip().lower()
-        if not p:
-            continue
-        mult = 1
-        if p.endswith("k"):
-            mult, p = 1024, p[:-1]
-        v = int(p) * mult
-        if v <= 0:
-            raise ValueError(f"expected positive integers, got {part.strip()!r}")
-        if v > INT_LIST_MAX:
-            raise ValueError(f"expected integers up to {INT_LIST_MAX}, got {part.strip()[:40]!r}")
-        out.append(v)
-    if not out:
+    """Parse '512,1024,2k,64K' -> [512, 1024, 2048, 65536]; each in 1 .. ``INT_LIST_MAX``; an empty element
+    (``1k,,2k``) is an error, not dropped (round 30 U30-6)."""
+    parts = text.split(",")
+    if not text.strip():
         raise ValueError("expected a comma-separated list of integers")
+    out = []
+    for i, part in enumerate(parts):
+        p = part.strip()
+        if not p:
+            raise ValueError(f"expected a comma-separated list of integers, element {i + 1} of {len(parts)} is empty")
+        mult = 1
+        if p[-1] in "kK":
+            mult, p = 1024, p[:-1]
+        v = whole_number(p, 1) if mult == 1 else whole_number(p, 1) * mult
+        if v > INT_LIST_MAX:
+            raise ValueError(f"expected integers up to {INT_LIST_MAX}, got {_quoted(part.strip())}")
+        out.append(v)
     return out
 
 

@@ -72,7 +72,7 @@ import traceback
 from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.impls import BUILTIN, ImplError
-from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+from nsa_runner.stage import Option, Stage, StageResult, Status, int_list, nonneg_int, positive_int
 
 from . import _parity
 from . import _seed as seeds
@@ -132,20 +132,6 @@ def _kernel_list(text: str) -> str:
     if not ks or bad:
         raise ValueError(f"--kernel: {text!r} is not one of auto, {', '.join(KERNELS)} (or a comma list of them)")
     return ",".join(ks)
-
-
-def _pos(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise ValueError(f"expected a non-negative integer, got {text!r}")
-    return v
 
 
 def parse_nsa(text: str) -> dict:
@@ -850,15 +836,16 @@ class DecodeBench(Stage):
         Option("--S-list", int_list, None, "cached lengths S (default CUDA 4k,8k,16k,32k,64k, quick 4k,64k; "
                "CPU 256,1024)"),
         Option("--batch-list", int_list, None, "batch sizes (default CUDA 1,16; CPU 1,2)"),
-        Option("--iters", _pos, None, "timed steps per measurement, median (default CUDA 50, CPU 15)"),
-        Option("--warmup", _nonneg, None, "untimed steps first (default CUDA 10, CPU 2)"),
-        Option("--profile-passes", _pos, None, "profiled passes of the step for the shares (default CUDA 5, CPU 3)"),
+        Option("--iters", positive_int, None, "timed steps per measurement, median (default CUDA 50, CPU 15)"),
+        Option("--warmup", nonneg_int, None, "untimed steps first (default CUDA 10, CPU 2)"),
+        Option("--profile-passes", positive_int, None,
+               "profiled passes of the step for the shares (default CUDA 5, CPU 3)"),
         Option("--dtype", str, None, "cache/compute dtype (default CUDA bf16, CPU fp32)", choices=tuple(DTYPES)),
-        Option("--groups", _pos, None, "KV groups G (default CUDA 4 = paper, CPU 2)"),
-        Option("--heads-per-group", _pos, None, "query heads per group h (default CUDA 16, CPU 2)"),
-        Option("--dk", _pos, None, "key head dim (default CUDA 192, CPU 32)"),
-        Option("--dv", _pos, None, "value head dim (default CUDA 128, CPU 16)"),
-        Option("--dim", _pos, None, "model dim (default CUDA 2048, CPU 64)"),
+        Option("--groups", positive_int, None, "KV groups G (default CUDA 4 = paper, CPU 2)"),
+        Option("--heads-per-group", positive_int, None, "query heads per group h (default CUDA 16, CPU 2)"),
+        Option("--dk", positive_int, None, "key head dim (default CUDA 192, CPU 32)"),
+        Option("--dv", positive_int, None, "value head dim (default CUDA 128, CPU 16)"),
+        Option("--dim", positive_int, None, "model dim (default CUDA 2048, CPU 64)"),
         Option("--nsa", parse_nsa, None, "geometry, e.g. l=32,d=16,l_sel=64,n_sel=16,w=512 (default CUDA: paper; "
                "CPU: l=16,d=8,l_sel=32,n_sel=8,w=128)"),
         Option("--kernel", _kernel_list, "auto", "nsa_core's decode step kernel, or several comma-separated (one row "
@@ -866,10 +853,10 @@ class DecodeBench(Stage):
                "launches), split (2 launches, split-K sized from the SM count); auto: triton on CUDA, torch on CPU"),
         Option("--fill", str, "auto", f"context: prefill through the module, or random direct cache fill "
                f"(auto: prefill for S <= {PREFILL_MAX_S})", choices=("auto", "prefill", "random")),
-        Option("--page-size", _nonneg, 0, "paged raw KV cache with this many tokens per page (block table, "
+        Option("--page-size", nonneg_int, 0, "paged raw KV cache with this many tokens per page (block table, "
                "as vLLM / FlashInfer); 0 = dense"),
         Option("--graphs", str, "on", "CUDA graphs for the timed functions (CUDA only)", choices=("on", "off")),
-        Option("--seed", _nonneg, 0, "seed of weights and inputs"),
+        seeds.option(0, "weights and inputs"),
         _parity.impl_option(),
     )
 

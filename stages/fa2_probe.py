@@ -112,7 +112,7 @@ class Fa2Probe(Stage):
                "merge measured thresholds into: 'default' (the per-user file, see docs/routing.md), a path, or "
                "'none'; an entry of the same GPU and torch measured over longer S is kept, not replaced"),
         Option("--bench", str, "yes", "run the speed measurement", choices=("yes", "no")),
-        Option("--seed", int, 0, "base seed of the random parity inputs"),
+        seeds.option(0, "the random parity inputs (a base)"),
         Option("--score-rows", str, "no", "also time torch's selection-score recompute beside the cmp branch "
                "(a settled design question; two slow fp32 passes per S)", choices=("yes", "no")),
     )

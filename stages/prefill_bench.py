@@ -75,7 +75,7 @@ from types import SimpleNamespace
 from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_csv, write_text
 from nsa_runner.impls import adapter_code, adapter_failed, describe_failure, plain_tensor
-from nsa_runner.stage import Option, Stage, StageResult, Status, int_list
+from nsa_runner.stage import Option, Stage, StageResult, Status, int_list, positive_int
 
 from . import _parity
 from . import _seed as seeds
@@ -122,13 +122,6 @@ FLASH_PKG_PATHS = ("fa2", "fa3", "fa4")  # the flash-attn packages (nsa_core.fla
 
 
 # ---- options ------------------------------------------------------------------------------------
-
-def _pos(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return v
-
 
 def _posfloat(text: str) -> float:
     v = float(text)
@@ -830,11 +823,11 @@ class PrefillBench(Stage):
         Option("--T-list", int_list, None, "sequence lengths (default CUDA full 8k,16k,32k,64k; quick 4k,8k; "
                "CPU 128,256)"),
         Option("--dtype", str, None, "dtype (default CUDA bf16, CPU fp32)", choices=tuple(DTYPES)),
-        Option("--batch", _pos, None, "batch B (default 1)"),
-        Option("--heads", _pos, None, "query heads HQ (default CUDA 64, CPU 4)"),
-        Option("--groups", _pos, None, "KV groups G (default CUDA 4, CPU 2)"),
-        Option("--dk", _pos, None, "key head dim (default CUDA 128, CPU 32)"),
-        Option("--dv", _pos, None, "value head dim (default CUDA 128, CPU 32)"),
+        Option("--batch", positive_int, None, "batch B (default 1)"),
+        Option("--heads", positive_int, None, "query heads HQ (default CUDA 64, CPU 4)"),
+        Option("--groups", positive_int, None, "KV groups G (default CUDA 4, CPU 2)"),
+        Option("--dk", positive_int, None, "key head dim (default CUDA 128, CPU 32)"),
+        Option("--dv", positive_int, None, "value head dim (default CUDA 128, CPU 32)"),
         Option("--nsa", parse_nsa, None, f"NSA geometry (default CUDA {PAPER_NSA}; CPU l=16,d=8,l_sel=32,n_sel=4,"
                "w=64)"),
         Option("--backend", parse_backend, None, "nsa_attention backend: auto, or e.g. "
@@ -849,7 +842,7 @@ class PrefillBench(Stage):
         Option("--rep-ms", _posfloat, None, "timed time per measurement in ms; calls = rep/one call, >= 3 "
                "(default CUDA full 150, quick 50; CPU quick 150, full 200)"),
         Option("--warmup-ms", _posfloat, 25.0, "untimed warm-up per measurement in ms (the first call always)"),
-        Option("--iters", _pos, None, "fixed number of timed calls (overrides --rep-ms)"),
+        Option("--iters", positive_int, None, "fixed number of timed calls (overrides --rep-ms)"),
         Option("--parts-tol", _posfloat, 0.10, "parts-sum / whole must be within 1 +- this"),
         Option("--parts-check", str, "auto", "parts off by more than --parts-tol: fail or warn (auto: fail on "
                "CUDA, warn on CPU)", choices=("auto", "fail", "warn")),

@@ -38,7 +38,7 @@ from nsa_runner.impls import (
     text_of,
     type_name,
 )
-from nsa_runner.stage import Option, Stage, StageResult, Status
+from nsa_runner.stage import Option, Stage, StageResult, Status, positive_int
 
 from . import _parity
 from . import _seed as seeds
@@ -54,20 +54,6 @@ SHAPES = {
     "cpu": dict(T=512, B=1, HQ=4, G=2, dk=32, cfg=dict(l=16, d=8, l_sel=32, n_sel=6, w=128)),
 }
 MAX_LINES_T = 256  # sampled queries per group in sel_ranges.jsonl
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _seed(text: str) -> int:
-    v = int(text)
-    if not 0 <= v < 2**63:
-        raise ValueError(f"seed must be in 0..2**63-1, got {text!r}")
-    return v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,8 +275,8 @@ class SelectionMap(Stage):
     requires = ()
     description = "selected key blocks per query and group on a seeded sample (sel_ranges.jsonl, selection.png)"
     options = (
-        Option("--T", _positive_int, default=None, help="sequence length (default 2048 on CUDA, 512 on CPU)"),
-        Option("--seed", _seed, default=0, help="seed of the random sample input (default 0)"),
+        Option("--T", positive_int, default=None, help="sequence length (default 2048 on CUDA, 512 on CPU)"),
+        seeds.option(0, "the random sample input"),
         _parity.impl_option(),
     )
     timeout_s = 600.0

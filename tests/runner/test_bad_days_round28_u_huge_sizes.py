@@ -24,3 +24,26 @@ def test_a_size_no_kernel_can_index_is_a_usage_error(tmp_path, value):
     lines = r.stderr.splitlines()
     assert lines[0].startswith("error: ") and "--S-list" in lines[0] and "2147483647" in lines[0], lines
     assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
+
+
+# round 30 B30-3 / U30-2 / U30-3 / U30-6: the single-integer options had no upper bound (--dk 99999999999 ran and was
+# ERROR at run time), Unicode digits and ``_`` were taken, a long value's bad character was cut from the quote, and an
+# empty element of a list was dropped. One parser (``stage.whole_number``) for every integer option now.
+@pytest.mark.parametrize(("stage", "flag", "value", "said"), [
+    ("prefill-bench", "--dk", "99999999999", "2147483647"),
+    ("prefill-bench", "--heads", "2147483648", "2147483647"),
+    ("selection-map", "--T", "99999999999999999999", "2147483647"),
+    ("decode-bench", "--iters", "4294967296", "2147483647"),
+    ("prefill-bench", "--iters", "\u0661\u0662", "expected an integer"),
+    ("decode-bench", "--warmup", "1_0", "expected an integer"),
+    ("selection-map", "--T", "1" * 60 + "x", "'x' at character 61"),
+    ("decode-bench", "--S-list", "1k,,2k", "element 2 of 3 is empty"),
+])
+def test_every_integer_option_is_bounded_and_plain(tmp_path, stage, flag, value, said):
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", stage, flag, value, "--out", out, "--device", "cpu"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # before: 1 (run, then ERROR) or 0 (taken)
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("error: ") and flag in lines[0] and said in lines[0], lines
+    assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
