@@ -68,7 +68,8 @@ def _select(q, k_cmp, cfg):
     time.tzset()  # what the zone is, read afresh from the environment
     env = subprocess.run(["/usr/bin/env"], capture_output=True, check=True).stdout
     left = {"decimal traps": ctx.traps[decimal.Inexact], "decimal flags": ctx.flags[decimal.Clamped],
-            "threading.settrace": _marked(threading.gettrace()), "threading.setprofile": _marked(threading.getprofile()),
+            "threading.settrace": _marked(threading.gettrace()),
+            "threading.setprofile": _marked(threading.getprofile()),
             "sys.excepthook": _marked(sys.excepthook), "threading.excepthook": _marked(threading.excepthook),
             "sys.unraisablehook": _marked(sys.unraisablehook), "sys.breakpointhook": _marked(sys.breakpointhook),
             "sys.displayhook": _marked(sys.displayhook), "logging.disable": logging.root.manager.disable != 0,
