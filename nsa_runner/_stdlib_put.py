@@ -172,27 +172,32 @@ def c_environ() -> dict[bytes, bytes] | None:
         return None
 
 
-def put_back_c_environ() -> list[str]:
-    """After ``os.environ``'s own put back: each of its variables made the same in the C environment (round 30 B30-1:
-    an adapter's ``os.unsetenv("PATH")`` left ``os.environ`` saying PATH while the stage's own ``subprocess.run``
-    found no program; ``os.putenv`` of a name ``os.environ`` has, to another value, likewise). A name set in the C
-    environment only is left: a C library sets its own (CUDA's ``CUDA_MODULE_LOADING``), nothing tells the adapter's
-    from theirs. Returns "the C environment (NAME, ...)" where it put something back. Never raises."""
+def put_back_c_environ(saved: dict[bytes, bytes] | None) -> list[str]:
+    """After ``os.environ``'s own put back: the C environment made to agree with it, and, for names ``os.environ``
+    does not hold, made as it was in ``saved`` (``c_environ`` before the code ran). ``os.putenv`` / ``os.unsetenv``
+    change it behind ``os.environ``'s back (round 30 B30-1: ``os.unsetenv("PATH")`` left a child started by the stage
+    with no PATH; round 31 B31-4: ``os.putenv("TZ", ...)`` left every later ``tzset`` 5:30 off). Returns "the C
+    environment (NAME, ...)" where it put something back. Never raises."""
     c = c_environ()
     if c is None:
         return []
     fixed = []
     try:
-        for k, v in dict(os.environ).items():
-            kb, vb = os.fsencode(k), os.fsencode(v)
-            if c.get(kb) != vb:
-                try:
-                    os.putenv(k, v)
-                    fixed.append(k)
-                except (OSError, ValueError):
-                    continue
+        want = {os.fsencode(k): os.fsencode(v) for k, v in dict(os.environ).items()}
     except Exception:  # noqa: BLE001 - an os.environ that cannot be read: os.environ's put back says so
         return []
+    for kb in sorted(set(c) | set(want) | set(saved or {})):
+        goal = want[kb] if kb in want else c.get(kb) if saved is None else saved.get(kb)
+        if c.get(kb) == goal:
+            continue
+        try:
+            if goal is None:
+                os.unsetenv(kb)
+            else:
+                os.putenv(kb, goal)
+            fixed.append(os.fsdecode(kb))
+        except (OSError, ValueError):
+            continue
     return [f"the C environment ({', '.join(x[:60] for x in fixed[:5])}"
             f"{f' and {len(fixed) - 5} more' if len(fixed) > 5 else ''}: os.unsetenv / os.putenv)"] if fixed else []
 
@@ -210,7 +215,8 @@ def put_back_time_zone(saved: tuple) -> list[str]:
         if time_zone() == saved:
             return []
         time.tzset()
-        return ["the time zone (time.tzset)"]
+        return ["the time zone (time.tzset)" if time_zone() == saved else
+                "the time zone (time.tzset; could not be put back: the environment's TZ reads another zone)"]
     except Exception:  # noqa: BLE001
         return []
 

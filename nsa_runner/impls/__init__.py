@@ -420,15 +420,51 @@ def _interpreter_settings() -> dict[str, tuple]:
     collector off, the switch interval, the int-to-str digit limit, decimal's precision, the thread stack size, a
     profile function: the next adapter FAILed, blamed on itself, nothing said; discovery put back some of them for
     plugin imports only). Read without changing any (the umask: set and set back at once). Never raises."""
-    import faulthandler
+    import decimal  # imported here, before any adapter's code: a first import by the code was never compared
+    import faulthandler  # (round 31 B31-2: traps set at that import stayed)
     import gc
+    import logging
     import socket
+    import warnings
 
     def attr(owner, name):  # (get, set) of a hook that is a module attribute
         return (lambda: getattr(owner, name)), (lambda f: setattr(owner, name, f))
 
-    logging = sys.modules.get("logging")
-    root = getattr(logging, "root", None)
+    def stream(name):  # (get, set) of sys.stdout's / sys.stderr's text settings (the object is put back before)
+        def get():
+            s = getattr(sys, name)
+            return (s.encoding, s.errors, s.line_buffering, s.write_through) if hasattr(s, "reconfigure") else None
+
+        def put(was):
+            if was is not None:
+                getattr(sys, name).reconfigure(encoding=was[0], errors=was[1], line_buffering=was[2],
+                                               write_through=was[3])
+        return get, put
+
+    def fd_flag(fd):  # (get, set) of O_NONBLOCK on fd
+        import fcntl
+
+        def put(was):
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, (flags & ~os.O_NONBLOCK) | was)
+        return (lambda: fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK), put
+
+    def roots():  # every reference logging keeps to its root logger and manager
+        return logging.root, logging.Logger.root, logging.Logger.manager, logging.Logger.manager.root
+
+    def put_roots(was):
+        logging.root, logging.Logger.root, logging.Logger.manager = was[:3]
+        was[2].root = was[3]
+
+    def limit():
+        return sys.__dict__.get("tracebacklimit", _ABSENT)
+
+    def put_limit(was):
+        if was is _ABSENT:
+            sys.__dict__.pop("tracebacklimit", None)
+        else:
+            sys.tracebacklimit = was
+
     out: dict[str, tuple] = {}
     for name, get, put in (
             # round 30 B30-1 / B30-2: hooks and switches an adapter left set, each made a later failure silent or
@@ -447,8 +483,25 @@ def _interpreter_settings() -> dict[str, tuple]:
             ("sys.setdlopenflags", sys.getdlopenflags, sys.setdlopenflags),
             ("faulthandler (disabled)", faulthandler.is_enabled,
              lambda on: faulthandler.enable(file=2, all_threads=True) if on else faulthandler.disable()),
-            ("logging.disable", *((lambda: root.manager.disable, logging.disable) if root else (None, None))),
-            ("the root logger's level", *((lambda: root.level, root.setLevel) if root else (None, None))),
+            # round 31 B31-1 / B31-4: a traceback limit of 0 (a later failure left no traceback), the log's streams
+            # reconfigured to ASCII (the next adapter's print of "µs" raised), a raising warnings.showwarning or log
+            # record factory, collection off through its threshold, the process pinned to one CPU, the root logger
+            # replaced (its level was set back on the old one, the note said "put back")
+            ("sys.tracebacklimit", limit, put_limit),
+            ("sys.stdout.reconfigure", *stream("stdout")),
+            ("sys.stderr.reconfigure", *stream("stderr")),
+            ("O_NONBLOCK on fd 1", *fd_flag(1)),
+            ("O_NONBLOCK on fd 2", *fd_flag(2)),
+            ("warnings.showwarning", *attr(warnings, "showwarning")),
+            ("warnings.formatwarning", *attr(warnings, "formatwarning")),
+            ("logging.root (replaced)", roots, put_roots),
+            ("logging.setLogRecordFactory", logging.getLogRecordFactory, logging.setLogRecordFactory),
+            ("logging.setLoggerClass", logging.getLoggerClass, logging.setLoggerClass),
+            ("logging.disable", lambda: logging.root.manager.disable, logging.disable),
+            ("the root logger's level", lambda: logging.root.level, lambda lvl: logging.root.setLevel(lvl)),
+            ("gc.set_threshold", gc.get_threshold, lambda t: gc.set_threshold(*t)),
+            ("os.sched_setaffinity", *((lambda: os.sched_getaffinity(0), lambda cpus: os.sched_setaffinity(0, cpus))
+                                       if hasattr(os, "sched_setaffinity") else (None, None))),
             ("the umask", _umask, os.umask),
             ("socket.setdefaulttimeout", socket.getdefaulttimeout, socket.setdefaulttimeout),
             ("the garbage collector (gc.disable)", gc.isenabled, lambda on: gc.enable() if on else gc.disable()),
@@ -464,14 +517,31 @@ def _interpreter_settings() -> dict[str, tuple]:
             out[name] = (get(), put)
         except Exception:  # noqa: BLE001 - what cannot be read is not put back
             continue
-    decimal = sys.modules.get("decimal")
     try:
-        if decimal is not None:
-            ctx = decimal.getcontext()
-            out["the decimal context"] = ((ctx, ctx.copy()), lambda saved: decimal.setcontext(saved[1].copy()))
+        ctx = decimal.getcontext()
+        out["the decimal context"] = ((ctx, ctx.copy()), lambda saved: decimal.setcontext(saved[1].copy()))
     except Exception:  # noqa: BLE001
         pass
     return out
+
+
+_ABSENT = object()  # a setting that is not there (``sys.tracebacklimit`` unset)
+_PLAIN = (int, float, str, bytes, bool, type(None), set, frozenset)
+
+
+def _same_value(a, b) -> bool:
+    """The same setting, judged without running the code's own ``__eq__`` (round 31 B31-3: a hook whose ``__eq__``
+    said True stayed, one whose ``__eq__`` raised stopped the whole put-back): the same object, equal plain values
+    (numbers, strings, sets of CPU numbers), or tuples of such, item by item."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) in _PLAIN:
+        return a == b
+    if isinstance(a, tuple):  # (also a struct sequence: sys.get_asyncgen_hooks())
+        return len(a) == len(b) and all(map(_same_value, a, b))
+    return False
 
 
 def _umask() -> int:
@@ -489,9 +559,9 @@ def _same_setting(name: str, before, now) -> bool:
             return n_ctx is b_ctx and all(getattr(n_ctx, a) == getattr(b_copy, a) for a in
                                           ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")) \
                 and dict(n_ctx.traps) == dict(b_copy.traps) and dict(n_ctx.flags) == dict(b_copy.flags)  # B30-1
-        except Exception:  # noqa: BLE001
-            return True
-    return now is before or now == before
+        except Exception:  # noqa: BLE001 - cannot be compared: put back
+            return False
+    return _same_value(before, now)
 
 
 def _saved_state() -> dict:
@@ -515,6 +585,7 @@ def _saved_state() -> dict:
         # result off: ERROR "exited with code 1 without a result", nsa_core's checks lost, the adapter not named)
         state["rlimits"] = _stdlib_put.limits()
         state["environ"] = (os.environ, dict(os.environ))
+        state["C environment"] = _stdlib_put.c_environ()
         state["time zone"] = _stdlib_put.time_zone()
         state["random"] = random.getstate()
         state["numpy"] = _numpy_rng()
@@ -650,6 +721,8 @@ def _restore_state(state: dict) -> list[str]:
         except BaseException as e:  # noqa: BLE001 - restoring must not become a failure of its own
             if stops(e):
                 raise
+            # named all the same, as not put back (round 31 B31-4: never "put back" for what stayed)
+            changed.append(f"{what} (could not be put back: {clip(type(e).__name__, 40)})")
 
     if "stdlib" in state:  # first: what follows calls them (print, open, __import__, json.dumps)
         _restore_stdlib(state["stdlib"], put)
@@ -684,7 +757,11 @@ def _restore_state(state: dict) -> list[str]:
                 put(f"the {signal.Signals(sig).name} handler", signal.signal, sig, handler)
     now = _interpreter_settings() if "interpreter" in state else {}
     for name, (before, setter) in state.get("interpreter", {}).items():
-        if name in now and not _same_setting(name, before, now[name][0]):
+        try:
+            same = name in now and _same_setting(name, before, now[name][0])
+        except Exception:  # noqa: BLE001 - one that cannot be compared is put back; never keeps the others
+            same = False
+        if not same:
             put(name, setter, before)
     _rebind_faulthandler(state)
     if state.get("recursion_was_changed"):
@@ -698,7 +775,7 @@ def _restore_state(state: dict) -> list[str]:
             put("the working directory", os.chdir, state["cwd"])
     if "environ" in state:
         _restore_environ(*state["environ"], put)
-        changed += _stdlib_put.put_back_c_environ()
+        changed += _stdlib_put.put_back_c_environ(state.get("C environment"))
     if "time zone" in state:
         changed += _stdlib_put.put_back_time_zone(state["time zone"])
     if "random" in state and random.getstate() != state["random"]:
