@@ -398,9 +398,14 @@ def load_manifest(path: str | os.PathLike) -> dict:
                 if key in s and not _is(s[key], types):
                     raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): {key!r} must be {_names(types)},"
                                         f" got {type(s[key]).__name__}")
-            if isinstance(s.get("duration_s"), _NUMBER) and s["duration_s"] < 0:  # round 17 A U-f: shown as is
-                raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'duration_s' must not be negative, "
-                                    f"got {s['duration_s']!r}")
+            if isinstance(s.get("duration_s"), _NUMBER) and not _seconds(s["duration_s"]):
+                # round 17 A U-f: a negative one was shown as is; round 31 B31-5: a 4000-digit integer ended report
+                # in "OverflowError (unexpected ...)", naming no file, and NaN / inf were shown
+                d = s["duration_s"]
+                got = (f"an integer of {len(str(abs(d)))} digits" if isinstance(d, int) and abs(d) >= 10**15
+                       else repr(d))
+                raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'duration_s' must be a finite, "
+                                    f"non-negative number of seconds, got {got}")
             if not all(isinstance(f, str) for f in s.get("files") or []):
                 raise ManifestError(f"{path}: {where}[{i}] ({s['name']!r}): 'files' must be a list of strings")
     for i, p in enumerate(data.get("pending") or []):
@@ -469,6 +474,13 @@ _ENTRY_TYPES = {"files": (list,), "reason": (str,), "hint": (str,), "log": (str,
                 "options": (dict,), "duration_s": _NUMBER, "traceback": (str,), "log_tail": (str,),
                 "order": (int, type(None)), "source": (str,), "device": (str,), "profile": (str,),
                 "started": (str,), "finished": (str,), "moved_to": (str,), "interrupted": (bool,)}
+
+
+def _seconds(value: int | float) -> bool:
+    """A duration a report can show: finite, not negative, below 10**15 s (float() of a longer integer overflows)."""
+    import math
+
+    return (abs(value) < 10**15 if isinstance(value, int) else math.isfinite(value)) and value >= 0
 
 
 def _is(value: Any, types: tuple) -> bool:

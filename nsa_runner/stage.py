@@ -246,6 +246,8 @@ def whole_number(text: str, least: int = 1) -> int:
     if not re.fullmatch(r"[+-]?[0-9]+", t, flags=re.ASCII):
         bad = next((i for i, c in enumerate(t) if not ("0" <= c <= "9" or (i == 0 and c in "+-"))), None)
         raise ValueError(f"expected an integer, got {_quoted(t, bad)}")
+    if len(t.lstrip("+-").lstrip("0")) > len(str(INT_LIST_MAX)):  # before int(): 4300+ digits raise Python's advice
+        raise ValueError(f"expected an integer up to {INT_LIST_MAX}, got {_quoted(t)}")  # (round 31 U31-4)
     v = int(t)
     if v < least:
         raise ValueError(f"expected {'a positive integer' if least == 1 else f'an integer >= {least}'}, "
@@ -279,7 +281,10 @@ def int_list(text: str) -> list[int]:
         mult = 1
         if p[-1] in "kK":
             mult, p = 1024, p[:-1]
-        v = whole_number(p, 1) if mult == 1 else whole_number(p, 1) * mult
+        try:
+            v = whole_number(p, 1) * mult
+        except ValueError as e:  # the element as typed, not its number part (round 31 U31-3: "2kk" said '2k')
+            raise ValueError(str(e).replace(_quoted(p), _quoted(part.strip()), 1)) from None
         if v > INT_LIST_MAX:
             raise ValueError(f"expected integers up to {INT_LIST_MAX}, got {_quoted(part.strip())}")
         out.append(v)

@@ -49,7 +49,9 @@ BAD = {  # id: (how the run folder is spoiled, what the one line names)
     "manifest status key twice": (lambda folder: (folder / "manifest.json").write_text(
         (folder / "manifest.json").read_text().replace('"status": "PASS"', '"status": "FAIL", "status": "PASS"', 1)),
         "the key 'status' is written twice in one object"),
-    "manifest negative duration": (_stage0("duration_s", -5), "'duration_s' must not be negative"),
+    "manifest negative duration": (_stage0("duration_s", -5), "'duration_s' must be a finite, non-negative number"),
+    # round 31 B31-5: a 4000-digit integer ended report in "OverflowError (unexpected ...)", naming no file
+    "manifest duration 4000 digits": (_stage0("duration_s", int("9" * 4000)), "got an integer of 4000 digits"),
     # round 17 A-R2: an item of another type was "unexpected: TypeError" (summary.md joins them)
     "manifest argv item a number": (_manifest(lambda m: m.__setitem__("argv", ["nsa-run", 5])),
                                     "'argv' must be a list of strings"),

@@ -38,6 +38,11 @@ def test_a_size_no_kernel_can_index_is_a_usage_error(tmp_path, value):
     ("decode-bench", "--warmup", "1_0", "expected an integer"),
     ("selection-map", "--T", "1" * 60 + "x", "'x' at character 61"),
     ("decode-bench", "--S-list", "1k,,2k", "element 2 of 3 is empty"),
+    # round 31: the element as typed (U31-3), 5000 digits said as the bound, not Python's advice (U31-4), --seed on
+    # ASCII decimal digits like the rest (U31-2)
+    ("decode-bench", "--S-list", "2kk", "'2kk'"),
+    ("selection-map", "--T", "9" * 5000, "up to 2147483647"),
+    ("selection-map", "--seed", "1_2", "decimal digits"),
 ])
 def test_every_integer_option_is_bounded_and_plain(tmp_path, stage, flag, value, said):
     out = tmp_path / "o"

@@ -47,7 +47,10 @@ def test_bad_seed_is_a_clear_value_error(text):
 
 
 def test_seed_option_parses_and_bad_seed_exits_2_before_running(cli, tmp_path):
-    assert _seed.parse("1234") == 1234 and _seed.parse("0x10") == 16
+    assert _seed.parse("1234") == 1234 and _seed.parse(" 16 ") == 16
+    for odd in ("0x10", "1_2", "\u0661\u0662", "9" * 5000):  # round 31 U31-2: decimal ASCII digits only, as every int
+        with pytest.raises(ValueError, match="--seed"):
+            _seed.parse(odd)
     r = cli("stage", "sanity", "--seed", "abc", "--out", tmp_path / "o", "--device", "cpu")
     assert r.exit_code == 2 and "--seed" in r.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
