@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsa_runner._text import shown
+
 
 class Status(str, enum.Enum):
     PASS = "PASS"
@@ -231,29 +233,33 @@ INT_LIST_MAX = 2**31 - 1
 
 
 def _quoted(text: str, bad: int | None = None) -> str:
-    """``text`` quoted for an error line: clipped to 40 characters, and, where it is longer, the first character
-    that is not a digit named with its place (round 30 U30-3: the offending character was cut off)."""
-    q = repr(text if len(text) <= 40 else text[:37] + "...")
+    """``text`` quoted for an error line (``_text.shown``: its first 40 characters), and, where it is longer, the
+    first character that is not a digit named with its place (round 30 U30-3: the offending character was cut off)."""
+    q = shown(text, 40)
     if bad is not None and len(text) > 40:
         q += f" ({text[bad]!r} at character {bad + 1})"
     return q
 
 
-def whole_number(text: str, least: int = 1) -> int:
+class NotAnInteger(ValueError):
+    """Command-line text that is no integer at all (``whole_number``), as against one out of range."""
+
+
+def whole_number(text: str, least: int = 1, most: int = INT_LIST_MAX) -> int:
     """Parse one integer of the command line: ASCII digits only (``int`` would take Unicode digits and ``_``,
-    round 30 U30-2), in ``least`` .. ``INT_LIST_MAX``; a ValueError that quotes the text otherwise."""
+    round 30 U30-2), in ``least`` .. ``most``; ``NotAnInteger`` or a ValueError that quotes the text otherwise."""
     t = text.strip()
     if not re.fullmatch(r"[+-]?[0-9]+", t, flags=re.ASCII):
         bad = next((i for i, c in enumerate(t) if not ("0" <= c <= "9" or (i == 0 and c in "+-"))), None)
-        raise ValueError(f"expected an integer, got {_quoted(t, bad)}")
-    if len(t.lstrip("+-").lstrip("0")) > len(str(INT_LIST_MAX)):  # before int(): 4300+ digits raise Python's advice
-        raise ValueError(f"expected an integer up to {INT_LIST_MAX}, got {_quoted(t)}")  # (round 31 U31-4)
+        raise NotAnInteger(f"expected an integer, got {_quoted(t, bad)}")
+    if len(t.lstrip("+-").lstrip("0")) > len(str(most)):  # before int(): 4300+ digits raise Python's advice
+        raise ValueError(f"expected an integer up to {most}, got {_quoted(t)}")  # (round 31 U31-4)
     v = int(t)
     if v < least:
         raise ValueError(f"expected {'a positive integer' if least == 1 else f'an integer >= {least}'}, "
                          f"got {_quoted(t)}")
-    if v > INT_LIST_MAX:
-        raise ValueError(f"expected an integer up to {INT_LIST_MAX}, got {_quoted(t)}")
+    if v > most:
+        raise ValueError(f"expected an integer up to {most}, got {_quoted(t)}")
     return v
 
 

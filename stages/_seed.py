@@ -10,24 +10,24 @@ replayable: the drawn seed is what is recorded and printed).
 from __future__ import annotations
 
 import os
-import re
 import shlex
 
 from nsa_runner._text import shown
-from nsa_runner.stage import Option
+from nsa_runner.stage import NotAnInteger, Option, whole_number
 
 MAX_SEED = 2**63 - 1
 
 
 def parse(text: str) -> int:
-    """A seed: ASCII decimal digits, 0 .. 2**63-1 (round 31 U31-2: ``int(text, 0)`` took Unicode digits, ``_`` and
-    ``0x`` / ``0b``, unlike every other integer option)."""
+    """A seed: ASCII decimal digits, 0 .. 2**63-1, read as every integer option is (``stage.whole_number``; round 31
+    U31-2: ``int(text, 0)`` took Unicode digits, ``_`` and ``0x`` / ``0b``)."""
     t = str(text).strip()
-    if not re.fullmatch(r"[+-]?[0-9]+", t, flags=re.ASCII):
-        raise ValueError(f"--seed must be an integer in 0..2**63-1 (decimal digits), got {shown(t, 40)}")
-    if len(t.lstrip("+-").lstrip("0")) > len(str(MAX_SEED)) or not 0 <= int(t) <= MAX_SEED:
-        raise ValueError(f"--seed must be in 0..2**63-1, got {shown(t, 40)}")
-    return int(t)
+    try:
+        return whole_number(t, 0, MAX_SEED)
+    except NotAnInteger:
+        raise ValueError(f"--seed must be an integer in 0..2**63-1 (decimal digits), got {shown(t, 40)}") from None
+    except ValueError:
+        raise ValueError(f"--seed must be in 0..2**63-1, got {shown(t, 40)}") from None
 
 
 def option(default: int | None, what: str = "the random inputs") -> Option:
