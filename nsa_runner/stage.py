@@ -241,21 +241,27 @@ def _quoted(text: str, bad: int | None = None) -> str:
     return q
 
 
+ASCII_SPACE = " \t\n\r\v\f"
+
+
 class NotAnInteger(ValueError):
     """Command-line text that is no integer at all (``whole_number``), as against one out of range."""
 
 
 def whole_number(text: str, least: int = 1, most: int = INT_LIST_MAX) -> int:
     """Parse one integer of the command line: ASCII digits only (``int`` would take Unicode digits and ``_``,
-    round 30 U30-2), in ``least`` .. ``most``; ``NotAnInteger`` or a ValueError that quotes the text otherwise."""
-    t = text.strip()
+    round 30 U30-2), in ``least`` .. ``most``; ``NotAnInteger`` or a ValueError that quotes the text otherwise. Only
+    ASCII white space around it is dropped (round 32 U32-2: a Unicode space was stripped as well, and the refusal
+    quoted the text stripped)."""
+    t = text.strip(ASCII_SPACE)
     if not re.fullmatch(r"[+-]?[0-9]+", t, flags=re.ASCII):
         bad = next((i for i, c in enumerate(t) if not ("0" <= c <= "9" or (i == 0 and c in "+-"))), None)
         raise NotAnInteger(f"expected an integer, got {_quoted(t, bad)}")
     if len(t.lstrip("+-").lstrip("0")) > len(str(most)):  # before int(): 4300+ digits raise Python's advice
         raise ValueError(f"expected an integer up to {most}, got {_quoted(t)}")  # (round 31 U31-4)
-    v = int(t)
-    if v < least:
+    sign, digits = (t[0], t[1:]) if t[0] in "+-" else ("", t)
+    v = int(sign + (digits.lstrip("0") or "0"))  # leading zeros dropped first (round 32 U32-1: 5000 of them
+    if v < least:  # ended in Python's int-digit-limit advice)
         raise ValueError(f"expected {'a positive integer' if least == 1 else f'an integer >= {least}'}, "
                          f"got {_quoted(t)}")
     if v > most:

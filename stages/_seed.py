@@ -13,7 +13,7 @@ import os
 import shlex
 
 from nsa_runner._text import shown
-from nsa_runner.stage import NotAnInteger, Option, whole_number
+from nsa_runner.stage import ASCII_SPACE, NotAnInteger, Option, whole_number
 
 MAX_SEED = 2**63 - 1
 
@@ -21,7 +21,7 @@ MAX_SEED = 2**63 - 1
 def parse(text: str) -> int:
     """A seed: ASCII decimal digits, 0 .. 2**63-1, read as every integer option is (``stage.whole_number``; round 31
     U31-2: ``int(text, 0)`` took Unicode digits, ``_`` and ``0x`` / ``0b``)."""
-    t = str(text).strip()
+    t = str(text).strip(ASCII_SPACE)
     try:
         return whole_number(t, 0, MAX_SEED)
     except NotAnInteger:

@@ -297,7 +297,29 @@ def _torch_state(torch) -> dict:
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
             "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch),
-            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch)}
+            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), **_switches(torch)}
+
+
+def _switches(torch) -> dict:
+    """torch's process-wide switches an adapter may flip (round 32 B32-1: ``torch.set_warn_always(True)``, oneDNN off;
+    the next adapter FAILed, blamed); None where this torch cannot read one."""
+    out = {}
+    for key, get in (("warn_always", getattr(torch, "is_warn_always_enabled", None)),
+                     ("mkldnn", getattr(torch._C, "_get_mkldnn_enabled", None))):
+        try:
+            out[key] = get() if get is not None else None
+        except Exception:  # noqa: BLE001
+            out[key] = None
+    return out
+
+
+def _flushes_denormals(torch) -> bool | None:
+    """Does torch flush denormal floats to zero on the CPU now? (``torch.set_flush_denormal`` has no getter: one
+    multiplication of a denormal tells; run only after the adapter's torch modes are put back.)"""
+    try:
+        return torch.tensor([1e-40], dtype=torch.float32, device="cpu").mul(1.0).item() == 0.0
+    except Exception:  # noqa: BLE001
+        return None
 
 
 # round 18 B-3: autograd's saved-tensor hooks (an offload / checkpoint hook entered and never left made the next
@@ -411,7 +433,8 @@ def _torch_defaults(torch) -> dict:
     """torch's own state after its import (where torch was first imported by the adapter's code)."""
     return {"grad": True, "inference": False, "dtype": torch.float32, "deterministic": (False, False),
             "anomaly": (False, True), "threads": None, "matmul": "highest", "modes": [], "device_context": None,
-            "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None, "hooks": None}
+            "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None, "hooks": None,
+            "warn_always": False, "mkldnn": True, "denormal": False}
 
 
 def _interpreter_settings() -> dict[str, tuple]:
@@ -500,6 +523,14 @@ def _interpreter_settings() -> dict[str, tuple]:
             ("logging.disable", lambda: logging.root.manager.disable, logging.disable),
             ("the root logger's level", lambda: logging.root.level, lambda lvl: logging.root.setLevel(lvl)),
             ("gc.set_threshold", gc.get_threshold, lambda t: gc.set_threshold(*t)),
+            # round 32 B32-1: a printing collection callback, logging's last-resort handler taken away, the process
+            # at idle scheduling priority, torch's switches (below)
+            ("gc.callbacks", lambda: tuple(gc.callbacks),
+             lambda was: gc.callbacks.__setitem__(slice(None), list(was))),
+            ("logging.lastResort", *attr(logging, "lastResort")),
+            ("os.sched_setscheduler", *((lambda: (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
+                                         lambda was: os.sched_setscheduler(0, was[0], os.sched_param(was[1])))
+                                        if hasattr(os, "sched_setscheduler") else (None, None))),
             ("os.sched_setaffinity", *((lambda: os.sched_getaffinity(0), lambda cpus: os.sched_setaffinity(0, cpus))
                                        if hasattr(os, "sched_setaffinity") else (None, None))),
             ("the umask", _umask, os.umask),
@@ -591,6 +622,8 @@ def _saved_state() -> dict:
         state["numpy"] = _numpy_rng()
         torch = sys.modules.get("torch")
         state["torch"] = _torch_state(torch) if torch is not None and hasattr(torch, "_C") else None
+        if state["torch"] is not None:
+            state["torch"]["denormal"] = _flushes_denormals(torch)
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
         pass
     try:
@@ -708,6 +741,18 @@ def _rebind_faulthandler(state: dict) -> None:
         pass
 
 
+def _reset_newlines() -> None:
+    """sys.stdout's and sys.stderr's line endings as the runner has them (Python's default, ``newline=None``), after
+    every adapter's code, silently: ``reconfigure(newline="\\r\\n")`` left by an adapter ended every later line of the
+    stage's log in CR LF (round 32 B32-1), and a TextIOWrapper cannot say which line ending it writes. The streams
+    themselves are put back before this."""
+    for name in ("stdout", "stderr"):
+        try:
+            getattr(sys, name).reconfigure(newline=None)
+        except Exception:  # noqa: BLE001 - not a text stream that can be reconfigured, closed: nothing to do
+            pass
+
+
 def _restore_state(state: dict) -> list[str]:
     """Put back what an adapter's code left changed of ``state`` (``_saved_state``), each thing on its own
     (one that cannot be put back never keeps the others); a line in the stage's log names what. Never raises
@@ -764,6 +809,7 @@ def _restore_state(state: dict) -> list[str]:
         if not same:
             put(name, setter, before)
     _rebind_faulthandler(state)
+    _reset_newlines()
     if state.get("recursion_was_changed"):
         changed.append("the recursion limit")
     if "cwd" in state:
@@ -813,10 +859,14 @@ _MODULE_NOISE = frozenset({"__warningregistry__"})  # written by the warnings ma
 def _torch_namespaces() -> dict:
     """{name: (the namespace, a copy of its attribute dict)} for ``_NAMESPACES`` loaded here (nothing is imported)."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
     out = {}
-    for name in _NAMESPACES:
+    # round 32 B32-2: nsa_core's own modules too (an adapter "registering its fast path" over
+    # nsa_core.functional.select_blocks made the reference FAIL and every adapter compared with it)
+    for name in [n for n in list(sys.modules) if n == "nsa_core" or n.startswith("nsa_core.")]:
+        obj = sys.modules.get(name)
+        if isinstance(obj, types.ModuleType):
+            out[name] = (obj, dict(vars(obj)))
+    for name in _NAMESPACES if torch is not None else ():
         obj = torch.__dict__.get("Tensor") if name == "torch.Tensor" else sys.modules.get(name)
         if name == "torch.Tensor" and not isinstance(obj, type):
             continue
@@ -842,8 +892,8 @@ def _torch_own(name: str, value) -> bool:
         code = getattr(value, "__code__", None)
         if not isinstance(code, types.CodeType):
             return False
-        torch = sys.modules.get("torch")
-        root = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+        package = sys.modules.get(name.split(".")[0])  # torch, or nsa_core (round 32 B32-2)
+        root = os.path.dirname(os.path.realpath(package.__file__)) + os.sep
         return os.path.realpath(code.co_filename).startswith(root)
     except Exception:  # noqa: BLE001 - a hostile value: the adapter's
         return False
@@ -982,6 +1032,15 @@ def _restore_torch(torch, saved: dict, put) -> None:
         put("autograd's saved-tensor hooks", _restore_hooks, torch, saved["hooks"])
     if saved.get("autocast") and now["autocast"] != saved["autocast"]:
         put("torch's autocast", _restore_autocast, torch, saved["autocast"])
+    for key, name, setter in (
+            ("warn_always", "torch.set_warn_always", getattr(torch, "set_warn_always", None)),
+            ("mkldnn", "torch._C._set_mkldnn_enabled", getattr(torch._C, "_set_mkldnn_enabled", None))):
+        if saved.get(key) is not None and now.get(key) is not None and now[key] != saved[key] and setter is not None:
+            put(name, setter, saved[key])
+    # last: the probe runs a torch op, which must not go through a mode the adapter left (put back above)
+    was = saved.get("denormal", False)
+    if was is not None and _flushes_denormals(torch) not in (None, was):
+        put("torch.set_flush_denormal", torch.set_flush_denormal, was)
 
 
 RUNNER_INTERRUPTS = ("Terminated", "_Interrupted", "_FinishedThenInterrupted", "RunInterrupted")

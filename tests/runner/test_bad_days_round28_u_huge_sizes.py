@@ -43,6 +43,9 @@ def test_a_size_no_kernel_can_index_is_a_usage_error(tmp_path, value):
     ("decode-bench", "--S-list", "2kk", "'2kk'"),
     ("selection-map", "--T", "9" * 5000, "up to 2147483647"),
     ("selection-map", "--seed", "1_2", "decimal digits"),
+    # round 32 U32-1: 5000 leading zeros got past the digit count into Python's digit-limit advice
+    ("selection-map", "--T", "0" * 5000, "positive integer"),
+    ("selection-map", "--seed", "0" * 5000 + "9" * 20, "0..2**63-1"),
 ])
 def test_every_integer_option_is_bounded_and_plain(tmp_path, stage, flag, value, said):
     out = tmp_path / "o"
