@@ -519,6 +519,8 @@ class Run:
         if owner is not None:
             if self._rerunning(owner):  # a live nsa-run set it aside in history/ to rerun the stage
                 return None
+            if self._set_aside(owner):  # a dead one did: ``unfinished`` names where it waits (round 32 B32-3)
+                return None
             raise ArtifactError(f"{p}: the manifest lists it as written by stage {owner!r}, but the file is "
                                 "missing (deleted or moved?)")
         return None
@@ -538,6 +540,22 @@ class Run:
         if line is not None:
             self._cache["_rerun"] = f"{line} (a rerun: its earlier files are set aside until it ends)"
         return line is not None
+
+    def _set_aside(self, stage: str) -> bool:
+        """Are ``stage``'s earlier files set aside in history/ by an nsa-run that died rerunning it (``pending`` with
+        its ``moved_to`` folder in place)? They are not in this run until the next ``stage`` / ``oneshot`` into the
+        folder puts them back; the run's UNFINISHED line (``artifacts.unfinished``) says where they wait. It said
+        "missing (deleted or moved?)", "repair or move the broken file aside", exit 2 (round 32 B32-3)."""
+        try:
+            fresh = load_manifest(self.dir)
+        except ManifestError:
+            return False
+        for p in fresh.get("pending") or []:
+            moved = p.get("moved_to") if isinstance(p, dict) and p.get("stage") == stage else None
+            if isinstance(moved, str) and moved and outside_problem(self.dir, moved) is None \
+                    and os.path.lexists(self.dir / moved):
+                return True
+        return False
 
     def running(self) -> str | None:
         """One line when an nsa-run on this host is at work in this run (a oneshot's stage, a rerun

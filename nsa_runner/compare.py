@@ -479,8 +479,10 @@ def _timing_rows(A: Run, B: Run, name: str, comparable: bool, threshold: float, 
             if not (_finite(va) and _finite(vb)):
                 note = (a.get("note") if not _finite(va) else b.get("note")) or ""
                 row.mark = "x"
-                row.note = f"no value in {'A' if not _finite(va) else 'B'}" + (f" ({note})" if _finite_str(note)
-                                                                               else "")
+                side, bad = ("A", va) if not _finite(va) else ("B", vb)
+                # an infinite cell (1e309 in the CSV) is shown as inf: said so, not "no value" (round 32 U32-5)
+                said = "an infinite value" if math.isinf(_num({"v": bad}, "v")) else "no value"
+                row.note = f"{said} in {side}" + (f" ({note})" if _finite_str(note) else "")
             else:
                 va, vb = float(va), float(vb)
                 if is_derived(m):

@@ -473,6 +473,7 @@ SPARE_ENV = "NSA_RUN_SPARE_WORKER"
 # what a stage may write to its log (MiB; the cap on a declared file too): past it the stage is stopped,
 # ERROR, and its log cut there (a stage printing in a loop filled the disk under the run folder)
 LOG_LIMIT_ENV, LOG_LIMIT_MIB = "NSA_RUN_LOG_LIMIT_MIB", 256.0
+LOG_LIMIT_MOST_MIB = 2**20
 
 
 def log_limit() -> int:
@@ -486,8 +487,11 @@ def log_limit() -> int:
         # ERROR on that header (round 24 U24-1, round 25 U25-7)
         raise ValueError(f"{env_said(LOG_LIMIT_ENV, os.environ.get(LOG_LIMIT_ENV, ''))} is below 1 MiB: a stage's "
                          "log needs room for nsa-run's own lines")
-    # (a huge value is no practical limit: 1e308 MiB overflowed to inf in bytes, round 24 B24-1)
-    return int(min(mib, 2.0**40) * 2**20)
+    if mib > LOG_LIMIT_MOST_MIB:  # (1e308 MiB overflowed to inf in bytes, round 24 B24-1; taken as 1 TiB without a
+        # word until round 32 U32-3)
+        raise ValueError(f"{env_said(LOG_LIMIT_ENV, os.environ.get(LOG_LIMIT_ENV, ''))} is above "
+                         f"{LOG_LIMIT_MOST_MIB} MiB (1 TiB): no log is meant to grow that big")
+    return int(mib * 2**20)
 
 
 class _LogWatch:

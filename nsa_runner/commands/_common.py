@@ -19,6 +19,7 @@ from rich.markup import escape
 from nsa_runner._text import PARITY_JOBS_ENV, parity_jobs
 from nsa_runner._torch_check import torch_facts
 from nsa_runner._ui import ProgressObserver, err_console, fail, path_text, plain_text, report, shown
+from nsa_runner._worker import PROFILE_ENV
 from nsa_runner.artifacts import (
     ManifestError,
     _folder_number,
@@ -191,6 +192,13 @@ def check_out(out: Path) -> Path:
         parity_jobs()
     except ValueError as e:
         fail(str(e), f"unset it (one per two CPU cores, at most 8) or give a count, e.g. {PARITY_JOBS_ENV}=4")
+    profiles = os.environ.get(PROFILE_ENV, "")
+    if profiles:  # a developer's aid: an unwritable folder lost every profile, said only in the stages' logs
+        try:  # (round 32 U32-4)
+            check_writable(Path(profiles))
+        except (OSError, ValueError) as e:
+            fail(f"{PROFILE_ENV}={shown(profiles, 80)}: cannot write profiles there "
+                 f"({getattr(e, 'strerror', None) or e})", f"unset {PROFILE_ENV} or name a writable folder")
     if free < MIN_FREE_BYTES:
         fail(f"--out {out}: only {free / 2**20:.1f} MiB free on its disk (a run needs at least "
              f"{MIN_FREE_BYTES / 2**20:.0f} MiB)", "free some space or choose another folder with --out")

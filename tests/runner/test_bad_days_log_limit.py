@@ -78,14 +78,24 @@ def test_a_bad_log_limit_is_refused_before_anything_runs(plugins, tmp_path):
         assert "Traceback" not in r.stderr and not (out / "testrun").exists(), value
 
 
-def test_a_huge_log_limit_is_no_practical_limit(plugins, tmp_path):
-    """Round 24 B24-1: 1e308 (positive, finite) overflowed to inf in bytes: 'OverflowError ... (unexpected)', exit 2."""
+def test_a_huge_log_limit_is_refused_and_the_largest_taken(plugins, tmp_path):
+    """Round 24 B24-1: 1e308 (positive, finite) overflowed to inf in bytes: 'OverflowError ... (unexpected)', exit 2;
+    round 32 U32-3: from then on it was taken as 1 TiB without a word. Above 1 TiB it is refused in one line, before
+    anything runs; 1 TiB itself is taken."""
     plugins.make("ll-stages", "ll_mod", STAGES, {"flood": "ll_mod:Flood", "chatty": "ll_mod:Chatty"})
+    for value in ("1e308", "1048577"):
+        out = tmp_path / f"o{len(value)}"
+        r = subprocess.run(cli_cmd("stage", "chatty", "--out", out, "--device", "cpu"),
+                           env=env_with(plugins.env(), NSA_RUN_LOG_LIMIT_MIB=value), capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 2, (value, r.returncode, r.stderr[-2000:])
+        assert f"NSA_RUN_LOG_LIMIT_MIB={value!r} is above 1048576 MiB" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "Overflow" not in r.stderr and not (out / "testrun").exists()
     out = tmp_path / "o"
     r = subprocess.run(cli_cmd("stage", "chatty", "--out", out, "--device", "cpu"),
-                       env=env_with(plugins.env(), NSA_RUN_LOG_LIMIT_MIB="1e308"), capture_output=True, text=True,
+                       env=env_with(plugins.env(), NSA_RUN_LOG_LIMIT_MIB="1048576"), capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0 and "Overflow" not in r.stderr, (r.returncode, r.stderr[-2000:])
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert manifest(out)["stages"][0]["status"] == "PASS"
 
 

@@ -1,0 +1,79 @@
+"""Bad days, red-team round 32 U32-2 / U32-4 / U32-5, through the CLI:
+
+- U32-2: a Unicode space around ``--seed`` (or any integer option) was stripped as white space, and the refusal
+  quoted the text stripped: only ASCII white space is dropped; anything else is refused, quoted as typed;
+- U32-4: an unwritable ``NSA_RUN_CPROFILE_DIR`` lost every stage's profile, said only in the stages' logs: refused up
+  front in one line, exit 2, nothing run;
+- U32-5: ``compare`` showed ``inf`` beside "no value in A" for a timing cell of ``1e309``: said to be infinite.
+(U32-3, the log limit's upper bound: tests/runner/test_bad_days_log_limit.py.)"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from nsa_runner.cli import app
+
+try:  # tests/ is on sys.path under pytest's default (prepend) import mode
+    from _bad_days import cli_cmd, env_with
+    from _runfolders import make_run
+except ImportError:  # pragma: no cover - run as a package
+    from tests._runfolders import make_run
+    from tests.runner._bad_days import cli_cmd, env_with
+
+
+@pytest.mark.parametrize("value", ["\u20037", "7\u00a0", "\u30007"])
+def test_a_unicode_space_around_an_integer_option_is_refused_as_typed(tmp_path, value):
+    for flag in ("--seed", "--T"):
+        out = tmp_path / f"o{flag}"
+        r = subprocess.run(cli_cmd("stage", "selection-map", flag, value, "--out", out, "--device", "cpu"),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (flag, r.returncode, r.stderr[-2000:])
+        assert ascii(value)[1:-1] in r.stderr or value in r.stderr, (flag, r.stderr)  # quoted as typed
+        assert "Traceback" not in r.stderr and not (out / "testrun").exists()
+
+
+def test_an_unwritable_profile_folder_is_refused_before_anything_runs(plugins, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_CPROFILE_DIR=str(blocker / "profiles")),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "NSA_RUN_CPROFILE_DIR" in r.stderr and "cannot write profiles there" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (out / "testrun").exists()
+    # a writable one is taken: the stage's profile is written there
+    profiles = tmp_path / "profiles"
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_CPROFILE_DIR=str(profiles)),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (profiles / "selection-map.prof").is_file()
+
+
+def test_compare_says_an_infinite_timing_is_infinite(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    make_run(root, "aaaaaaa", device="cpu")
+    shutil.copytree(root / "aaaaaaa", root / "bbbbbbb")
+    m = json.loads((root / "bbbbbbb" / "manifest.json").read_text())
+    m["run_id"] = "bbbbbbb"
+    (root / "bbbbbbb" / "manifest.json").write_text(json.dumps(m))
+    path = root / "aaaaaaa" / "decode.csv"
+    rows = list(csv.DictReader(path.open()))
+    rows[0]["ms_full"] = "1e309"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    r = CliRunner().invoke(app, ["compare", "aaaaaaa", "bbbbbbb", "--out", str(root)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    text = " ".join(r.output.split())
+    assert "an infinite value in A" in text, r.output  # before: inf beside "no value in A"
+    assert "no value in A" not in text, r.output
