@@ -140,6 +140,21 @@ def make_run(out: Path, run_id: str = "aaaaaaa", *, device: str = "cuda", gpu: s
     return folder
 
 
+def make_pair(root: Path, **kw) -> Path:
+    """Two fabricated run folders ``root/aaaaaaa`` and ``root/bbbbbbb`` (a copy of the first under its own run id),
+    for ``compare aaaaaaa bbbbbbb --out root``; returns ``root``."""
+    import json
+    import shutil
+
+    make_run(root, "aaaaaaa", **kw)
+    shutil.copytree(root / "aaaaaaa", root / "bbbbbbb")
+    path = root / "bbbbbbb" / "manifest.json"
+    m = json.loads(path.read_text())
+    m["run_id"] = "bbbbbbb"
+    path.write_text(json.dumps(m))
+    return root
+
+
 def edit_csv(path: Path, fn) -> None:
     """Rewrite a CSV of a fabricated run through ``fn(DataFrame) -> DataFrame``."""
     df = pd.read_csv(path)

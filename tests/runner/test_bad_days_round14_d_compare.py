@@ -6,7 +6,6 @@ hidden, "no regression", exit 0. Through the CLI (the typer app) on fabricated r
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -14,9 +13,9 @@ from typer.testing import CliRunner
 from nsa_runner.cli import app
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
-    from _runfolders import make_run
+    from _runfolders import make_pair
 except ImportError:  # pragma: no cover - run as a package
-    from tests._runfolders import make_run
+    from tests._runfolders import make_pair
 
 HEAD = "impl,case,B,T,HQ,G,dk,dv,dtype,max_abs,rel_err,tol,status,note\n"
 OK = "1,128,4,2,32,32,fp32,1e-7,1e-7,1e-3,PASS,\n"
@@ -26,13 +25,7 @@ BAD = "1,128,4,2,32,32,fp32,5.0,5.0,1e-3,FAIL,wrong\n"
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    root = tmp_path / "runs"
-    make_run(root, "aaaaaaa", device="cpu")
-    shutil.copytree(root / "aaaaaaa", root / "bbbbbbb")
-    m = json.loads((root / "bbbbbbb" / "manifest.json").read_text())
-    m["run_id"] = "bbbbbbb"
-    (root / "bbbbbbb" / "manifest.json").write_text(json.dumps(m))
-    return root
+    return make_pair(tmp_path / "runs", device="cpu")
 
 
 def _cli(*args):

@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import csv
-import json
-import shutil
 import subprocess
 
 import pytest
@@ -21,9 +19,9 @@ from nsa_runner.cli import app
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
     from _bad_days import cli_cmd, env_with
-    from _runfolders import make_run
+    from _runfolders import make_pair
 except ImportError:  # pragma: no cover - run as a package
-    from tests._runfolders import make_run
+    from tests._runfolders import make_pair
     from tests.runner._bad_days import cli_cmd, env_with
 
 
@@ -59,12 +57,7 @@ def test_an_unwritable_profile_folder_is_refused_before_anything_runs(plugins, t
 
 def test_compare_says_an_infinite_timing_is_infinite(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    root = tmp_path / "runs"
-    make_run(root, "aaaaaaa", device="cpu")
-    shutil.copytree(root / "aaaaaaa", root / "bbbbbbb")
-    m = json.loads((root / "bbbbbbb" / "manifest.json").read_text())
-    m["run_id"] = "bbbbbbb"
-    (root / "bbbbbbb" / "manifest.json").write_text(json.dumps(m))
+    root = make_pair(tmp_path / "runs", device="cpu")
     path = root / "aaaaaaa" / "decode.csv"
     rows = list(csv.DictReader(path.open()))
     rows[0]["ms_full"] = "1e309"
