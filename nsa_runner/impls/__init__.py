@@ -293,24 +293,77 @@ def _torch_state(torch) -> dict:
             "deterministic": (torch.are_deterministic_algorithms_enabled(),
                               torch.is_deterministic_algorithms_warn_only_enabled()),
             "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
-            "threads": torch.get_num_threads(), "matmul": torch.get_float32_matmul_precision(),
+            "threads": torch.get_num_threads(),
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
             "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch),
-            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), **_switches(torch)}
+            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), "flags": _flag_values(torch)}
 
 
-def _switches(torch) -> dict:
-    """torch's process-wide switches an adapter may flip (round 32 B32-1: ``torch.set_warn_always(True)``, oneDNN off;
-    the next adapter FAILed, blamed); None where this torch cannot read one."""
-    out = {}
-    for key, get in (("warn_always", getattr(torch, "is_warn_always_enabled", None)),
-                     ("mkldnn", getattr(torch._C, "_get_mkldnn_enabled", None))):
+def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
+    """(name, get, set) of torch's process-wide switches an adapter may flip, in the order they are put back
+    (the new fp32-precision API parent first, then what reads it): ``torch.set_warn_always(True)`` and oneDNN off
+    (round 32 B32-1), the scaled-dot-product backends, cuDNN's switches, reduced-precision reductions, the preferred
+    linear-algebra libraries. ``torch.backends.cuda.matmul.fp32_precision = "tf32"`` also made
+    ``torch.get_float32_matmul_precision()`` raise ("mix of the legacy and new APIs"), which stopped the reading of
+    torch's whole state: nothing of it was put back (round 33). Each is read on its own; one this torch lacks is
+    left out."""
+    def find(path):
+        o = torch
+        for part in path.split(".")[1:]:
+            o = getattr(o, part)
+        return o
+
+    def attr(path, name):
+        return f"{path}.{name}", (lambda: getattr(find(path), name)), (lambda v: setattr(find(path), name, v))
+
+    def call(path, get, put):
+        return f"{path}.{put}", (lambda: getattr(find(path), get)()), (lambda v: getattr(find(path), put)(v))
+
+    flags = [attr(p, "fp32_precision") for p in (
+        "torch.backends", "torch.backends.cudnn", "torch.backends.mkldnn", "torch.backends.cuda.matmul",
+        "torch.backends.cudnn.conv", "torch.backends.cudnn.rnn", "torch.backends.mkldnn.matmul",
+        "torch.backends.mkldnn.conv", "torch.backends.mkldnn.rnn")]
+    flags += [call("torch", "get_float32_matmul_precision", "set_float32_matmul_precision"),
+              call("torch", "is_warn_always_enabled", "set_warn_always"),
+              call("torch._C", "_get_mkldnn_enabled", "_set_mkldnn_enabled")]
+    flags += [attr("torch.backends.cudnn", n) for n in ("enabled", "benchmark", "benchmark_limit", "deterministic",
+                                                         "allow_tf32")]
+    flags += [attr("torch.backends.cuda.matmul", n) for n in ("allow_fp16_reduced_precision_reduction",
+                                                               "allow_bf16_reduced_precision_reduction")]
+    flags += [call("torch.backends.cuda", f"{n}_sdp_enabled", f"enable_{n}_sdp")
+              for n in ("flash", "mem_efficient", "math", "cudnn")]
+    flags += [call("torch.backends.cuda", "fp16_bf16_reduction_math_sdp_allowed", "allow_fp16_bf16_reduction_math_sdp"),
+              call("torch.backends.cuda", "preferred_linalg_library", "preferred_linalg_library"),
+              call("torch.backends.cuda", "preferred_blas_library", "preferred_blas_library"),
+              attr("torch.backends.opt_einsum", "enabled"), attr("torch.backends.opt_einsum", "strategy")]
+    return flags
+
+
+_UNREAD = object()  # a switch that could not be read (its getter raised)
+
+
+def _flag_values(torch) -> dict:
+    """{name: value} of ``_torch_flags`` (``_UNREAD`` where reading raised); never raises."""
+    out: dict[str, Any] = {}
+    for name, get, _ in _torch_flags(torch):
         try:
-            out[key] = get() if get is not None else None
-        except Exception:  # noqa: BLE001
-            out[key] = None
+            out[name] = get()
+        except AttributeError:  # not in this torch
+            continue
+        except Exception:  # noqa: BLE001 - e.g. the legacy getter after the new API was used: changed
+            out[name] = _UNREAD
     return out
+
+
+def _same_flag(a, b) -> bool:
+    """torch's own values (bools, strings, numbers, its backend enums): equal; an unreadable one never is."""
+    if a is _UNREAD or b is _UNREAD:
+        return False
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _flushes_denormals(torch) -> bool | None:
@@ -432,9 +485,9 @@ def _same_numpy(a, b) -> bool:
 def _torch_defaults(torch) -> dict:
     """torch's own state after its import (where torch was first imported by the adapter's code)."""
     return {"grad": True, "inference": False, "dtype": torch.float32, "deterministic": (False, False),
-            "anomaly": (False, True), "threads": None, "matmul": "highest", "modes": [], "device_context": None,
+            "anomaly": (False, True), "threads": None, "modes": [], "device_context": None,
             "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None, "hooks": None,
-            "warn_always": False, "mkldnn": True, "denormal": False}
+            "flags": {}, "denormal": False}
 
 
 def _interpreter_settings() -> dict[str, tuple]:
@@ -446,9 +499,12 @@ def _interpreter_settings() -> dict[str, tuple]:
     import decimal  # imported here, before any adapter's code: a first import by the code was never compared
     import faulthandler  # (round 31 B31-2: traps set at that import stayed)
     import gc
+    import locale
     import logging
     import socket
     import warnings
+
+    np = sys.modules.get("numpy")  # (never imported here)
 
     def attr(owner, name):  # (get, set) of a hook that is a module attribute
         return (lambda: getattr(owner, name)), (lambda f: setattr(owner, name, f))
@@ -531,6 +587,15 @@ def _interpreter_settings() -> dict[str, tuple]:
             ("os.sched_setscheduler", *((lambda: (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
                                          lambda was: os.sched_setscheduler(0, was[0], os.sched_param(was[1])))
                                         if hasattr(os, "sched_setscheduler") else (None, None))),
+            # round 33: the process's niceness (os.nice), its locale (a decimal comma), numpy's floating-point error
+            # handling (np.seterr(all="raise"): the stage's own numpy / pandas arithmetic raised)
+            ("os.nice / os.setpriority", *((lambda: os.getpriority(os.PRIO_PROCESS, 0),
+                                            lambda was: os.setpriority(os.PRIO_PROCESS, 0, was))
+                                           if hasattr(os, "getpriority") else (None, None))),
+            ("locale.setlocale", lambda: locale.setlocale(locale.LC_ALL),
+             lambda was: locale.setlocale(locale.LC_ALL, was)),
+            ("numpy.seterr", *((lambda: tuple(sorted(np.geterr().items())), lambda was: np.seterr(**dict(was)))
+                               if np is not None else (None, None))),
             ("os.sched_setaffinity", *((lambda: os.sched_getaffinity(0), lambda cpus: os.sched_setaffinity(0, cpus))
                                        if hasattr(os, "sched_setaffinity") else (None, None))),
             ("the umask", _umask, os.umask),
@@ -633,6 +698,7 @@ def _saved_state() -> dict:
     try:
         state["stdlib"] = _stdlib_put.snapshot()  # builtins, the standard library's functions, pathlib / json classes
         state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
+        state["modules"] = dict(sys.modules)  # every loaded module, by identity (round 33)
         state["matplotlib"] = _rc_saved()
     except Exception:  # noqa: BLE001
         pass
@@ -741,6 +807,16 @@ def _rebind_faulthandler(state: dict) -> None:
         pass
 
 
+def _restore_modules(saved: dict, put) -> None:
+    """Put back the entries of ``sys.modules`` that ``saved`` had and that now name another object or none."""
+    modules = sys.modules
+    moved = [n for n, m in saved.items() if modules.get(n) is not m]
+    if moved:
+        put("sys.modules (" + ", ".join(clip(str(n), 60) for n in moved[:5])
+            + (f" and {len(moved) - 5} more" if len(moved) > 5 else "") + ")",
+            lambda: modules.update({n: saved[n] for n in moved}))
+
+
 def _reset_newlines() -> None:
     """sys.stdout's and sys.stderr's line endings as the runner has them (Python's default, ``newline=None``), after
     every adapter's code, silently: ``reconfigure(newline="\\r\\n")`` left by an adapter ended every later line of the
@@ -773,6 +849,9 @@ def _restore_state(state: dict) -> list[str]:
         _restore_stdlib(state["stdlib"], put)
     if "imports" in state:  # next: what follows may import (an entry taken away or shadowed: back in front)
         changed += _stdlib_put.put_back_import_state(state["imports"])
+    if "modules" in state:  # a module loaded before, replaced or taken out of sys.modules (a stub module for
+        # "json" or "nsa_core.functional"): nsa-run's next import of it got the stub (round 33); added ones are kept
+        _restore_modules(state["modules"], put)
     for fd, ident in state.get("fds", {}).items():
         kept = _KEPT_FDS.get(fd)
         if ident is not None and _fd_id(fd) != ident and kept is not None and kept[1] == ident \
@@ -1026,17 +1105,21 @@ def _restore_torch(torch, saved: dict, put) -> None:
         put("torch's anomaly mode", torch.set_anomaly_enabled, *saved["anomaly"])
     if saved["threads"] is not None and now["threads"] != saved["threads"]:
         put("torch's thread count", torch.set_num_threads, saved["threads"])
-    if now["matmul"] != saved["matmul"]:
-        put("torch's float32 matmul precision", torch.set_float32_matmul_precision, saved["matmul"])
     if "hooks" in saved and not _same_hooks(now["hooks"], saved["hooks"]):
         put("autograd's saved-tensor hooks", _restore_hooks, torch, saved["hooks"])
     if saved.get("autocast") and now["autocast"] != saved["autocast"]:
         put("torch's autocast", _restore_autocast, torch, saved["autocast"])
-    for key, name, setter in (
-            ("warn_always", "torch.set_warn_always", getattr(torch, "set_warn_always", None)),
-            ("mkldnn", "torch._C._set_mkldnn_enabled", getattr(torch._C, "_set_mkldnn_enabled", None))):
-        if saved.get(key) is not None and now.get(key) is not None and now[key] != saved[key] and setter is not None:
-            put(name, setter, saved[key])
+    saved_flags = saved.get("flags") or {}
+    for name, get, set_ in _torch_flags(torch):  # parents first, each read again just before: putting back the new
+        was = saved_flags.get(name, _UNREAD)  # fp32-precision API set the legacy one back too, which, set again,
+        if was is _UNREAD:  # would have turned the new API's "none" into "ieee"
+            continue
+        try:
+            same = _same_flag(get(), was)
+        except Exception:  # noqa: BLE001 - unreadable now (the mixed APIs): put back
+            same = False
+        if not same:
+            put(name, set_, was)
     # last: the probe runs a torch op, which must not go through a mode the adapter left (put back above)
     was = saved.get("denormal", False)
     if was is not None and _flushes_denormals(torch) not in (None, was):

@@ -1,0 +1,83 @@
+"""Bad days, round 33 (found reading round 32's fixes, before the round's probes came back), through the CLI: still
+more process-wide state an adapter's call left changed, neither put back nor named, the next adapter's verdict
+blamed: torch's new fp32-precision API (``torch.backends.cuda.matmul.fp32_precision = "tf32"``, which also made
+``torch.get_float32_matmul_precision()`` raise, so that nothing of torch's state was put back: the default dtype
+stayed float64), the scaled-dot-product math backend off (nsa_core's CPU branches run through SDPA), cuDNN's
+benchmark switch, numpy's error handling (``np.seterr(all="raise")``), the locale, the process's niceness, and a stub
+module put into ``sys.modules`` over one loaded before. Expected: each put back after the adapter's code and named;
+the next verdicts stand."""
+
+from __future__ import annotations
+
+try:
+    from _bad_days import selection_map
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import selection_map
+
+CHANGES = """
+import locale, os, sys, types
+import numpy as np
+import torch
+
+ORIG = {}
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    import csv
+    ORIG.update(nice=os.getpriority(os.PRIO_PROCESS, 0), csv=csv, locale=locale.setlocale(locale.LC_ALL))
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.set_default_dtype(torch.float64)
+    torch.backends.cuda.enable_math_sdp(False)
+    torch.backends.cudnn.benchmark = True
+    np.seterr(all="raise")
+    locale.setlocale(locale.LC_NUMERIC, "C.UTF-8")
+    os.nice(1)
+    sys.modules["csv"] = types.ModuleType("csv")
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r33m", {"select": _select})
+"""
+CHECKS = """
+import locale, os, sys
+import numpy as np
+import torch
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    orig = sys.modules["r33_changes"].ORIG
+    back = os.geteuid() == 0 or os.getrlimit(os.RLIMIT_NICE)[0] >= 21  # lowering niceness needs privilege
+    left = {"fp32_precision": torch.backends.cuda.matmul.fp32_precision != "none",
+            "default dtype": torch.get_default_dtype() != torch.float32,
+            "math sdp": not torch.backends.cuda.math_sdp_enabled(), "cudnn.benchmark": torch.backends.cudnn.benchmark,
+            "np.seterr": np.geterr()["divide"] == "raise", "locale": locale.setlocale(locale.LC_ALL) != orig["locale"],
+            "nice": back and os.getpriority(os.PRIO_PROCESS, 0) != orig["nice"],
+            "sys.modules": sys.modules.get("csv") is not orig["csv"]}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    torch.get_float32_matmul_precision()  # raised under the mixed APIs
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r33k", {"select": _select})
+"""
+
+
+def test_torch_switches_numpy_locale_niceness_and_sys_modules_are_put_back_and_named(plugins, tmp_path):
+    plugins.make("r33-changes", "r33_changes", CHANGES, {"r33m": "r33_changes:IMPL"}, version="1.0",
+                 group="nsa_runner.impls")
+    plugins.make("r33-checks", "r33_checks", CHECKS, {"r33k": "r33_checks:IMPL"}, version="1.0",
+                 group="nsa_runner.impls")
+    r, rec, log = selection_map(plugins, tmp_path, "r33m,r33k,nsa_core")
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    for name in ("torch.backends.cuda.matmul.fp32_precision", "torch's default dtype",
+                 "torch.backends.cuda.enable_math_sdp", "torch.backends.cudnn.benchmark", "numpy.seterr",
+                 "locale.setlocale", "os.nice / os.setpriority", "sys.modules (csv)"):
+        assert name in log, (name, log[-3000:])
