@@ -512,15 +512,13 @@ class Run:
         if owner is None and declared_type_problem(self.dir, name) is not None:
             return None  # listed by no stage of this run and unreadable (a FIFO, device, oversize file the
             # runner refused when the stage was recorded, round 15 A2): not in this run, as a missing file
+        if owner is not None and self._set_aside(owner) is not None:
+            return self.recorded(name)  # (None: not in this run while the rerun is under way / unfinished)
         if p.is_file():
             return p
         if p.exists():
             raise ArtifactError(f"{p}: expected a file")
         if owner is not None:
-            if self._rerunning(owner):  # a live nsa-run set it aside in history/ to rerun the stage
-                return None
-            if self._set_aside(owner):  # a dead one did: ``unfinished`` names where it waits (round 32 B32-3)
-                return None
             raise ArtifactError(f"{p}: the manifest lists it as written by stage {owner!r}, but the file is "
                                 "missing (deleted or moved?)")
         return None
@@ -541,21 +539,40 @@ class Run:
             self._cache["_rerun"] = f"{line} (a rerun: its earlier files are set aside until it ends)"
         return line is not None
 
-    def _set_aside(self, stage: str) -> bool:
-        """Are ``stage``'s earlier files set aside in history/ by an nsa-run that died rerunning it (``pending`` with
-        its ``moved_to`` folder in place)? They are not in this run until the next ``stage`` / ``oneshot`` into the
-        folder puts them back; the run's UNFINISHED line (``artifacts.unfinished``) says where they wait. It said
-        "missing (deleted or moved?)", "repair or move the broken file aside", exit 2 (round 32 B32-3)."""
+    def recorded(self, name: str) -> Path | None:
+        """The file holding what the manifest records for ``name``: in place; or, while a rerun has its stage's files
+        set aside in history/ (at work, or its runner died), the set-aside copy, None where there is none. The file
+        in place is then the new attempt's, which the manifest does not record (round 33 B33-6: ``report`` and
+        ``compare`` showed a dead attempt's timing as the run's); ``running`` / ``unfinished`` say so. Raises
+        ArtifactError for a name outside the run folder."""
+        p = self.inside(name)
+        owner = self.declared_by(name)
+        aside = self._set_aside(owner) if owner is not None else None
+        if aside is None:
+            return p
+        self._rerunning(owner)  # a live one: ``running`` says it
+        moved, still_moving = aside
+        q = self.dir / moved / name
+        if os.path.isfile(q) and outside_problem(self.dir, f"{moved}/{name}") is None:
+            return q
+        return p if still_moving and p.is_file() else None  # (not moved yet, or the recorded result lacked it)
+
+    def _set_aside(self, stage: str) -> tuple[str, bool] | None:
+        """Where ``stage``'s recorded files wait while they are set aside in history/ for a rerun (``pending``'s
+        ``moved_to``, the folder in place): (that folder, whether the move was still under way), or None. A live
+        rerun's or one whose runner died (round 32 B32-3: "missing (deleted or moved?)", exit 2; round 33 B33-6: the
+        dead attempt's new files were read as the run's); the next ``stage`` / ``oneshot`` into the folder puts them
+        back."""
         try:
             fresh = load_manifest(self.dir)
         except ManifestError:
-            return False
+            return None
         for p in fresh.get("pending") or []:
             moved = p.get("moved_to") if isinstance(p, dict) and p.get("stage") == stage else None
             if isinstance(moved, str) and moved and outside_problem(self.dir, moved) is None \
-                    and os.path.lexists(self.dir / moved):
-                return True
-        return False
+                    and os.path.isdir(self.dir / moved):
+                return moved, p.get("setting_aside") is True
+        return None
 
     def running(self) -> str | None:
         """One line when an nsa-run on this host is at work in this run (a oneshot's stage, a rerun
@@ -644,7 +661,10 @@ class Run:
     def _header(self, name: str) -> list[str] | None:
         """The CSV header of ``name`` (None when absent or unreadable: the full reader says why)."""
         try:
-            text = read_text_limited(self.inside(name))
+            p = self.recorded(name)
+            if p is None:
+                return None
+            text = read_text_limited(p)
             return next(csv.reader(io.StringIO(text)), None)
         except (OSError, UnicodeDecodeError, UnsafeFileError, csv.Error, ArtifactError):
             return None  # outside the run folder: never read; timing() names it

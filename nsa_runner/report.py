@@ -653,8 +653,8 @@ def _images_html(run: Run) -> str:
     images = [(n, titles.get(n, f"{n} ({stage} stage)")) for n, stage in declared]
     images += [(n, t) for n, t in IMAGES if n not in shown]  # the built-ins' pictures, said absent
     for name, title in images:
-        p = run.inside(name)  # a declared name outside the run folder is named, never read
-        if not p.is_file():
+        p = run.recorded(name)  # a declared name outside the run folder is named, never read; one a rerun set
+        if p is None or not p.is_file():  # aside: its recorded copy in history/
             out.append(_absent(f"{name} ({title})"))
             continue
         data = read_bytes_checked(p)  # refused by type and size before reading
