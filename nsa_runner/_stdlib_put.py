@@ -53,6 +53,28 @@ CLASSES = (pathlib.PurePath, pathlib.PurePosixPath, pathlib.Path, pathlib.PosixP
            json.JSONDecoder, enum.Enum)
 
 
+# put back by tables of their own (``impls._interpreter_settings``): their hooks are settings, not functions
+_OWN_TABLES = frozenset({"sys", "warnings", "logging", "threading", "faulthandler", "gc", "decimal", "locale"})
+
+
+def loaded() -> tuple:
+    """``MODULES`` and every other standard-library module loaded now (round 33: an adapter rebinding
+    ``bisect.bisect_left`` or ``functools.reduce``, which MODULES did not list, changed nsa-run's and the next
+    adapter's results). Never raises."""
+    names = getattr(sys, "stdlib_module_names", frozenset())
+    seen = {id(m) for m in MODULES}
+    out = list(MODULES)
+    try:
+        for name, m in list(sys.modules.items()):
+            top = name.partition(".")[0]
+            if type(m) is type(sys) and top in names and top not in _OWN_TABLES and id(m) not in seen:
+                seen.add(id(m))
+                out.append(m)
+    except Exception:  # noqa: BLE001 - a sys.modules the code replaced: MODULES only
+        return MODULES
+    return tuple(out)
+
+
 def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:
     """The names of each module and class as they are now."""
     return [(o, dict(vars(o))) for o in (*modules, *classes)]

@@ -337,6 +337,9 @@ def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
               call("torch.backends.cuda", "preferred_linalg_library", "preferred_linalg_library"),
               call("torch.backends.cuda", "preferred_blas_library", "preferred_blas_library"),
               attr("torch.backends.opt_einsum", "enabled"), attr("torch.backends.opt_einsum", "strategy")]
+    # torch.set_printoptions (round 33 B33-3: precision=0 printed every later tensor of the logs as integers)
+    flags += [attr("torch._tensor_str.PRINT_OPTS", n) for n in ("precision", "threshold", "edgeitems", "linewidth",
+                                                                 "sci_mode")]
     return flags
 
 
@@ -364,6 +367,41 @@ def _same_flag(a, b) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # noqa: BLE001
         return False
+
+
+_TORCH_NAMESPACES = ("aten", "prims")  # torch's own operator namespaces: a kernel registered over one of their ops
+
+
+def _kernels() -> frozenset | None:
+    """The operator kernels registered from Python (``torch.library``'s ``ns/op/dispatch key`` names), or None."""
+    lib = sys.modules.get("torch.library")
+    impls = getattr(lib, "_impls", None) if lib is not None else None
+    return frozenset(impls) if isinstance(impls, set) else None
+
+
+def _restore_kernels(saved: frozenset | None, put) -> None:
+    """Take away the kernels the adapter's code registered over torch's own operators (round 33 B33-3: a
+    ``torch.library.Library("aten", "IMPL")`` "fast sort" ignoring ``descending``, kept alive in a module global, made
+    nsa_core's reference and the next adapter FAIL, the adapter that registered it never named). The library objects
+    holding them are destroyed (their other registrations go with them); kernels in the adapter's own namespaces
+    stay."""
+    now = _kernels()
+    if saved is None or now is None:
+        return
+    new = sorted(k for k in now - saved if k.partition("/")[0] in _TORCH_NAMESPACES)
+    if not new:
+        return
+
+    def back():
+        import gc
+
+        lib = sys.modules["torch.library"]
+        for o in gc.get_objects():
+            if type(o) is lib.Library and isinstance(getattr(o, "_op_impls", None), set) and o._op_impls & set(new):
+                o._destroy()
+
+    put("torch kernels registered over " + ", ".join(clip(k, 60) for k in new[:5])
+        + (f" and {len(new) - 5} more" if len(new) > 5 else ""), back)
 
 
 def _flushes_denormals(torch) -> bool | None:
@@ -496,6 +534,7 @@ def _interpreter_settings() -> dict[str, tuple]:
     collector off, the switch interval, the int-to-str digit limit, decimal's precision, the thread stack size, a
     profile function: the next adapter FAILed, blamed on itself, nothing said; discovery put back some of them for
     plugin imports only). Read without changing any (the umask: set and set back at once). Never raises."""
+    import csv
     import decimal  # imported here, before any adapter's code: a first import by the code was never compared
     import faulthandler  # (round 31 B31-2: traps set at that import stayed)
     import gc
@@ -535,6 +574,18 @@ def _interpreter_settings() -> dict[str, tuple]:
         logging.root, logging.Logger.root, logging.Logger.manager = was[:3]
         was[2].root = was[3]
 
+    def put_callbacks(was):  # the list object (round 33 U33-3: ``gc.callbacks = None``) and its entries
+        gc.callbacks = was[0]
+        was[0][:] = list(was[1])
+
+    def filters():  # the list object and its entries (a list rebound, or changed in place)
+        return warnings.filters, tuple(warnings.filters)
+
+    def put_filters(was):
+        warnings.filters = was[0]
+        was[0][:] = list(was[1])
+        getattr(warnings, "_filters_mutated", lambda: None)()
+
     def limit():
         return sys.__dict__.get("tracebacklimit", _ABSENT)
 
@@ -571,6 +622,7 @@ def _interpreter_settings() -> dict[str, tuple]:
             ("sys.stderr.reconfigure", *stream("stderr")),
             ("O_NONBLOCK on fd 1", *fd_flag(1)),
             ("O_NONBLOCK on fd 2", *fd_flag(2)),
+            ("warnings.filters", filters, put_filters),  # round 33: simplefilter("error") made later warnings raise
             ("warnings.showwarning", *attr(warnings, "showwarning")),
             ("warnings.formatwarning", *attr(warnings, "formatwarning")),
             ("logging.root (replaced)", roots, put_roots),
@@ -581,8 +633,8 @@ def _interpreter_settings() -> dict[str, tuple]:
             ("gc.set_threshold", gc.get_threshold, lambda t: gc.set_threshold(*t)),
             # round 32 B32-1: a printing collection callback, logging's last-resort handler taken away, the process
             # at idle scheduling priority, torch's switches (below)
-            ("gc.callbacks", lambda: tuple(gc.callbacks),
-             lambda was: gc.callbacks.__setitem__(slice(None), list(was))),
+            ("gc.callbacks", lambda: (gc.callbacks, tuple(gc.callbacks)), put_callbacks),
+            ("csv.field_size_limit", csv.field_size_limit, csv.field_size_limit),  # round 33: 5 bytes
             ("logging.lastResort", *attr(logging, "lastResort")),
             ("os.sched_setscheduler", *((lambda: (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
                                          lambda was: os.sched_setscheduler(0, was[0], os.sched_param(was[1])))
@@ -664,6 +716,7 @@ def _saved_state() -> dict:
     """The process's state an adapter's code may change and ``_restore_state`` can put back; never raises."""
     state: dict[str, Any] = {}
     try:
+        state["fp"] = _fp_env()
         state["recursion"] = sys.getrecursionlimit()
         state["interpreter"] = _interpreter_settings()
         state["streams"] = tuple(getattr(sys, n, None) for n in _STREAMS)
@@ -689,6 +742,7 @@ def _saved_state() -> dict:
         state["torch"] = _torch_state(torch) if torch is not None and hasattr(torch, "_C") else None
         if state["torch"] is not None:
             state["torch"]["denormal"] = _flushes_denormals(torch)
+            state["torch"]["kernels"] = _kernels()
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
         pass
     try:
@@ -696,7 +750,8 @@ def _saved_state() -> dict:
     except Exception:  # noqa: BLE001
         pass
     try:
-        state["stdlib"] = _stdlib_put.snapshot()  # builtins, the standard library's functions, pathlib / json classes
+        state["stdlib"] = _stdlib_put.snapshot(_stdlib_put.loaded())  # builtins, the standard library's functions,
+        # pathlib / json classes
         state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
         state["modules"] = dict(sys.modules)  # every loaded module, by identity (round 33)
         state["matplotlib"] = _rc_saved()
@@ -829,6 +884,48 @@ def _reset_newlines() -> None:
             pass
 
 
+_FE_ALL_EXCEPT = 0x3D  # FE_INVALID | FE_DIVBYZERO | FE_OVERFLOW | FE_UNDERFLOW | FE_INEXACT (and x86's denormal)
+
+
+def _libc():
+    """The C library's floating-point environment functions (glibc: fegetround, fegetexcept ...), or None."""
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL(None)
+        return lib if all(hasattr(lib, f) for f in ("fegetround", "fesetround", "fegetexcept", "feenableexcept",
+                                                    "fedisableexcept")) else None
+    except Exception:  # noqa: BLE001 - no C library to ask (not glibc): not put back
+        return None
+
+
+def _fp_env() -> tuple[int, int] | None:
+    """(rounding mode, trapped exceptions) of this thread's C floating-point environment, or None."""
+    lib = _libc()
+    return None if lib is None else (lib.fegetround(), lib.fegetexcept())
+
+
+def _restore_fp(saved: tuple[int, int] | None, changed: list[str]) -> None:
+    """The C floating-point environment as before the adapter's code, first of all (round 33: ``fesetround`` left
+    every later float rounded upwards, the next verdict blamed; ``feenableexcept`` made a later NaN kill the stage
+    with SIGFPE, every verdict lost). Only what the code changed is touched and named."""
+    now = _fp_env()
+    if saved is None or now is None or now == saved:
+        return
+    lib = _libc()
+    try:
+        if now[1] != saved[1]:
+            lib.fedisableexcept(_FE_ALL_EXCEPT)
+            if saved[1]:
+                lib.feenableexcept(saved[1])
+            changed.append("floating-point traps (feenableexcept)")
+        if now[0] != saved[0]:
+            lib.fesetround(saved[0])
+            changed.append("the floating-point rounding mode (fesetround)")
+    except Exception as e:  # noqa: BLE001
+        changed.append(f"the floating-point environment (could not be put back: {clip(type(e).__name__, 40)})")
+
+
 def _restore_state(state: dict) -> list[str]:
     """Put back what an adapter's code left changed of ``state`` (``_saved_state``), each thing on its own
     (one that cannot be put back never keeps the others); a line in the stage's log names what. Never raises
@@ -845,6 +942,8 @@ def _restore_state(state: dict) -> list[str]:
             # named all the same, as not put back (round 31 B31-4: never "put back" for what stayed)
             changed.append(f"{what} (could not be put back: {clip(type(e).__name__, 40)})")
 
+    if "fp" in state:  # before any float arithmetic of nsa-run's own can trap
+        _restore_fp(state["fp"], changed)
     if "stdlib" in state:  # first: what follows calls them (print, open, __import__, json.dumps)
         _restore_stdlib(state["stdlib"], put)
     if "imports" in state:  # next: what follows may import (an entry taken away or shadowed: back in front)
@@ -915,10 +1014,13 @@ def _restore_state(state: dict) -> list[str]:
     if torch is not None and hasattr(torch, "_C") and "torch" in state:  # None: torch was not imported yet
         _restore_torch(torch, state["torch"] or _torch_defaults(torch), put)
     if changed:
+        kept = [c for c in dict.fromkeys(changed) if "(could not be put back" in c]
+        back = [c for c in dict.fromkeys(changed) if c not in kept]
+        said = (f"{', '.join(back)} changed: put back (the next one runs in the runner's own state)" if back else "")
+        if kept:  # (round 33 U33-3: "could not be put back" and "put back" were said of one thing in one line)
+            said += ("; it also left " if back else "") + ", ".join(kept) + " changed"
         try:
-            print(_text.written_out(f"note: an implementation's code left {', '.join(dict.fromkeys(changed))} "
-                                    "changed: put back (the next one runs in the runner's own state)"),
-                  file=sys.stderr, flush=True)
+            print(_text.written_out(f"note: an implementation's code left {said}"), file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - the log is gone: nothing to say it in
             pass
     return list(dict.fromkeys(changed))
@@ -1120,6 +1222,7 @@ def _restore_torch(torch, saved: dict, put) -> None:
             same = False
         if not same:
             put(name, set_, was)
+    _restore_kernels(saved.get("kernels"), put)
     # last: the probe runs a torch op, which must not go through a mode the adapter left (put back above)
     was = saved.get("denormal", False)
     if was is not None and _flushes_denormals(torch) not in (None, was):
