@@ -100,8 +100,8 @@ def env_text(name: str) -> tuple[str | None, str]:
     B29-4: ``$'\x1c'`` was)."""
     import os
 
-    raw = os.environ.get(name, "")
-    return (None, "") if not raw.strip(" \t") else (raw, raw.strip())
+    raw = os.environ.get(name, "")  # only ASCII white space is stripped (round 33 U33-5: a Unicode space was too,
+    return (None, "") if not raw.strip(" \t") else (raw, raw.strip(" \t\n\r\v\f"))  # unlike the options)
 
 
 def env_said(name: str, raw: str) -> str:
@@ -139,10 +139,11 @@ def parity_jobs() -> int | None:
     raw, text = env_text(PARITY_JOBS_ENV)
     if raw is None:
         return None
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= PARITY_JOBS_MAX):
+    digits = text.lstrip("0") or "0"  # (round 33 U33-4: 5000 zeros then 1 ended in Python's digit-limit advice)
+    if not (text.isascii() and text.isdigit() and len(digits) <= 3 and 1 <= int(digits) <= PARITY_JOBS_MAX):
         raise ValueError(f"{env_said(PARITY_JOBS_ENV, raw)} is not a whole number of processes from 1 to "
                          f"{PARITY_JOBS_MAX}")
-    return int(text)
+    return int(digits)
 
 
 # ---- a hostile object's class name and first line, never raising (one helper for the worker and the impls) ----

@@ -193,12 +193,17 @@ def check_out(out: Path) -> Path:
     except ValueError as e:
         fail(str(e), f"unset it (one per two CPU cores, at most 8) or give a count, e.g. {PARITY_JOBS_ENV}=4")
     profiles = os.environ.get(PROFILE_ENV, "")
-    if profiles:  # a developer's aid: an unwritable folder lost every profile, said only in the stages' logs
-        try:  # (round 32 U32-4)
-            check_writable(Path(profiles))
+    if profiles and not profiles.strip(" \t"):  # blank: unset (round 33 B33-7: "  " was made a folder)
+        os.environ.pop(PROFILE_ENV, None)
+    elif profiles:  # a developer's aid: an unwritable folder lost every profile, said only in the stages' logs
+        try:  # (round 32 U32-4), and a relative one was written inside the run folder, the worker's working folder,
+            # while the one the user named stayed empty (round 33 B33-7): made absolute here, for the workers
+            folder = os.path.abspath(os.path.expanduser(profiles))
+            check_writable(Path(folder))
         except (OSError, ValueError) as e:
             fail(f"{PROFILE_ENV}={shown(profiles, 80)}: cannot write profiles there "
                  f"({getattr(e, 'strerror', None) or e})", f"unset {PROFILE_ENV} or name a writable folder")
+        os.environ[PROFILE_ENV] = folder
     if free < MIN_FREE_BYTES:
         fail(f"--out {out}: only {free / 2**20:.1f} MiB free on its disk (a run needs at least "
              f"{MIN_FREE_BYTES / 2**20:.0f} MiB)", "free some space or choose another folder with --out")

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 
 import pytest
@@ -70,3 +71,35 @@ def test_compare_says_an_infinite_timing_is_infinite(tmp_path, monkeypatch):
     text = " ".join(r.output.split())
     assert "an infinite value in A" in text, r.output  # before: inf beside "no value in A"
     assert "no value in A" not in text, r.output
+
+
+def test_a_relative_or_blank_profile_folder_is_the_users(plugins, tmp_path):
+    """Round 33 B33-7: a relative NSA_RUN_CPROFILE_DIR was checked relative to the user's working folder but written
+    relative to the worker's, inside the run folder (an undeclared folder there; the named one stayed empty); a blank
+    one was made a folder named by its spaces."""
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_CPROFILE_DIR="profiles"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "profiles" / "selection-map.prof").is_file()
+    assert not list(out.rglob("*.prof")), list(out.rglob("*.prof"))
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--out", tmp_path / "o2", "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_CPROFILE_DIR="  "), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not (tmp_path / "  ").exists() and not list((tmp_path / "o2").rglob("*.prof"))
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("NSA_RUN_PARITY_JOBS", "0" * 5000 + "99"),  # round 33 U33-4: Python's digit-limit advice, the variable unnamed
+    ("NSA_RUN_PARITY_JOBS", "\u20034"),  # U33-5: a Unicode space was stripped, unlike the options
+    ("NSA_RUN_LOG_LIMIT_MIB", "\u200364"),
+])
+def test_environment_numbers_are_read_as_the_options_are(tmp_path, name, value):
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"),
+                       env=env_with(dict(os.environ), **{name: value}), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert name in r.stderr and "digits" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not (out / "testrun").exists()
