@@ -369,7 +369,9 @@ def _same_flag(a, b) -> bool:
         return False
 
 
-_TORCH_NAMESPACES = ("aten", "prims")  # torch's own operator namespaces: a kernel registered over one of their ops
+# torch's own operators: a kernel registered over one of them by an adapter is taken away. ("prims" is not: torch's own
+# lazy imports, e.g. torch._dynamo's at a first torch.compile, register dozens of prims kernels)
+_TORCH_NAMESPACES = ("aten",)
 
 
 def _kernels() -> frozenset | None:
@@ -396,8 +398,19 @@ def _restore_kernels(saved: frozenset | None, put) -> None:
         import gc
 
         lib = sys.modules["torch.library"]
+        root = os.path.dirname(os.path.realpath(sys.modules["torch"].__file__)) + os.sep
+        owners = {id(vars(m)): m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)}
+
+        def torchs(library) -> bool:  # held by a module of torch's own (a lazy import of torch registered it)
+            for r in gc.get_referrers(library):
+                m = owners.get(id(r))
+                if m is not None and os.path.realpath(getattr(m, "__file__", None) or "").startswith(root):
+                    return True
+            return False
+
         for o in gc.get_objects():
-            if type(o) is lib.Library and isinstance(getattr(o, "_op_impls", None), set) and o._op_impls & set(new):
+            if type(o) is lib.Library and isinstance(getattr(o, "_op_impls", None), set) and o._op_impls & set(new) \
+                    and not torchs(o):
                 o._destroy()
 
     put("torch kernels registered over " + ", ".join(clip(k, 60) for k in new[:5])
