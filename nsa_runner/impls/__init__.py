@@ -538,7 +538,7 @@ def _torch_defaults(torch) -> dict:
     return {"grad": True, "inference": False, "dtype": torch.float32, "deterministic": (False, False),
             "anomaly": (False, True), "threads": None, "modes": [], "device_context": None,
             "device": None, "dispatch": [], "dispatch_flags": (False, False, False), "rng": None, "hooks": None,
-            "flags": {}, "denormal": False}
+            "flags": {"torch.set_float32_matmul_precision": "highest"}, "denormal": False}
 
 
 def _interpreter_settings() -> dict[str, tuple]:
