@@ -900,16 +900,21 @@ def _reset_newlines() -> None:
 _FE_ALL_EXCEPT = 0x3D  # FE_INVALID | FE_DIVBYZERO | FE_OVERFLOW | FE_UNDERFLOW | FE_INEXACT (and x86's denormal)
 
 
+_LIBC: list = []  # (the C library or None), looked up once
+
+
 def _libc():
     """The C library's floating-point environment functions (glibc: fegetround, fegetexcept ...), or None."""
-    try:
-        import ctypes
+    if not _LIBC:
+        try:
+            import ctypes
 
-        lib = ctypes.CDLL(None)
-        return lib if all(hasattr(lib, f) for f in ("fegetround", "fesetround", "fegetexcept", "feenableexcept",
-                                                    "fedisableexcept")) else None
-    except Exception:  # noqa: BLE001 - no C library to ask (not glibc): not put back
-        return None
+            lib = ctypes.CDLL(None)
+            _LIBC.append(lib if all(hasattr(lib, f) for f in ("fegetround", "fesetround", "fegetexcept",
+                                                               "feenableexcept", "fedisableexcept")) else None)
+        except Exception:  # noqa: BLE001 - no C library to ask (not glibc): not put back
+            _LIBC.append(None)
+    return _LIBC[0]
 
 
 def _fp_env() -> tuple[int, int] | None:
