@@ -300,7 +300,8 @@ def plugin_import():
     from nsa_runner import _stdlib_put
     from nsa_runner.impls import adapter_code
 
-    saved = {"stdlib": _stdlib_put.snapshot(_stdlib_put.loaded())}
+    mods = _stdlib_put.loaded()
+    saved = {"stdlib": _stdlib_put.snapshot(mods, _stdlib_put.loaded_classes(mods))}
     filters = warnings.catch_warnings()
     filters.__enter__()
     try:

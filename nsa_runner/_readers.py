@@ -34,6 +34,7 @@ from nsa_runner.artifacts import (
     outside_problem,
     read_limited,
     read_text_limited,
+    set_aside_copy,
     still_running,
 )
 from nsa_runner.results import (  # the schema's owner; re-exported for report / compare / baseline
@@ -512,7 +513,7 @@ class Run:
         if owner is None and declared_type_problem(self.dir, name) is not None:
             return None  # listed by no stage of this run and unreadable (a FIFO, device, oversize file the
             # runner refused when the stage was recorded, round 15 A2): not in this run, as a missing file
-        if owner is not None and self._set_aside(owner) is not None:
+        if owner is not None and self._set_aside(owner, name) is not None:  # (round 32 B32-3, round 33 B33-6)
             return self.recorded(name)  # (None: not in this run while the rerun is under way / unfinished)
         if p.is_file():
             return p
@@ -539,40 +540,27 @@ class Run:
             self._cache["_rerun"] = f"{line} (a rerun: its earlier files are set aside until it ends)"
         return line is not None
 
-    def recorded(self, name: str) -> Path | None:
-        """The file holding what the manifest records for ``name``: in place; or, while a rerun has its stage's files
-        set aside in history/ (at work, or its runner died), the set-aside copy, None where there is none. The file
-        in place is then the new attempt's, which the manifest does not record (round 33 B33-6: ``report`` and
-        ``compare`` showed a dead attempt's timing as the run's); ``running`` / ``unfinished`` say so. Raises
-        ArtifactError for a name outside the run folder."""
+    def recorded(self, name: str, owner: str | None = None) -> Path | None:
+        """The file holding what the manifest records for ``name`` (a file of stage ``owner``, by default the stage
+        that declares it; its log too): in place, or, while a rerun has the stage's files set aside in history/,
+        their set-aside copy (``artifacts.set_aside_copy``), None where there is none. ``running`` / ``unfinished``
+        say so. Raises ArtifactError for a name outside the run folder."""
         p = self.inside(name)
-        owner = self.declared_by(name)
-        aside = self._set_aside(owner) if owner is not None else None
+        owner = owner or self.declared_by(name)
+        aside = self._set_aside(owner, name) if owner is not None else None
         if aside is None:
             return p
         self._rerunning(owner)  # a live one: ``running`` says it
-        moved, still_moving = aside
-        q = self.dir / moved / name
-        if os.path.isfile(q) and outside_problem(self.dir, f"{moved}/{name}") is None:
-            return q
-        return p if still_moving and p.is_file() else None  # (not moved yet, or the recorded result lacked it)
+        return self.dir / aside if aside else None
 
-    def _set_aside(self, stage: str) -> tuple[str, bool] | None:
-        """Where ``stage``'s recorded files wait while they are set aside in history/ for a rerun (``pending``'s
-        ``moved_to``, the folder in place): (that folder, whether the move was still under way), or None. A live
-        rerun's or one whose runner died (round 32 B32-3: "missing (deleted or moved?)", exit 2; round 33 B33-6: the
-        dead attempt's new files were read as the run's); the next ``stage`` / ``oneshot`` into the folder puts them
-        back."""
+    def _set_aside(self, stage: str, name: str) -> str | None:
+        """``artifacts.set_aside_copy`` of ``stage``'s ``name`` on manifest.json as it is now (a rerun may have
+        started after ``Run.open``)."""
         try:
             fresh = load_manifest(self.dir)
         except ManifestError:
             return None
-        for p in fresh.get("pending") or []:
-            moved = p.get("moved_to") if isinstance(p, dict) and p.get("stage") == stage else None
-            if isinstance(moved, str) and moved and outside_problem(self.dir, moved) is None \
-                    and os.path.isdir(self.dir / moved):
-                return moved, p.get("setting_aside") is True
-        return None
+        return set_aside_copy(fresh, stage, str(name), self.dir)
 
     def running(self) -> str | None:
         """One line when an nsa-run on this host is at work in this run (a oneshot's stage, a rerun

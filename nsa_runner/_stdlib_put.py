@@ -75,9 +75,38 @@ def loaded() -> tuple:
     return tuple(out)
 
 
+_HEAP, _IMMUTABLE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE: a class whose attributes can be set
+
+
+def loaded_classes(modules: tuple) -> tuple:
+    """``CLASSES`` and every class defined in ``modules`` (as ``loaded`` gives them) whose attributes can be set
+    (round 34 B34-3: ``csv.DictWriter.writerow`` rebound). Never raises."""
+    seen = {id(c) for c in CLASSES}
+    out = list(CLASSES)
+    for m in modules:
+        hit = _CLASSES_OF.get(id(m))
+        if hit is None or hit[0] is not m:  # (looked for once per module: this runs before every adapter call)
+            found = []
+            try:
+                name = m.__name__
+                found = [v for v in list(vars(m).values()) if isinstance(v, type) and v.__module__ == name
+                         and v.__flags__ & _HEAP and not v.__flags__ & _IMMUTABLE]
+            except Exception:  # noqa: BLE001 - an odd module: its classes left out
+                pass
+            hit = _CLASSES_OF[id(m)] = (m, found)
+        for v in hit[1]:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return tuple(out)
+
+
+_CLASSES_OF: dict[int, tuple] = {}  # id(module) -> (the module, its classes): ``loaded_classes``' memory
+
+
 def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:
     """The names of each module and class as they are now."""
-    return [(o, dict(vars(o))) for o in (*modules, *classes)]
+    return [(o, vars(o).copy()) for o in (*modules, *classes)]  # (a class's mappingproxy copies its dict: fast)
 
 
 def _same(now, before: dict) -> bool:
@@ -95,10 +124,12 @@ def changed(saved: list[tuple[object, dict]]) -> list[tuple[object, str]]:
             now = vars(owner)
             if _same(now, before):
                 continue
-            whole = owner is builtins or isinstance(owner, type)
+            # every name of builtins and of CLASSES; a function of any other module or class (a class's data may
+            # change by design: weakref.finalize._dirty)
+            whole = owner is builtins or owner in CLASSES
             out += [(owner, k) for k, v in before.items()
                     if (whole or callable(v)) and now.get(k, changed) is not v]
-            if isinstance(owner, type):
+            if whole and isinstance(owner, type):
                 bases = owner.__mro__[1:]
                 out += [(owner, k) for k in list(now) if k not in before and any(k in vars(b) for b in bases)]
         except Exception:  # noqa: BLE001 - one whose names cannot be read is left as it is

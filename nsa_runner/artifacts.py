@@ -853,6 +853,28 @@ def _folder_of(m: dict, dir: str | os.PathLike | None) -> str | os.PathLike | No
     return dir if dir is not None else getattr(m, "folder", None)
 
 
+def set_aside_copy(m: dict, stage: str, name: str, dir: str | os.PathLike | None = None) -> str | None:
+    """While a rerun (at work, or its runner dead) has ``stage``'s recorded files set aside in history/ (``pending``'s
+    ``moved_to``, the folder in place): the run-relative name of ``name``'s set-aside copy, or "" where the recorded
+    result has none (the file in place, if any, is the new attempt's, which the manifest does not record). None when
+    the stage's files are not set aside (or the move had not reached ``name``): the file in place is the recorded one.
+    The readers (``Run.recorded``), summary.md and report.html read and link through it (round 33 B33-6, round 34
+    B34-5: a dead attempt's files were read and linked as the run's)."""
+    folder = _folder_of(m, dir)
+    if folder is None:
+        return None
+    for p in m.get("pending") or []:
+        moved = p.get("moved_to") if isinstance(p, dict) and p.get("stage") == stage else None
+        if not (isinstance(moved, str) and moved and outside_problem(folder, moved) is None
+                and os.path.isdir(os.path.join(folder, moved))):
+            continue
+        rel = f"{moved}/{name}"
+        if outside_problem(folder, rel) is None and os.path.lexists(os.path.join(folder, rel)):
+            return rel
+        return None if p.get("setting_aside") is True else ""  # (mid-move: not moved yet, still in place)
+    return None
+
+
 def runner_died(m: dict, dir: str | os.PathLike | None = None) -> str | None:
     """One line when the nsa-run that wrote manifest ``m`` (of run folder ``dir``; ``load_manifest``'s
     knows its own) died without finishing (``kill -9``, a closed terminal, power loss): its runner is

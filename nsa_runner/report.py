@@ -43,7 +43,7 @@ from nsa_runner._readers import (
     spread_columns,
 )
 from nsa_runner._text import CONTROL, command_shown
-from nsa_runner.artifacts import now_iso, unfinished, write_text
+from nsa_runner.artifacts import now_iso, set_aside_copy, unfinished, write_text
 from nsa_runner.compare import fmt
 from nsa_runner.results import DECODE_FILE, FAILED, PARITY_FILES, REPORT_HTML, SUMMARY_MD, counts, counts_line
 from nsa_runner.results import summary as results_summary
@@ -386,6 +386,17 @@ def _file_link(path: Any, text: str | None = None) -> str:
     return f'<a href="{_e(target)}">{_e(path if text is None else text)}</a>'
 
 
+def _recorded_link(run: Run, stage: str, name: Any, text: str | None = None) -> str:
+    """``_file_link`` to what the manifest records for a stage's file: while a rerun has the stage's files set aside
+    in history/, their set-aside copy (round 34 B34-5: the link led to the dead attempt's file in place)."""
+    aside = set_aside_copy(run.manifest, stage, str(name), run.dir)
+    if aside is None:
+        return _file_link(name, text)
+    if not aside:
+        return _e(f"{text or name} (not in this run while its stage is rerun)")
+    return _file_link(aside, f"{text or name} (set aside)")
+
+
 def badge(status: str) -> str:
     s = status if status in STATUS_WORD else "ERROR"
     return f'<span class="badge {s}">{_e(STATUS_WORD[s])}</span>'
@@ -467,8 +478,8 @@ def _stages_html(run: Run) -> str:
         reason = s.get("reason", "")
         if s["status"] == "SKIP" and s.get("hint"):
             reason += f" (fix: {s['hint']})"
-        files = " ".join(_file_link(f) for f in s.get("files") or [])
-        log = f" {_file_link(s['log'], 'log')}" if s.get("log") else ""
+        files = " ".join(_recorded_link(run, s["name"], f) for f in s.get("files") or [])
+        log = f" {_recorded_link(run, s['name'], s['log'], 'log')}" if s.get("log") else ""
         rows.append(f'<tr class="row-{_e(s["status"])}"><td class="num">{_e(s.get("order", ""))}</td>'
                     f'<td><b>{_e(s["name"])}</b></td><td>{badge(s["status"])}</td>'
                     f'<td class="num">{float(s.get("duration_s") or 0):.1f}s</td><td>{_e(reason)}</td>'

@@ -193,12 +193,18 @@ def check_out(out: Path) -> Path:
     except ValueError as e:
         fail(str(e), f"unset it (one per two CPU cores, at most 8) or give a count, e.g. {PARITY_JOBS_ENV}=4")
     profiles = os.environ.get(PROFILE_ENV, "")
-    if profiles and not profiles.strip(" \t"):  # blank: unset (round 33 B33-7: "  " was made a folder)
+    named = profiles.strip(" \t\n\r\v\f")  # (round 34 B34-6: " /x", a lone newline or CR made odd folders)
+    if profiles and not named:  # blank: unset (round 33 B33-7: "  " was made a folder)
         os.environ.pop(PROFILE_ENV, None)
     elif profiles:  # a developer's aid: an unwritable folder lost every profile, said only in the stages' logs
+        odd = next((c for c in named if not c.isprintable()), None) or (  # a control character in it, or a
+            named[0] if named[0].isspace() else named[-1] if named[-1].isspace() else None)  # Unicode space at an end
+        if odd is not None:
+            fail(f"{PROFILE_ENV}={shown(profiles, 80)}: holds {odd!r}, which no folder name is meant to",
+                 f"unset {PROFILE_ENV} or name a folder plainly")
         try:  # (round 32 U32-4), and a relative one was written inside the run folder, the worker's working folder,
             # while the one the user named stayed empty (round 33 B33-7): made absolute here, for the workers
-            folder = os.path.abspath(os.path.expanduser(profiles))
+            folder = os.path.abspath(os.path.expanduser(named))
             check_writable(Path(folder))
         except (OSError, ValueError) as e:
             fail(f"{PROFILE_ENV}={shown(profiles, 80)}: cannot write profiles there "

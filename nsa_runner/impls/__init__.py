@@ -340,6 +340,14 @@ def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
     # torch.set_printoptions (round 33 B33-3: precision=0 printed every later tensor of the logs as integers)
     flags += [attr("torch._tensor_str.PRINT_OPTS", n) for n in ("precision", "threshold", "edgeitems", "linewidth",
                                                                  "sci_mode")]
+    # round 34 B34-3 / B34-4: the multi-head attention fast path, autograd's multithreading, saved-tensor hooks
+    # disabled
+    flags += [call("torch.backends.mha", "get_fastpath_enabled", "set_fastpath_enabled"),
+              call("torch._C", "_is_multithreading_enabled", "_set_multithreading_enabled"),
+              ("torch.autograd.graph.disable_saved_tensors_hooks",
+               lambda: torch._C._autograd._saved_tensors_hooks_is_enabled(),
+               lambda on: torch._C._autograd._saved_tensors_hooks_enable() if on
+               else torch._C._autograd._saved_tensors_hooks_disable("disabled by an implementation's code"))]
     return flags
 
 
@@ -409,12 +417,20 @@ def _restore_kernels(saved: frozenset | None, put) -> None:
             return False
 
         for o in gc.get_objects():
-            if type(o) is lib.Library and isinstance(getattr(o, "_op_impls", None), set) and o._op_impls & set(new) \
-                    and not torchs(o):
+            if isinstance(o, lib.Library) and isinstance(getattr(o, "_op_impls", None), set) \
+                    and o._op_impls & set(new) and not torchs(o):  # (a subclass too: round 34 B34-2)
                 o._destroy()
 
     put("torch kernels registered over " + ", ".join(clip(k, 60) for k in new[:5])
         + (f" and {len(new) - 5} more" if len(new) > 5 else ""), back)
+
+
+def _profiling(torch) -> bool | None:
+    """Is torch's autograd profiler on (``torch.profiler.profile`` / ``torch.autograd.profiler.profile`` entered)?"""
+    try:
+        return bool(torch.autograd._profiler_enabled())
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _flushes_denormals(torch) -> bool | None:
@@ -554,6 +570,7 @@ def _interpreter_settings() -> dict[str, tuple]:
     import locale
     import logging
     import socket
+    import tracemalloc
     import warnings
 
     np = sys.modules.get("numpy")  # (never imported here)
@@ -648,6 +665,8 @@ def _interpreter_settings() -> dict[str, tuple]:
             # at idle scheduling priority, torch's switches (below)
             ("gc.callbacks", lambda: (gc.callbacks, tuple(gc.callbacks)), put_callbacks),
             ("csv.field_size_limit", csv.field_size_limit, csv.field_size_limit),  # round 33: 5 bytes
+            ("tracemalloc.start", tracemalloc.is_tracing,  # round 34 B34-4: every allocation traced, 15x slower
+             lambda on: tracemalloc.start() if on else tracemalloc.stop()),
             ("logging.lastResort", *attr(logging, "lastResort")),
             ("os.sched_setscheduler", *((lambda: (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
                                          lambda was: os.sched_setscheduler(0, was[0], os.sched_param(was[1])))
@@ -756,6 +775,7 @@ def _saved_state() -> dict:
         if state["torch"] is not None:
             state["torch"]["denormal"] = _flushes_denormals(torch)
             state["torch"]["kernels"] = _kernels()
+            state["torch"]["profiler"] = _profiling(torch)
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
         pass
     try:
@@ -763,7 +783,9 @@ def _saved_state() -> dict:
     except Exception:  # noqa: BLE001
         pass
     try:
-        state["stdlib"] = _stdlib_put.snapshot(_stdlib_put.loaded())  # builtins, the standard library's functions,
+        mods = _stdlib_put.loaded()
+        state["stdlib"] = _stdlib_put.snapshot(mods, _stdlib_put.loaded_classes(mods))  # builtins, the standard
+        # library's functions and classes,
         # pathlib / json classes
         state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
         state["modules"] = dict(sys.modules)  # every loaded module, by identity (round 33)
@@ -1051,13 +1073,14 @@ def _restore_state(state: dict) -> list[str]:
 # (``torch._dynamo``) and a rebinding by torch's code (``torch._dynamo``'s import wraps ``torch.manual_seed``).
 # A new attribute is put back only where it hides one of torch's (round 20 B20-4: ``_shadows``).
 _NAMESPACES = ("torch", "torch.nn.functional", "torch.Tensor", "torch.linalg", "torch.special", "torch.fft",
-               "torch.nn.init")
+               "torch.nn.init",
+               # round 34 B34-3: torch.autograd.grad, torch.nn.Module.__call__ and numpy.where rebound
+               "torch.autograd", "torch.nn.Module", "numpy")
 _MODULE_NOISE = frozenset({"__warningregistry__"})  # written by the warnings machinery, not by an adapter
 
 
 def _torch_namespaces() -> dict:
     """{name: (the namespace, a copy of its attribute dict)} for ``_NAMESPACES`` loaded here (nothing is imported)."""
-    torch = sys.modules.get("torch")
     out = {}
     # round 32 B32-2: nsa_core's own modules too (an adapter "registering its fast path" over
     # nsa_core.functional.select_blocks made the reference FAIL and every adapter compared with it)
@@ -1065,11 +1088,14 @@ def _torch_namespaces() -> dict:
         obj = sys.modules.get(name)
         if isinstance(obj, types.ModuleType):
             out[name] = (obj, dict(vars(obj)))
-    for name in _NAMESPACES if torch is not None else ():
-        obj = torch.__dict__.get("Tensor") if name == "torch.Tensor" else sys.modules.get(name)
-        if name == "torch.Tensor" and not isinstance(obj, type):
-            continue
-        if obj is not None:
+    for name in _NAMESPACES:
+        obj = sys.modules.get(name)
+        if obj is None and "." in name:  # a class: looked up in its module, never imported here
+            owner, _, attr = name.rpartition(".")
+            obj = vars(sys.modules[owner]).get(attr) if owner in sys.modules else None
+            if not isinstance(obj, type):
+                continue
+        if isinstance(obj, (types.ModuleType, type)):
             out[name] = (obj, dict(vars(obj)))
     return out
 
@@ -1082,19 +1108,33 @@ def _same_attributes(live, before: dict) -> bool:
             and list(live) == list(before))
 
 
-def _torch_own(name: str, value) -> bool:
+def _torch_own(name: str, value, depth: int = 0) -> bool:
     """Is ``value``, left at an attribute of ``name``, torch's own doing: a submodule of it imported meanwhile, or a
-    function whose code lies in torch's package (e.g. a wrapper torch's import installs)? Never raises."""
+    function whose code lies in torch's package (e.g. a wrapper torch's import installs), and wraps nothing that is
+    not (round 34 B34-1: the adapter's function under ``@torch.no_grad()`` has its code in torch's
+    ``_contextlib``: it was kept)? Never raises."""
     try:
         if isinstance(value, types.ModuleType):
             return getattr(value, "__name__", None) == name and isinstance(name, str)
         code = getattr(value, "__code__", None)
-        if not isinstance(code, types.CodeType):
+        if not isinstance(code, types.CodeType) or depth > 8:
             return False
         package = sys.modules.get(name.split(".")[0])  # torch, or nsa_core (round 32 B32-2)
         root = os.path.dirname(os.path.realpath(package.__file__)) + os.sep
-        return os.path.realpath(code.co_filename).startswith(root)
+        if not os.path.realpath(code.co_filename).startswith(root):
+            return False
+        inner = [value.__dict__.get("__wrapped__")] if isinstance(getattr(value, "__dict__", None), dict) else []
+        inner += [c.cell_contents for c in (getattr(value, "__closure__", None) or ())
+                  if _cell_holds_code(c)]
+        return all(_torch_own(name, f, depth + 1) for f in inner if f is not None)
     except Exception:  # noqa: BLE001 - a hostile value: the adapter's
+        return False
+
+
+def _cell_holds_code(cell) -> bool:
+    try:
+        return isinstance(getattr(cell.cell_contents, "__code__", None), types.CodeType)
+    except ValueError:  # an empty cell
         return False
 
 
@@ -1241,6 +1281,8 @@ def _restore_torch(torch, saved: dict, put) -> None:
         if not same:
             put(name, set_, was)
     _restore_kernels(saved.get("kernels"), put)
+    if saved.get("profiler") is False and _profiling(torch):  # round 34 B34-4: left recording every op, 15x slower
+        put("torch's autograd profiler (left on)", torch.autograd._disable_profiler)
     # last: the probe runs a torch op, which must not go through a mode the adapter left (put back above)
     was = saved.get("denormal", False)
     if was is not None and _flushes_denormals(torch) not in (None, was):

@@ -11,7 +11,7 @@ import re
 import urllib.parse
 
 from nsa_runner._text import command_shown
-from nsa_runner.artifacts import now_iso, planned_state, runner_died, unfinished
+from nsa_runner.artifacts import now_iso, planned_state, runner_died, set_aside_copy, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
 from nsa_runner.results.junit import clean
 
@@ -36,6 +36,19 @@ def _md_link(name: str) -> str:
     # only the text shown loses them
     target = link_target(name)
     return f"[{md_cell(name)}]({target})" if target is not None else md_cell(name)
+
+
+def _recorded_md_link(m: dict, stage: str, name: object, text: str | None = None) -> str:
+    """A link to what the manifest records for a stage's file (its log: ``text`` "log"): while a rerun has the
+    stage's files set aside in history/, their set-aside copy (``artifacts.set_aside_copy``; round 34 B34-5)."""
+    aside = set_aside_copy(m, stage, str(name))
+    shown, path = (text or str(name)), str(name)
+    if aside == "":
+        return md_cell(f"{shown} (not in this run while its stage is rerun)")
+    if aside is not None:
+        shown, path = f"{shown} (set aside)", aside
+    target = link_target(path)
+    return f"[{md_cell(shown)}]({target})" if target is not None else md_cell(f"{shown} {path}")
 
 
 def link_target(name: object) -> str | None:
@@ -90,10 +103,9 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
         reason = s.get("reason", "")
         if s["status"] == "SKIP" and s.get("hint"):
             reason += f" (fix: {s['hint']})"
-        files = [_md_link(f) for f in s.get("files", [])]
+        files = [_recorded_md_link(m, s["name"], f) for f in s.get("files", [])]
         if s.get("log"):
-            target = link_target(s["log"])
-            files.append(f"[log]({target})" if target is not None else f"log {md_cell(s['log'])}")
+            files.append(_recorded_md_link(m, s["name"], s["log"], "log"))
         status = md_cell(s["status"])
         lines.append(f"| {md_cell(s.get('order', ''))} | {md_cell(s['name'])} | {_ICON.get(s['status'], '')} "
                      f"{status} | {float(s.get('duration_s') or 0):.1f}s | {md_cell(reason)} | {', '.join(files)} |")

@@ -103,3 +103,24 @@ def test_environment_numbers_are_read_as_the_options_are(tmp_path, name, value):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert name in r.stderr and "digits" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (out / "testrun").exists()
+
+
+@pytest.mark.parametrize("value", [" profiles", "\n", "\r", "\u00a0", "prof\u00a0", "pro\x1bfiles"])
+def test_an_odd_profile_folder_is_refused_or_taken_as_named(plugins, tmp_path, value):
+    """Round 34 B34-6: a leading space, a lone newline or CR, a no-break space made folders of those names in the
+    working folder. A blank value (ASCII white space only) is unset; a control character or a Unicode space at an end is
+    refused in one line; surrounding ASCII white space is dropped."""
+    out = tmp_path / "o"
+    work = tmp_path / "w"
+    work.mkdir()
+    r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"),
+                       env=env_with(plugins.env(), NSA_RUN_CPROFILE_DIR=value), cwd=work,
+                       capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    if value == " profiles":
+        assert r.returncode == 0 and (work / "profiles" / "selection-map.prof").is_file(), r.stderr[-2000:]
+    elif value in ("\n", "\r"):
+        assert r.returncode == 0 and not list(work.iterdir()), (r.stderr[-2000:], list(work.iterdir()))
+    else:
+        assert r.returncode == 2 and "NSA_RUN_CPROFILE_DIR" in r.stderr, r.stderr[-2000:]
+        assert not list(work.iterdir()) and not (out / "testrun").exists()

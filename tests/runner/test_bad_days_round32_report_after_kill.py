@@ -61,6 +61,12 @@ def test_report_after_a_killed_rerun_names_the_set_aside_result(plugins, cli, tm
     assert r.exit_code == 0, r.stdout + r.stderr  # before: 2, "the file is missing (deleted or moved?)"
     assert "missing" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert "UNFINISHED" in r.stdout and moved in r.stdout and "puts it back" in r.stdout, r.stdout
+    # and what summary.md / report.html link is the recorded copy too (round 34 B34-5: ./w.csv and ./logs/w.log, the
+    # dead attempt's)
+    md = (out / "testrun" / "summary.md").read_text()
+    page = (out / "testrun" / "report.html").read_text()
+    assert f"(./{moved}/w.csv)" in md and f"(./{moved}/logs/w.log)" in md and "(./w.csv)" not in md, md
+    assert f'href="./{moved}/w.csv"' in page and 'href="./w.csv"' not in page, page[-3000:]
     # what is read of the stage is the recorded result (v1: 1.0 ms), never the dead attempt's file (v2: 2.0 ms)
     c = cli("compare", "testrun", "testrun", "--out", out, "--json")
     assert c.exit_code == 0, c.stdout + c.stderr
