@@ -205,6 +205,10 @@ def check_out(out: Path) -> Path:
         try:  # (round 32 U32-4), and a relative one was written inside the run folder, the worker's working folder,
             # while the one the user named stayed empty (round 33 B33-7): made absolute here, for the workers
             folder = os.path.abspath(os.path.expanduser(named))
+            if Path(folder).resolve() == out or out in Path(folder).resolve().parents:  # (round 35 B35-4: a stage's
+                fail(f"{PROFILE_ENV}={shown(profiles, 80)} is inside --out {out}: the profiles would be written "
+                     "among the runs' files (over a stage's own <stage>.txt)",  # own <stage>.txt overwritten)
+                     f"unset {PROFILE_ENV} or name a folder outside --out")
             check_writable(Path(folder))
         except (OSError, ValueError) as e:
             fail(f"{PROFILE_ENV}={shown(profiles, 80)}: cannot write profiles there "

@@ -425,6 +425,36 @@ def _restore_kernels(saved: frozenset | None, put) -> None:
         + (f" and {len(new) - 5} more" if len(new) > 5 else ""), back)
 
 
+def _module_hooks() -> dict | None:
+    """{name: (the dict, a copy of its items)} of torch.nn's global module hooks (``register_module_forward_hook``
+    ...), or None where torch.nn is not loaded."""
+    mod = sys.modules.get("torch.nn.modules.module")
+    if mod is None:
+        return None
+    return {n: (d, tuple(d.items())) for n, d in vars(mod).items()
+            if n.startswith("_global_") and n.endswith("_hooks") and isinstance(d, dict)}
+
+
+def _restore_module_hooks(saved: dict | None, put) -> None:
+    """Take away the global module hooks an adapter's code registered (round 35 B35-1: a forward hook left by an
+    adapter's import made nsa_core's module check FAIL, the adapter never named); the hook dicts as before."""
+    mod = sys.modules.get("torch.nn.modules.module")
+    if not saved or mod is None:
+        return
+    for name, (d, items) in saved.items():
+        now = vars(mod).get(name)
+        if now is d and len(d) == len(items) and all(a[0] == b[0] and a[1] is b[1]
+                                                     for a, b in zip(d.items(), items, strict=True)):
+            continue
+
+        def back(name=name, d=d, items=items):
+            vars(mod)[name] = d
+            d.clear()
+            d.update(items)
+
+        put(f"torch.nn's global module hooks ({name})", back)
+
+
 def _profiling(torch) -> bool | None:
     """Is torch's autograd profiler on (``torch.profiler.profile`` / ``torch.autograd.profiler.profile`` entered)?"""
     try:
@@ -776,6 +806,7 @@ def _saved_state() -> dict:
             state["torch"]["denormal"] = _flushes_denormals(torch)
             state["torch"]["kernels"] = _kernels()
             state["torch"]["profiler"] = _profiling(torch)
+            state["torch"]["module hooks"] = _module_hooks()
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
         pass
     try:
@@ -784,7 +815,9 @@ def _saved_state() -> dict:
         pass
     try:
         mods = _stdlib_put.loaded()
-        state["stdlib"] = _stdlib_put.snapshot(mods, _stdlib_put.loaded_classes(mods))  # builtins, the standard
+        nn = tuple(m for n, m in list(sys.modules.items()) if n.startswith("torch.nn.modules.")
+                   and isinstance(m, types.ModuleType))  # (round 35 B35-2: torch.nn.Linear.forward rebound)
+        state["stdlib"] = _stdlib_put.snapshot(mods, _stdlib_put.loaded_classes(mods + nn))  # builtins, the standard
         # library's functions and classes,
         # pathlib / json classes
         state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
@@ -1121,14 +1154,20 @@ def _torch_own(name: str, value, depth: int = 0) -> bool:
             return False
         package = sys.modules.get(name.split(".")[0])  # torch, or nsa_core (round 32 B32-2)
         root = os.path.dirname(os.path.realpath(package.__file__)) + os.sep
-        if not os.path.realpath(code.co_filename).startswith(root):
-            return False
+        where = os.path.realpath(code.co_filename)
+        if not where.startswith(root) or where.endswith(_GRAD_DECORATORS):  # (round 35 B35-3: torch.no_grad()(
+            return False  # torch.einsum) kept: torch's own lazy wrappers never change grad mode)
         inner = [value.__dict__.get("__wrapped__")] if isinstance(getattr(value, "__dict__", None), dict) else []
         inner += [c.cell_contents for c in (getattr(value, "__closure__", None) or ())
                   if _cell_holds_code(c)]
         return all(_torch_own(name, f, depth + 1) for f in inner if f is not None)
     except Exception:  # noqa: BLE001 - a hostile value: the adapter's
         return False
+
+
+# torch's grad-mode / context-manager decorators (torch.no_grad(), enable_grad(), inference_mode() ...): a function of
+# torch's namespaces rebound to one of their wrappers is an adapter's doing, whatever it wraps
+_GRAD_DECORATORS = (os.path.join("torch", "utils", "_contextlib.py"), os.path.join("torch", "autograd", "grad_mode.py"))
 
 
 def _cell_holds_code(cell) -> bool:
@@ -1281,6 +1320,7 @@ def _restore_torch(torch, saved: dict, put) -> None:
         if not same:
             put(name, set_, was)
     _restore_kernels(saved.get("kernels"), put)
+    _restore_module_hooks(saved.get("module hooks"), put)
     if saved.get("profiler") is False and _profiling(torch):  # round 34 B34-4: left recording every op, 15x slower
         put("torch's autograd profiler (left on)", torch.autograd._disable_profiler)
     # last: the probe runs a torch op, which must not go through a mode the adapter left (put back above)

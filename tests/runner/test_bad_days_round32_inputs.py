@@ -124,3 +124,15 @@ def test_an_odd_profile_folder_is_refused_or_taken_as_named(plugins, tmp_path, v
     else:
         assert r.returncode == 2 and "NSA_RUN_CPROFILE_DIR" in r.stderr, r.stderr[-2000:]
         assert not list(work.iterdir()) and not (out / "testrun").exists()
+
+
+def test_a_profile_folder_inside_out_is_refused(plugins, tmp_path):
+    """Round 35 B35-4: NSA_RUN_CPROFILE_DIR naming the run folder: the profile's <stage>.txt overwrote the stage's own
+    declared <stage>.txt after its PASS, and an undeclared <stage>.prof was left among the run's files."""
+    out = tmp_path / "o"
+    for inside in (out, out / "testrun", out / "p"):
+        r = subprocess.run(cli_cmd("stage", "selection-map", "--out", out, "--device", "cpu"),
+                           env=env_with(plugins.env(), NSA_RUN_CPROFILE_DIR=str(inside)),
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 2 and "is inside --out" in r.stderr, (inside, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and not (out / "testrun").exists()

@@ -100,7 +100,59 @@ def test_wrapped_rebinds_library_subclasses_more_namespaces_and_slowing_switches
     r, rec, log = selection_map(plugins, tmp_path, "r34m,r34k,nsa_core")
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
     for name in ("torch.sort", "torch kernels registered over aten/sort.stable", "torch.autograd.grad",
-                 "torch.nn.Module.__call__", "csv.DictWriter.writerow", "numpy.where",
+                 "Module.__call__", "csv.DictWriter.writerow", "numpy.where",
                  "torch.backends.mha.set_fastpath_enabled", "torch._C._set_multithreading_enabled",
                  "torch's autograd profiler (left on)", "tracemalloc.start"):
+        assert name in log, (name, log[-3000:])
+
+
+CHANGES35 = """
+import torch
+
+ORIG = {"linear": torch.nn.Linear.forward, "einsum": torch.einsum}
+# at its import (round 35 B35-1..B35-3): a global forward hook, a "fast linear" dropping the bias, einsum without grad
+torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out * 0 if torch.is_tensor(out) else out)
+torch.nn.Linear.forward = lambda self, x: torch.nn.functional.linear(x, self.weight)
+torch.einsum = torch.no_grad()(torch.einsum)
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r35m", {"select": _select})
+"""
+CHECKS35 = """
+import sys
+import torch
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    orig = sys.modules["r35_changes"].ORIG
+    left = {"hooks": bool(torch.nn.modules.module._global_forward_hooks),
+            "linear": torch.nn.Linear.forward is not orig["linear"], "einsum": torch.einsum is not orig["einsum"]}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r35k", {"select": _select})
+"""
+
+
+def test_global_module_hooks_nn_classes_and_grad_mode_wrappers_left_at_import_are_put_back(plugins, tmp_path):
+    plugins.make("r35-changes", "r35_changes", CHANGES35, {"r35m": "r35_changes:IMPL"}, version="1.0",
+                 group="nsa_runner.impls")
+    plugins.make("r35-checks", "r35_checks", CHECKS35, {"r35k": "r35_checks:IMPL"}, version="1.0",
+                 group="nsa_runner.impls")
+    r, rec, log = selection_map(plugins, tmp_path, "r35m,r35k,nsa_core")
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    for name in ("torch.nn's global module hooks (_global_forward_hooks)", "torch.nn.modules.linear.Linear.forward",
+                 "torch.einsum"):
         assert name in log, (name, log[-3000:])
