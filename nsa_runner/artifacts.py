@@ -748,14 +748,15 @@ def create_run_folder(out: Path, rid: str, fill, *, only_first: bool = False) ->
     so returning None for it made ``nsa-run stage`` ask again forever (a busy loop).
     """
     out.mkdir(parents=True, exist_ok=True)
+    # the name to try first, as the folders are at the call (round 36 B36-4: read after ``fill``, a run folder another
+    # ``stage`` made meanwhile moved this one to ``<rid>.2``: six ``stage`` commands at once split across two runs)
+    n = 1 + max([_folder_number(p) for p in run_folders(out, rid)], default=0)
     tmp = Path(tempfile.mkdtemp(prefix=f"{INCOMING_PREFIX}{rid}-{os.getpid()}-", dir=out))
     try:
         mark_owned(tmp)
         fill(tmp)
         (tmp / OWNED_MARKER).unlink()  # the run folder itself carries no marker
         release_owned(tmp)
-        existing = run_folders(out, rid)
-        n = 1 + max([_folder_number(p) for p in existing], default=0)
         while True:
             target = out / (rid if n == 1 else f"{rid}.{n}")
             taken_by_folder = True
