@@ -300,8 +300,7 @@ def plugin_import():
     from nsa_runner import _stdlib_put
     from nsa_runner.impls import adapter_code
 
-    mods = _stdlib_put.loaded()
-    saved = {"stdlib": _stdlib_put.snapshot(mods, _stdlib_put.loaded_classes(mods))}
+    saved = {"stdlib": _stdlib_put.snapshot_loaded()}
     filters = warnings.catch_warnings()
     filters.__enter__()
     try:

@@ -513,8 +513,9 @@ class Run:
         if owner is None and declared_type_problem(self.dir, name) is not None:
             return None  # listed by no stage of this run and unreadable (a FIFO, device, oversize file the
             # runner refused when the stage was recorded, round 15 A2): not in this run, as a missing file
-        if owner is not None and self._set_aside(owner, name) is not None:  # (round 32 B32-3, round 33 B33-6)
-            return self.recorded(name)  # (None: not in this run while the rerun is under way / unfinished)
+        aside = self._set_aside(owner, name) if owner is not None else None
+        if aside is not None:  # (round 32 B32-3, round 33 B33-6; None: not in this run while the rerun is at work)
+            return self._aside_file(owner, aside)
         if p.is_file():
             return p
         if p.exists():
@@ -548,8 +549,9 @@ class Run:
         p = self.inside(name)
         owner = owner or self.declared_by(name)
         aside = self._set_aside(owner, name) if owner is not None else None
-        if aside is None:
-            return p
+        return p if aside is None else self._aside_file(owner, aside)
+
+    def _aside_file(self, owner: str, aside: str) -> Path | None:
         self._rerunning(owner)  # a live one: ``running`` says it
         return self.dir / aside if aside else None
 

@@ -104,6 +104,15 @@ def loaded_classes(modules: tuple) -> tuple:
 _CLASSES_OF: dict[int, tuple] = {}  # id(module) -> (the module, its classes): ``loaded_classes``' memory
 
 
+def snapshot_loaded(class_modules: tuple[str, ...] = ()) -> list[tuple[object, dict]]:
+    """``snapshot`` of every loaded standard-library module and their classes' functions (``loaded``,
+    ``loaded_classes``), and of the classes of loaded modules whose names start with ``class_modules``."""
+    mods = loaded()
+    more = tuple(m for n, m in list(sys.modules.items()) if class_modules and n.startswith(class_modules)
+                 and type(m) is type(sys))
+    return snapshot(mods, loaded_classes(mods + more))
+
+
 def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:
     """The names of each module and class as they are now."""
     return [(o, vars(o).copy()) for o in (*modules, *classes)]  # (a class's mappingproxy copies its dict: fast)

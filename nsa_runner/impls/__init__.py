@@ -297,7 +297,7 @@ def _torch_state(torch) -> dict:
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
             "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch),
-            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), "flags": _flag_values(torch)}
+            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch)}
 
 
 def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
@@ -803,6 +803,8 @@ def _saved_state() -> dict:
         torch = sys.modules.get("torch")
         state["torch"] = _torch_state(torch) if torch is not None and hasattr(torch, "_C") else None
         if state["torch"] is not None:
+            state["torch"]["flags"] = _flag_values(torch)  # (after the call each is read again just before its
+            # put-back: not in _torch_state, which the put-back reads too)
             state["torch"]["denormal"] = _flushes_denormals(torch)
             state["torch"]["kernels"] = _kernels()
             state["torch"]["profiler"] = _profiling(torch)
@@ -814,11 +816,8 @@ def _saved_state() -> dict:
     except Exception:  # noqa: BLE001
         pass
     try:
-        mods = _stdlib_put.loaded()
-        nn = tuple(m for n, m in list(sys.modules.items()) if n.startswith("torch.nn.modules.")
-                   and isinstance(m, types.ModuleType))  # (round 35 B35-2: torch.nn.Linear.forward rebound)
-        state["stdlib"] = _stdlib_put.snapshot(mods, _stdlib_put.loaded_classes(mods + nn))  # builtins, the standard
-        # library's functions and classes,
+        state["stdlib"] = _stdlib_put.snapshot_loaded(("torch.nn.modules.",))  # builtins, the standard library's
+        # functions and classes, torch.nn's classes (round 35 B35-2: torch.nn.Linear.forward rebound),
         # pathlib / json classes
         state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
         state["modules"] = dict(sys.modules)  # every loaded module, by identity (round 33)
