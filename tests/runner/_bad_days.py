@@ -151,6 +151,16 @@ def env_pairing_flash(plugins, tmp_path: Path, *extra: str):
     return r, flash, tmp
 
 
+def changes_then_checks(plugins, tmp_path: Path, tag: str, changes: str, checks: str):
+    """Two implementation plugins: ``<tag>m`` (module ``<tag>_changes``: leaves process state changed, in its call or
+    at its import) and ``<tag>k`` (module ``<tag>_checks``: asserts nothing of it is left), then ``selection_map`` over
+    both and nsa_core: (the finished process, the stage's record, its log's text)."""
+    for role, impl in (("changes", "m"), ("checks", "k")):
+        plugins.make(f"{tag}-{role}", f"{tag}_{role}", changes if role == "changes" else checks,
+                     {f"{tag}{impl}": f"{tag}_{role}:IMPL"}, version="1.0", group="nsa_runner.impls")
+    return selection_map(plugins, tmp_path, f"{tag}m,{tag}k,nsa_core")
+
+
 def selection_map(plugins, tmp_path: Path, impls: str):
     """``nsa-run stage selection-map --impl IMPLS`` on the CPU into ``tmp_path / "o"``, ``plugins`` on the path: (the
     finished process, the stage's manifest record, its log's text)."""

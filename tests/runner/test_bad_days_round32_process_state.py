@@ -7,9 +7,9 @@ adapter compared with it. Expected: put back after the adapter's code and named;
 from __future__ import annotations
 
 try:
-    from _bad_days import selection_map
+    from _bad_days import changes_then_checks
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import selection_map
+    from tests.runner._bad_days import changes_then_checks
 
 CHANGES = """
 import gc, logging, os, sys, torch
@@ -68,11 +68,7 @@ IMPL = Impl("r32k", {"select": _select})
 
 
 def test_still_more_process_state_and_nsa_core_rebound_are_put_back_and_named(plugins, tmp_path):
-    plugins.make("r32-changes", "r32_changes", CHANGES, {"r32m": "r32_changes:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    plugins.make("r32-checks", "r32_checks", CHECKS, {"r32k": "r32_checks:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    r, rec, log = selection_map(plugins, tmp_path, "r32m,r32k,nsa_core")
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r32", CHANGES, CHECKS)
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:])  # before: FAIL "r32k: ... left: [...]"
     raw = (tmp_path / "o" / "testrun" / "logs" / "selection-map.log").read_bytes()
     assert b"r32k ran\r\n" not in raw and b"r32k ran\n" in raw, raw[-3000:]  # the log's lines end in LF again

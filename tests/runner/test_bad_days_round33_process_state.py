@@ -14,9 +14,9 @@ back" in one line). Expected: each put back after the adapter's code and named; 
 from __future__ import annotations
 
 try:
-    from _bad_days import selection_map
+    from _bad_days import changes_then_checks
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import selection_map
+    from tests.runner._bad_days import changes_then_checks
 
 CHANGES = """
 import locale, os, sys, types
@@ -103,11 +103,7 @@ IMPL = Impl("r33k", {"select": _select})
 
 
 def test_torch_switches_numpy_locale_niceness_and_sys_modules_are_put_back_and_named(plugins, tmp_path):
-    plugins.make("r33-changes", "r33_changes", CHANGES, {"r33m": "r33_changes:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    plugins.make("r33-checks", "r33_checks", CHECKS, {"r33k": "r33_checks:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    r, rec, log = selection_map(plugins, tmp_path, "r33m,r33k,nsa_core")
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r33", CHANGES, CHECKS)
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
     for name in ("torch.backends.cuda.matmul.fp32_precision", "torch's default dtype",
                  "torch.backends.cuda.enable_math_sdp", "torch.backends.cudnn.benchmark", "numpy.seterr",

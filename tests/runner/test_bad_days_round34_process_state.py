@@ -10,9 +10,9 @@ the next verdicts stand."""
 from __future__ import annotations
 
 try:
-    from _bad_days import selection_map
+    from _bad_days import changes_then_checks
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import selection_map
+    from tests.runner._bad_days import changes_then_checks
 
 CHANGES = """
 import csv, sys, tracemalloc, warnings
@@ -93,11 +93,7 @@ IMPL = Impl("r34k", {"select": _select})
 
 
 def test_wrapped_rebinds_library_subclasses_more_namespaces_and_slowing_switches_are_put_back(plugins, tmp_path):
-    plugins.make("r34-changes", "r34_changes", CHANGES, {"r34m": "r34_changes:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    plugins.make("r34-checks", "r34_checks", CHECKS, {"r34k": "r34_checks:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    r, rec, log = selection_map(plugins, tmp_path, "r34m,r34k,nsa_core")
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r34", CHANGES, CHECKS)
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
     for name in ("torch.sort", "torch kernels registered over aten/sort.stable", "torch.autograd.grad",
                  "Module.__call__", "csv.DictWriter.writerow", "numpy.where",
@@ -147,11 +143,7 @@ IMPL = Impl("r35k", {"select": _select})
 
 
 def test_global_module_hooks_nn_classes_and_grad_mode_wrappers_left_at_import_are_put_back(plugins, tmp_path):
-    plugins.make("r35-changes", "r35_changes", CHANGES35, {"r35m": "r35_changes:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    plugins.make("r35-checks", "r35_checks", CHECKS35, {"r35k": "r35_checks:IMPL"}, version="1.0",
-                 group="nsa_runner.impls")
-    r, rec, log = selection_map(plugins, tmp_path, "r35m,r35k,nsa_core")
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r35", CHANGES35, CHECKS35)
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
     for name in ("torch.nn's global module hooks (_global_forward_hooks)", "torch.nn.modules.linear.Linear.forward",
                  "torch.einsum"):
