@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 
 MODULES = (builtins, os, posixpath, json, json.encoder, json.decoder, json.scanner, io, pickle, shutil, signal,
            subprocess, tempfile, time, traceback)  # json's submodules: json.dumps looks up their functions at each
@@ -82,15 +83,24 @@ def loaded_classes(modules: tuple) -> tuple:
     """``CLASSES`` and every class defined in ``modules`` (as ``loaded`` gives them) whose attributes can be set
     (round 34 B34-3: ``csv.DictWriter.writerow`` rebound). Never raises."""
     seen = {id(c) for c in CLASSES}
-    out = list(CLASSES)
+    return CLASSES + tuple(c for c in classes_of(modules) if id(c) not in seen)
+
+
+def classes_of(modules) -> list:
+    """Every class defined in ``modules`` whose attributes can be set (a heap type, not immutable), each once; looked
+    for once per module (this runs before every adapter call). Never raises."""
+    seen: set[int] = set()
+    out = []
     for m in modules:
         hit = _CLASSES_OF.get(id(m))
-        if hit is None or hit[0] is not m:  # (looked for once per module: this runs before every adapter call)
+        if hit is None or hit[0] is not m:
             found = []
             try:
-                name = m.__name__
-                found = [v for v in list(vars(m).values()) if isinstance(v, type) and v.__module__ == name
-                         and v.__flags__ & _HEAP and not v.__flags__ & _IMMUTABLE]
+                with warnings.catch_warnings():  # (a deprecated name a module keeps, torch.distributed.reduce_op,
+                    warnings.simplefilter("ignore")  # warns when its class is asked for)
+                    name = m.__name__
+                    found = [v for v in list(vars(m).values()) if isinstance(v, type) and v.__module__ == name
+                             and v.__flags__ & _HEAP and not v.__flags__ & _IMMUTABLE]
             except Exception:  # noqa: BLE001 - an odd module: its classes left out
                 pass
             hit = _CLASSES_OF[id(m)] = (m, found)
@@ -98,19 +108,17 @@ def loaded_classes(modules: tuple) -> tuple:
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
-    return tuple(out)
+    return out
 
 
-_CLASSES_OF: dict[int, tuple] = {}  # id(module) -> (the module, its classes): ``loaded_classes``' memory
+_CLASSES_OF: dict[int, tuple] = {}  # id(module) -> (the module, its classes): ``classes_of``' memory
 
 
-def snapshot_loaded(class_modules: tuple[str, ...] = ()) -> list[tuple[object, dict]]:
+def snapshot_loaded() -> list[tuple[object, dict]]:
     """``snapshot`` of every loaded standard-library module and their classes' functions (``loaded``,
-    ``loaded_classes``), and of the classes of loaded modules whose names start with ``class_modules``."""
+    ``loaded_classes``)."""
     mods = loaded()
-    more = tuple(m for n, m in list(sys.modules.items()) if class_modules and n.startswith(class_modules)
-                 and type(m) is type(sys))
-    return snapshot(mods, loaded_classes(mods + more))
+    return snapshot(mods, loaded_classes(mods))
 
 
 def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:

@@ -20,6 +20,7 @@ as broken; a part that raises or returns the wrong shape is that case's ERROR / 
 
 from __future__ import annotations
 
+import copy
 import operator
 import os
 import random
@@ -297,7 +298,66 @@ def _torch_state(torch) -> dict:
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
             "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch),
-            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch)}
+            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), "dual level": _dual_level()}
+
+
+def _dual_level() -> int | None:
+    """forward-mode AD's current level (-1: none entered), where torch.autograd.forward_ad is loaded."""
+    fa = sys.modules.get("torch.autograd.forward_ad")
+    level = getattr(fa, "_current_level", None)
+    return level if type(level) is int else None
+
+
+def _exit_dual_levels(torch, now: int, was: int) -> None:
+    """Leave the forward-AD levels an adapter entered and never left (round 36 B36-2: the next adapter's own
+    ``dual_level()`` nested in it), down to ``was``."""
+    for level in range(now, was, -1):
+        torch._C._exit_dual_level(level=level)
+    sys.modules["torch.autograd.forward_ad"]._current_level = was
+
+
+def _configs() -> dict:
+    """{name: (the config module, a copy of its values)} of torch's loaded config modules (``torch._dynamo.config``,
+    ``torch._inductor.config`` ...; none is imported here)."""
+    kind = getattr(sys.modules.get("torch.utils._config_module"), "ConfigModule", None)
+    if kind is None:
+        return {}
+    return {n: (m, m.get_config_copy()) for n, m in list(sys.modules.items())
+            if n.startswith("torch.") and isinstance(m, kind)}
+
+
+def _restore_configs(saved: dict, put) -> None:
+    """Put back each value of torch's config modules an adapter changed (round 36 B36-2:
+    ``torch._dynamo.config.suppress_errors = True`` made the next adapter's failing ``torch.compile`` fall back
+    silently). A config module the adapter's code imported: each value set away from its default since (torch's own
+    imports set none) back to the default, where no environment variable chose it."""
+    unset = getattr(sys.modules.get("torch.utils._config_module"), "_UNSET_SENTINEL", _UNREAD)
+    for name, (module, _) in _configs().items():
+        if name in saved:
+            continue
+        try:
+            entries = vars(module)["_config"]
+            for key in [k for k in entries if not module._is_default(k)]:
+                entry = entries[key]
+                if getattr(entry, "env_value_force", None) is unset and getattr(
+                        entry, "env_value_default", None) is unset:
+                    put(f"{name}.{clip(str(key), 60)}", setattr, module, key, copy.deepcopy(entry.default))
+        except Exception:  # noqa: BLE001 - an unexpected ConfigModule: left
+            continue
+    for name, (module, before) in saved.items():
+        try:
+            now = module.get_config_copy()
+        except Exception:  # noqa: BLE001 - unreadable: left
+            continue
+        for key, was in before.items():
+            value = now.get(key, _UNREAD)
+            try:
+                same = value is was or (type(value) is type(was) and type(was) in _CONFIG_VALUES and bool(value == was))
+            except Exception:  # noqa: BLE001
+                same = False
+            if not same:
+                put(f"{name}.{clip(str(key), 60)}", setattr, module, key, was)
+
 
 
 def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
@@ -344,6 +404,9 @@ def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
     # disabled
     flags += [call("torch.backends.mha", "get_fastpath_enabled", "set_fastpath_enabled"),
               call("torch._C", "_is_multithreading_enabled", "_set_multithreading_enabled"),
+              # round 36 B36-2: uninitialized memory left unfilled under deterministic mode, the TensorExpr fuser
+              call("torch._C", "_jit_texpr_fuser_enabled", "_jit_set_texpr_fuser_enabled"),
+              attr("torch.utils.deterministic", "fill_uninitialized_memory"),
               ("torch.autograd.graph.disable_saved_tensors_hooks",
                lambda: torch._C._autograd._saved_tensors_hooks_is_enabled(),
                lambda on: torch._C._autograd._saved_tensors_hooks_enable() if on
@@ -352,6 +415,8 @@ def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
 
 
 _UNREAD = object()  # a switch that could not be read (its getter raised)
+_PLAIN_TYPES = (int, float, str, bytes, bool, type(None), set, frozenset)
+_CONFIG_VALUES = (*_PLAIN_TYPES, list, tuple, dict)  # torch's config values compared by ==
 
 
 def _flag_values(torch) -> dict:
@@ -593,6 +658,7 @@ def _interpreter_settings() -> dict[str, tuple]:
     collector off, the switch interval, the int-to-str digit limit, decimal's precision, the thread stack size, a
     profile function: the next adapter FAILed, blamed on itself, nothing said; discovery put back some of them for
     plugin imports only). Read without changing any (the umask: set and set back at once). Never raises."""
+    import copyreg
     import csv
     import decimal  # imported here, before any adapter's code: a first import by the code was never compared
     import faulthandler  # (round 31 B31-2: traps set at that import stayed)
@@ -600,6 +666,7 @@ def _interpreter_settings() -> dict[str, tuple]:
     import locale
     import logging
     import socket
+    import tempfile
     import tracemalloc
     import warnings
 
@@ -637,6 +704,26 @@ def _interpreter_settings() -> dict[str, tuple]:
     def put_callbacks(was):  # the list object (round 33 U33-3: ``gc.callbacks = None``) and its entries
         gc.callbacks = was[0]
         was[0][:] = list(was[1])
+
+    def handlers():  # the root logger's handler list and its entries (round 36 B36-3: a handler added)
+        return logging.root.handlers, tuple(logging.root.handlers)
+
+    def put_handlers(was):
+        logging.root.handlers = was[0]
+        was[0][:] = list(was[1])
+
+    loaded = frozenset(sys.modules)
+
+    def dispatch():  # copyreg's table: (the dict, its entries)
+        return copyreg.dispatch_table, tuple(copyreg.dispatch_table.items())
+
+    def put_dispatch(was):  # an entry for a type of a module loaded since (its own registration) is kept
+        table, entries = was
+        copyreg.dispatch_table = table
+        kept = {k: v for k, v in table.items() if getattr(k, "__module__", None) not in loaded}
+        table.clear()
+        table.update(dict(entries))
+        table.update(kept)
 
     def filters():  # the list object and its entries (a list rebound, or changed in place)
         return warnings.filters, tuple(warnings.filters)
@@ -695,6 +782,16 @@ def _interpreter_settings() -> dict[str, tuple]:
             # at idle scheduling priority, torch's switches (below)
             ("gc.callbacks", lambda: (gc.callbacks, tuple(gc.callbacks)), put_callbacks),
             ("csv.field_size_limit", csv.field_size_limit, csv.field_size_limit),  # round 33: 5 bytes
+            # round 36 B36-3: a handler added to the root logger (every later record of nsa-run's written there too),
+            # objects frozen out of collection (gc.freeze), tempfile's folder made one that does not exist (the next
+            # adapter's tempfile calls raised), how a built-in type pickles, numpy's print options
+            ("the root logger's handlers", handlers, put_handlers),
+            ("gc.freeze", gc.get_freeze_count, lambda was: gc.unfreeze()),  # (nsa-run freezes nothing)
+            ("tempfile.tempdir", *attr(tempfile, "tempdir")),
+            ("copyreg.dispatch_table", dispatch, put_dispatch),
+            ("numpy.set_printoptions", *((lambda: tuple(sorted(np.get_printoptions().items())),
+                                          lambda was: np.set_printoptions(**dict(was)))
+                                         if np is not None else (None, None))),
             ("tracemalloc.start", tracemalloc.is_tracing,  # round 34 B34-4: every allocation traced, 15x slower
              lambda on: tracemalloc.start() if on else tracemalloc.stop()),
             ("logging.lastResort", *attr(logging, "lastResort")),
@@ -736,7 +833,7 @@ def _interpreter_settings() -> dict[str, tuple]:
 
 
 _ABSENT = object()  # a setting that is not there (``sys.tracebacklimit`` unset)
-_PLAIN = (int, float, str, bytes, bool, type(None), set, frozenset)
+_PLAIN = _PLAIN_TYPES
 
 
 def _same_value(a, b) -> bool:
@@ -809,15 +906,16 @@ def _saved_state() -> dict:
             state["torch"]["kernels"] = _kernels()
             state["torch"]["profiler"] = _profiling(torch)
             state["torch"]["module hooks"] = _module_hooks()
+            state["torch"]["configs"] = _configs()
     except Exception:  # noqa: BLE001 - what cannot be read is not put back
         pass
     try:
         state["attributes"] = _torch_namespaces()
+        state["torch code"] = _torch_code(state["attributes"])
     except Exception:  # noqa: BLE001
         pass
     try:
-        state["stdlib"] = _stdlib_put.snapshot_loaded(("torch.nn.modules.",))  # builtins, the standard library's
-        # functions and classes, torch.nn's classes (round 35 B35-2: torch.nn.Linear.forward rebound),
+        state["stdlib"] = _stdlib_put.snapshot_loaded()  # builtins, the standard library's functions and classes,
         # pathlib / json classes
         state["imports"] = _stdlib_put.import_state()  # sys.path / meta_path / path_hooks (round 26 U26-1)
         state["modules"] = dict(sys.modules)  # every loaded module, by identity (round 33)
@@ -1080,6 +1178,8 @@ def _restore_state(state: dict) -> list[str]:
         put("numpy's random state", sys.modules["numpy"].random.set_state, state["numpy"])
     for name, (obj, before) in state.get("attributes", {}).items():  # first: what follows calls torch's functions
         _restore_namespace(name, obj, before, put)
+    for name, (obj, before) in state.get("torch code", {}).items():
+        _restore_namespace(name, obj, before, put, code_only=True)
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")
@@ -1129,6 +1229,42 @@ def _torch_namespaces() -> dict:
                 continue
         if isinstance(obj, (types.ModuleType, type)):
             out[name] = (obj, dict(vars(obj)))
+    return out
+
+
+# round 36 B36-1: torch's code outside those namespaces, rebound by an adapter, changed the next one's results: the
+# ``F`` global of torch.nn.modules.linear (through which ``Linear.forward`` calls ``F.linear``) made to multiply by 0,
+# ``torch.nn.modules.utils._pair``, a ``__call__`` added to ``torch.nn.Linear`` over ``Module.__call__``,
+# ``Parameter.__deepcopy__``, ``Function.apply``, ``FunctionCtx.save_for_backward``, ``torch._C._nn.linear``. Every
+# loaded module of torch's and every class defined in them are copied (a few thousand dicts: milliseconds); their code
+# rebound or deleted is put back, their data is torch's own to change (``_restore_namespace``'s ``code_only``).
+_CODE_KINDS = (types.ModuleType, type, classmethod, staticmethod, property)
+
+
+def _is_code(value) -> bool:
+    """Is ``value`` code (a function, class, module, descriptor of a method), not data? Never raises."""
+    try:
+        return callable(value) or isinstance(value, _CODE_KINDS)
+    except Exception:  # noqa: BLE001 - a hostile value: treated as code (put back)
+        return True
+
+
+def _torch_code(copied: dict) -> dict:
+    """{name: (module or class, a copy of its attribute dict)} for every loaded module of torch's (``torch._C``'s
+    submodules too) and every class defined in them whose attributes can be set, but the namespaces ``copied`` has
+    whole (``_torch_namespaces``). Nothing is imported."""
+    mods = {n: m for n, m in list(sys.modules.items())
+            if (n == "torch" or n.startswith("torch.")) and isinstance(m, types.ModuleType) and n not in copied}
+    torch_c = sys.modules.get("torch._C")
+    if torch_c is not None:  # torch._C._nn, ._linalg, ._special, ._fft: attributes of torch._C, not in sys.modules
+        for k, v in list(vars(torch_c).items()):
+            if isinstance(v, types.ModuleType) and f"torch._C.{k}" not in mods:
+                mods[f"torch._C.{k}"] = v
+    out = {n: (m, dict(vars(m))) for n, m in mods.items()}
+    held = {id(o) for o, _ in copied.values()}
+    for c in _stdlib_put.classes_of(tuple(mods.values())):
+        if id(c) not in held:
+            out[f"{c.__module__}.{c.__qualname__}"] = (c, dict(vars(c)))
     return out
 
 
@@ -1191,11 +1327,13 @@ def _shadows(obj, key) -> bool:
         return True
 
 
-def _restore_namespace(name: str, obj, before: dict, put) -> None:
+def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = False) -> None:
     """Put back the attributes of ``obj`` (the namespace ``name``) an adapter rebound or deleted, and the new ones
     that shadow one of torch's (``_shadows``). A new name torch does not have is kept (round 20 B20-4: a library's
     import adds ``torch.Tensor.mylib_prepare`` or ``torch.libx`` once, stays imported and uses it later; deleting
-    it made a working adapter FAIL and a healthy plugin listed broken); it changes nothing of nsa_core's."""
+    it made a working adapter FAIL and a healthy plugin listed broken); it changes nothing of nsa_core's.
+    ``code_only``: only attributes that were code (``_is_code``), never a module's or class's data (torch's own
+    caches and lazily set flags, ``torch.cuda._initialized``)."""
     try:
         if _same_attributes(vars(obj), before):
             return
@@ -1204,7 +1342,7 @@ def _restore_namespace(name: str, obj, before: dict, put) -> None:
         return
     is_module = isinstance(obj, types.ModuleType)
     rebound = [k for k, v in before.items() if k not in _MODULE_NOISE and (k not in now or now[k] is not v)
-               and not (k in now and _torch_own(f"{name}.{k}", now[k]))]
+               and not (k in now and _torch_own(f"{name}.{k}", now[k])) and (not code_only or _is_code(v))]
     added = [k for k in now if k not in before and k not in _MODULE_NOISE and _shadows(obj, k)
              and not _torch_own(f"{name}.{k}", now[k])]
     if not rebound and not added:
@@ -1318,6 +1456,10 @@ def _restore_torch(torch, saved: dict, put) -> None:
             same = False
         if not same:
             put(name, set_, was)
+    _restore_configs(saved.get("configs") or {}, put)
+    level, was = now.get("dual level"), saved.get("dual level")
+    if level is not None and was is not None and level > was:
+        put("torch.autograd.forward_ad.dual_level (left entered)", _exit_dual_levels, torch, level, was)
     _restore_kernels(saved.get("kernels"), put)
     _restore_module_hooks(saved.get("module hooks"), put)
     if saved.get("profiler") is False and _profiling(torch):  # round 34 B34-4: left recording every op, 15x slower
