@@ -126,6 +126,13 @@ def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:
     return [(o, vars(o).copy()) for o in (*modules, *classes)]  # (a class's mappingproxy copies its dict: fast)
 
 
+def over_builtin(key) -> bool:
+    """Is ``key``, a name added to a module, one of builtins' (not a dunder)? Every function of that module then finds
+    it instead of the builtin (round 37 B37-1..B37-3: ``min`` added to nsa_core's selection reference, ``len`` to
+    torch.functional, ``isinstance`` to json.encoder)."""
+    return isinstance(key, str) and not key.startswith("__") and key in vars(builtins)
+
+
 def _same(now, before: dict) -> bool:
     """The same names in the same order, each bound to the very same object (no plugin's ``__eq__`` runs)."""
     return (len(now) == len(before) and all(map(operator.is_, now, before))
@@ -149,16 +156,22 @@ def changed(saved: list[tuple[object, dict]]) -> list[tuple[object, str]]:
             if whole and isinstance(owner, type):
                 bases = owner.__mro__[1:]
                 out += [(owner, k) for k in list(now) if k not in before and any(k in vars(b) for b in bases)]
+            elif not isinstance(owner, type) and owner is not builtins:
+                out += [(owner, k) for k in list(now) if k not in before and over_builtin(k)]
         except Exception:  # noqa: BLE001 - one whose names cannot be read is left as it is
             continue
     return out
 
 
-def names(which: list[tuple[object, str]]) -> list[str]:
-    """``changed``'s pairs as text: ``json.dumps``, ``builtins.ascii (deleted)``, ``pathlib.Path.mkdir``. Never
-    raises."""
+def names(which: list[tuple[object, str]], saved: list[tuple[object, dict]] = ()) -> list[str]:
+    """``changed``'s pairs as text: ``json.dumps``, ``builtins.ascii (deleted)``, ``pathlib.Path.mkdir``,
+    ``json.encoder.isinstance (added)`` (a name not in ``saved``'s copy of its owner). Never raises."""
+    before = {id(o): b for o, b in saved}
     out = []
     for owner, k in which:
+        if k not in before.get(id(owner), (k,)):
+            out.append(f"{names([(owner, k)])[0]} (added)")
+            continue
         try:
             where = (f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type)
                      else getattr(owner, "__name__", "?"))
@@ -174,7 +187,7 @@ def put_back(saved: list[tuple[object, dict]]) -> list[str]:
     """What ``changed`` finds, put back (a name added to a class, taken away); returns it as ``names`` writes it (as
     it was before the put-back). Never raises."""
     which = changed(saved)
-    said = names(which)
+    said = names(which, saved)
     before = {id(o): b for o, b in saved}
     for owner, k in which:
         try:
@@ -184,8 +197,10 @@ def put_back(saved: list[tuple[object, dict]]) -> list[str]:
                     setattr(owner, k, was[k])
                 else:
                     delattr(owner, k)
-            else:
+            elif k in was:
                 vars(owner)[k] = was[k]
+            else:  # a name added over a builtin's
+                vars(owner).pop(k, None)
         except Exception:  # noqa: BLE001 - what cannot be put back stays as the plugin left it
             continue
     return said

@@ -170,6 +170,20 @@ def check_out(out: Path) -> Path:
     except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
         fail(f"--out {out}: cannot be resolved ({getattr(e, 'strerror', None) or e})",
              "choose a folder that is not a symlink loop with --out")
+    made = [p for p in (out, *out.parents) if not os.path.lexists(p)]  # what the check makes, deepest first
+    try:
+        return _checked_out(out)
+    except typer.Exit:  # refused: the folders made for the check are not left behind (round 37 U37-3)
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _checked_out(out: Path) -> Path:
+    """``check_out``'s checks of the resolved ``out`` (which they create where it is missing)."""
     try:
         check_writable(out)
         free = shutil.disk_usage(out).free

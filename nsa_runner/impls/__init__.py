@@ -298,7 +298,31 @@ def _torch_state(torch) -> dict:
             "modes": [torch._C._get_function_stack_at(i) for i in range(n)],
             "device_context": getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None),
             "device": device_mod.CURRENT_DEVICE, **_dispatch_state(torch), "rng": _torch_rng(torch),
-            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), "dual level": _dual_level()}
+            "hooks": _saved_tensor_hooks(torch), "autocast": _autocast_state(torch), "dual level": _dual_level(),
+            "dispatch keys": _dispatch_keys(torch)}
+
+
+def _dispatch_keys(torch) -> tuple[str, str]:
+    """The thread's excluded and included dispatch-key sets, as torch writes them (round 37 B37-5: a
+    ``_ExcludeDispatchKeyGuard(AutogradCPU)`` left entered switched autograd off for every later op)."""
+    return repr(torch._C._dispatch_tls_local_exclude_set()), repr(torch._C._dispatch_tls_local_include_set())
+
+
+def _key_names(text: str) -> set[str]:
+    """The keys of a ``DispatchKeySet(A, B)`` text."""
+    inner = text.partition("(")[2].rpartition(")")[0]
+    return {k.strip() for k in inner.split(",") if k.strip()}
+
+
+def _restore_dispatch_keys(torch, was: tuple[str, str]) -> None:
+    now = _dispatch_keys(torch)
+    for i, (before, after) in enumerate(zip(was, now, strict=True)):
+        set_key = torch._C._dispatch_tls_set_dispatch_key_excluded if i == 0 \
+            else torch._C._dispatch_tls_set_dispatch_key_included
+        for name in _key_names(after) - _key_names(before):
+            set_key(getattr(torch._C.DispatchKey, name), False)
+        for name in _key_names(before) - _key_names(after):
+            set_key(getattr(torch._C.DispatchKey, name), True)
 
 
 def _dual_level() -> int | None:
@@ -380,6 +404,13 @@ def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
     def call(path, get, put):
         return f"{path}.{put}", (lambda: getattr(find(path), get)()), (lambda v: getattr(find(path), put)(v))
 
+    def swap(path, put):  # a switch with no getter whose setter returns the value it replaced: set and set back
+        def get():
+            was = getattr(find(path), put)(True)
+            getattr(find(path), put)(was)
+            return was
+        return f"{path}.{put}", get, (lambda v: getattr(find(path), put)(v))
+
     flags = [attr(p, "fp32_precision") for p in (
         "torch.backends", "torch.backends.cudnn", "torch.backends.mkldnn", "torch.backends.cuda.matmul",
         "torch.backends.cudnn.conv", "torch.backends.cudnn.rnn", "torch.backends.mkldnn.matmul",
@@ -407,11 +438,68 @@ def _torch_flags(torch) -> list[tuple[str, Callable, Callable]]:
               # round 36 B36-2: uninitialized memory left unfilled under deterministic mode, the TensorExpr fuser
               call("torch._C", "_jit_texpr_fuser_enabled", "_jit_set_texpr_fuser_enabled"),
               attr("torch.utils.deterministic", "fill_uninitialized_memory"),
+              # round 37 B37-4..B37-9: torch.compile's stance, forward-mode AD off, TorchScript disabled, the
+              # profiling executor, sparse invariant checks; with them torch._C's other process-wide switches that
+              # have a getter (autograd's fallback mode, the JIT's, the backward-compatibility warnings ...)
+              ("torch.compiler.set_stance", _stance, _set_stance),
+              attr("torch.jit._state._enabled", "enabled"),
+              swap("torch._C", "_jit_set_profiling_executor"), swap("torch._C", "_jit_set_profiling_mode"),
+              *(call("torch._C", get, set_) for get, set_ in _C_SWITCHES),
               ("torch.autograd.graph.disable_saved_tensors_hooks",
                lambda: torch._C._autograd._saved_tensors_hooks_is_enabled(),
                lambda on: torch._C._autograd._saved_tensors_hooks_enable() if on
                else torch._C._autograd._saved_tensors_hooks_disable("disabled by an implementation's code"))]
     return flags
+
+
+# torch._C's process- or thread-wide switches read by a getter of no arguments, (getter, setter); one this torch lacks
+# is left out
+_C_SWITCHES = (
+    ("_is_fwd_grad_enabled", "_set_fwd_grad_enabled"),
+    ("_check_sparse_tensor_invariants", "_set_check_sparse_tensor_invariants"),
+    ("_get_autograd_fallback_mode", "_set_autograd_fallback_mode"),
+    ("_get_backcompat_broadcast_warn", "_set_backcompat_broadcast_warn"),
+    ("_get_backcompat_keepdim_warn", "_set_backcompat_keepdim_warn"),
+    ("_get_cpu_allow_fp16_reduced_precision_reduction", "_set_cpu_allow_fp16_reduced_precision_reduction"),
+    ("_get_cublas_allow_fp16_accumulation", "_set_cublas_allow_fp16_accumulation"),
+    ("_get_cudnn_depthwise_kernel", "_set_cudnn_depthwise_kernel"),
+    ("_get_graph_executor_optimize", "_set_graph_executor_optimize"),
+    ("_get_mkldnn_deterministic", "_set_mkldnn_deterministic"),
+    ("_get_nnpack_enabled", "_set_nnpack_enabled"),
+    ("_get_qengine", "_set_qengine"),
+    ("_get_sdp_priority_order", "_set_sdp_priority_order"),
+    ("_get_sm_carveout_experimental", "_set_sm_carveout_experimental"),
+    ("_is_view_replay_enabled", "_set_view_replay_enabled"),
+    ("_is_grad_layout_enforcement_enabled", "_set_grad_layout_enforcement_enabled"),
+    ("_warn_on_accumulate_grad_stream_mismatch", "_set_warn_on_accumulate_grad_stream_mismatch"),
+    ("_get_torch_function_state", "_set_torch_function_state"),
+    ("_get_tracing_state", "_set_tracing_state"),
+    ("_jit_get_inline_everything_mode", "_jit_set_inline_everything_mode"),
+    ("_jit_llga_enabled", "_jit_set_llga_enabled"),
+    ("_jit_get_logging_option", "_jit_set_logging_option"),
+    ("_jit_get_num_profiled_runs", "_jit_set_num_profiled_runs"),
+    ("_jit_is_onnx_log_enabled", "_jit_set_onnx_log_enabled"),
+    ("_jit_symbolic_shapes_test_mode_enabled", "_jit_set_symbolic_shapes_test_mode"),
+    ("_jit_get_te_must_use_llvm_cpu", "_jit_set_te_must_use_llvm_cpu"),
+    ("_jit_get_te_generate_block_code", "_jit_set_te_generate_block_code"),
+    ("_jit_texpr_dynamic_shape_enabled", "_jit_set_texpr_dynamic_shape_enabled"),
+    ("_jit_texpr_reductions_enabled", "_jit_set_texpr_reductions_enabled"),
+    ("_jit_get_tracer_state_warn", "_jit_set_tracer_state_warn"))
+
+
+def _stance() -> tuple:
+    """torch.compile's stance (``torch.compiler.set_stance``) as (stance, skip_guard_eval_unsafe, backend); the default
+    where torch._dynamo is not loaded (so one set by code that imported it is put back to the default)."""
+    current = vars(sys.modules["torch._dynamo.eval_frame"])["_stance"] if "torch._dynamo.eval_frame" in sys.modules \
+        else None
+    if current is None:
+        return ("default", False, None)
+    return (current.stance, current.skip_guard_eval_unsafe, current.backend)
+
+
+def _set_stance(was: tuple) -> None:
+    eval_frame = sys.modules["torch._dynamo.eval_frame"]
+    eval_frame._set_stance(eval_frame.DynamoStance(*was))
 
 
 _UNREAD = object()  # a switch that could not be read (its getter raised)
@@ -712,18 +800,21 @@ def _interpreter_settings() -> dict[str, tuple]:
         logging.root.handlers = was[0]
         was[0][:] = list(was[1])
 
-    loaded = frozenset(sys.modules)
-
     def dispatch():  # copyreg's table: (the dict, its entries)
         return copyreg.dispatch_table, tuple(copyreg.dispatch_table.items())
 
-    def put_dispatch(was):  # an entry for a type of a module loaded since (its own registration) is kept
+    def put_dispatch(was):  # an entry added for a library's own type (torch registers some lazily) is kept
         table, entries = was
         copyreg.dispatch_table = table
-        kept = {k: v for k, v in table.items() if getattr(k, "__module__", None) not in loaded}
+        kept = {k: v for k, v in table.items() if not _library_type(k)}
         table.clear()
         table.update(dict(entries))
         table.update(kept)
+
+    try:  # tempfile's folder as nsa-run's own code would find it (gettempdir fills tempfile.tempdir the first time:
+        tempfile.gettempdir()  # triton's first compile did, named as the adapter's change on the GPU)
+    except Exception:  # noqa: BLE001 - no usable temporary folder: compared as it is
+        pass
 
     def filters():  # the list object and its entries (a list rebound, or changed in place)
         return warnings.filters, tuple(warnings.filters)
@@ -858,7 +949,20 @@ def _umask() -> int:
     return mask
 
 
+def _library_type(key) -> bool:
+    """Is ``key`` (a ``copyreg.dispatch_table`` key) a type of builtins or the standard library?"""
+    module = getattr(key, "__module__", None)
+    return isinstance(module, str) and (module == "builtins" or module.partition(".")[0] in sys.stdlib_module_names)
+
+
 def _same_setting(name: str, before, now) -> bool:
+    if name == "copyreg.dispatch_table":  # the same table, its entries as they were; an entry added for a library's
+        table, entries = before  # type (not builtins' or the standard library's) is the library's own
+        if now[0] is not table:
+            return False
+        was, live = dict(entries), dict(now[1])
+        return all(live.get(k, live) is v for k, v in was.items()) and all(
+            not _library_type(k) for k in live if k not in was)
     if name == "the decimal context":  # (the context object and a copy of it)
         b_ctx, b_copy = before
         n_ctx, _ = now
@@ -943,10 +1047,10 @@ def _rc_saved() -> tuple | None:
 
 def _restore_stdlib(saved: list, put) -> None:
     """Put back the builtins, standard-library functions and class attributes an adapter's code rebound or deleted
-    (``_stdlib_put``, compared by identity; names added to a module kept): the stage's own code calls them next
+    (``_stdlib_put``, compared by identity; other names added to a module kept): the stage's own code calls them next
     (round 25 B25-3: an adapter whose import left an orjson-style ``json.dumps`` made sanity's own result writing
-    fail, every verdict lost, the adapter not named)."""
-    names = _stdlib_put.names(_stdlib_put.changed(saved))
+    fail, every verdict lost, the adapter not named); a name added over a builtin's, taken away."""
+    names = _stdlib_put.names(_stdlib_put.changed(saved), saved)
     if names:
         put(", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else ""),
             _stdlib_put.put_back, saved)
@@ -1276,7 +1380,7 @@ def _same_attributes(live, before: dict) -> bool:
             and list(live) == list(before))
 
 
-def _torch_own(name: str, value, depth: int = 0) -> bool:
+def _torch_own(name: str, value, depth: int = 0, was=_UNREAD) -> bool:
     """Is ``value``, left at an attribute of ``name``, torch's own doing: a submodule of it imported meanwhile, or a
     function whose code lies in torch's package (e.g. a wrapper torch's import installs), and wraps nothing that is
     not (round 34 B34-1: the adapter's function under ``@torch.no_grad()`` has its code in torch's
@@ -1295,7 +1399,9 @@ def _torch_own(name: str, value, depth: int = 0) -> bool:
         inner = [value.__dict__.get("__wrapped__")] if isinstance(getattr(value, "__dict__", None), dict) else []
         inner += [c.cell_contents for c in (getattr(value, "__closure__", None) or ())
                   if _cell_holds_code(c)]
-        return all(_torch_own(name, f, depth + 1) for f in inner if f is not None)
+        # a torch wrapper around the very value that was there (torch._dynamo's import wraps optimizers' ``step``,
+        # itself under ``@torch.no_grad``) is torch's doing
+        return all(f is was or _torch_own(name, f, depth + 1, was) for f in inner if f is not None)
     except Exception:  # noqa: BLE001 - a hostile value: the adapter's
         return False
 
@@ -1320,6 +1426,8 @@ def _shadows(obj, key) -> bool:
     try:
         if isinstance(obj, type):
             return any(key in vars(base) for base in obj.__mro__[1:])
+        if _stdlib_put.over_builtin(key):  # round 37 B37-1 / B37-2: a module global named like a builtin
+            return True  # (``min``, ``len``) takes its place for every function of the module
         lazy = vars(obj).get("_lazy_modules", ())
         deprecated = vars(obj).get("_deprecated_attrs", {})
         return isinstance(key, str) and (key in lazy or key in deprecated)
@@ -1342,7 +1450,7 @@ def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = Fals
         return
     is_module = isinstance(obj, types.ModuleType)
     rebound = [k for k, v in before.items() if k not in _MODULE_NOISE and (k not in now or now[k] is not v)
-               and not (k in now and _torch_own(f"{name}.{k}", now[k])) and (not code_only or _is_code(v))]
+               and not (k in now and _torch_own(f"{name}.{k}", now[k], was=v)) and (not code_only or _is_code(v))]
     added = [k for k in now if k not in before and k not in _MODULE_NOISE and _shadows(obj, k)
              and not _torch_own(f"{name}.{k}", now[k])]
     if not rebound and not added:
@@ -1432,6 +1540,16 @@ def _restore_torch(torch, saved: dict, put) -> None:
         put("torch's inference mode", lambda: _HELD.append(torch._C._InferenceMode(saved["inference"])))
     if now["grad"] != saved["grad"] or torch.is_grad_enabled() != saved["grad"]:
         put("torch's grad mode", torch._C._set_grad_enabled, saved["grad"])
+    keys = saved.get("dispatch keys")
+    if keys is not None:  # after inference mode: its guard sets keys of its own
+        try:
+            now_keys = _dispatch_keys(torch)
+        except Exception:  # noqa: BLE001
+            now_keys = keys
+        if now_keys != keys:
+            changed = [f"{kind} dispatch keys ({', '.join(sorted(_key_names(a) ^ _key_names(b)))[:120]})"
+                       for kind, a, b in zip(("excluded", "included"), keys, now_keys, strict=True) if a != b]
+            put(f"torch's {' and '.join(changed)}", _restore_dispatch_keys, torch, keys)
     if now["dtype"] != saved["dtype"]:
         put("torch's default dtype", torch.set_default_dtype, saved["dtype"])
     if now["deterministic"] != saved["deterministic"]:

@@ -22,10 +22,15 @@ def test_an_out_folder_without_room_is_refused_up_front(plugins, cli, tmp_path, 
 
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(_common.shutil, "disk_usage", lambda p: Usage(10 << 30, 10 << 30, 5 << 20))
+    (tmp_path / "out").mkdir()
     r = cli("oneshot", "--out", tmp_path / "out", "--only", "x", "--device", "cpu")
     assert r.exit_code == 2
     assert "only 5.0 MiB free" in r.stderr and "Traceback" not in r.stderr
-    assert not any((tmp_path / "out").iterdir())  # nothing created
+    assert not any((tmp_path / "out").iterdir())  # an existing --out: kept, nothing created in it
+    # round 37 U37-3: a new --out (and its new parents) made for the check is not left behind
+    r = cli("oneshot", "--out", tmp_path / "new" / "out", "--only", "x", "--device", "cpu")
+    assert r.exit_code == 2 and "only 5.0 MiB free" in r.stderr
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_disk_that_fills_up_mid_run_leaves_an_incomplete_run_that_blocks_nothing(plugins, cli, tmp_path,

@@ -1,0 +1,130 @@
+"""Bad days, red-team round 37 B37-1..B37-9, through the CLI: what an adapter's call left changed, neither put back nor
+named, the next adapter (or nsa_core's own reference) blamed: a name added to a module that shadows a builtin for
+every function of that module (``min`` in nsa_core's selection reference: nsa_core FAILed; ``len`` in
+``torch.functional``: the whole stage ERROR from einsum; ``isinstance`` in ``json.encoder``), and torch's switches not
+in the put-back's table (``torch.compiler.set_stance``, a dispatch key left excluded, forward-mode AD off, TorchScript
+disabled, the profiling executor off, sparse invariant checks on). Expected: each put back after the adapter's code
+and named; the next verdicts stand."""
+
+from __future__ import annotations
+
+try:
+    from _bad_days import changes_then_checks
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import changes_then_checks
+
+CHANGES_SHADOWS = """
+import builtins
+import json.encoder
+import torch
+import torch.functional
+import nsa_core.selection.reference as reference
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    out = F.select_blocks(q, k_cmp, cfg)  # its own work first: what follows is what it leaves behind
+    reference.min = lambda *a, **k: builtins.min(*a, **k) - 1
+    torch.functional.len = lambda x: 0
+    torch.nn.functional.len = lambda x: 0
+    json.encoder.isinstance = lambda o, t: False if type(o) is float else builtins.isinstance(o, t)
+    return out
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r37m", {"select": _select})
+"""
+CHECKS_SHADOWS = """
+import json.encoder
+import torch
+import torch.functional
+import nsa_core.selection.reference as reference
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    left = {"reference.min": "min" in vars(reference), "torch.functional.len": "len" in vars(torch.functional),
+            "torch.nn.functional.len": "len" in vars(torch.nn.functional),
+            "json.encoder.isinstance": "isinstance" in vars(json.encoder)}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r37k", {"select": _select})
+"""
+
+
+def test_a_module_global_added_over_a_builtin_is_taken_away_and_nsa_core_keeps_its_pass(plugins, tmp_path):
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r37", CHANGES_SHADOWS, CHECKS_SHADOWS)
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    for name in ("nsa_core.selection.reference.min (added)", "torch.functional.len (added)",
+                 "torch.nn.functional.len (added)", "json.encoder.isinstance (added)"):
+        assert name in log, (name, log[-3000:])
+
+
+CHANGES_SWITCHES = """
+import torch
+import torch.jit._state
+
+KEEP = []
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    out = F.select_blocks(q, k_cmp, cfg)
+    torch.compiler.set_stance("fail_on_recompile")
+    guard = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU))
+    guard.__enter__()
+    KEEP.append(guard)
+    torch._C._set_fwd_grad_enabled(False)
+    torch.jit._state.disable()
+    torch._C._jit_set_profiling_executor(False)
+    torch.sparse.check_sparse_tensor_invariants.enable()
+    return out
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r37m", {"select": _select})
+"""
+CHECKS_SWITCHES = """
+import torch
+import torch.jit._state
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    was = torch._C._jit_set_profiling_executor(True)
+    left = {"AutogradCPU excluded": torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutogradCPU),
+            "forward AD off": not torch._C._is_fwd_grad_enabled(), "jit off": not torch.jit._state._enabled.enabled,
+            "profiling executor off": not was,
+            "sparse checks on": torch.sparse.check_sparse_tensor_invariants.is_enabled()}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    x = torch.ones(2, requires_grad=True)
+    (x * 2).sum().backward()  # autograd works here
+    f = torch.compile(lambda a: a + 1, backend="eager")
+    f(torch.ones(2))
+    f(torch.ones(3))  # a recompile: fine under the default stance
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r37k", {"select": _select})
+"""
+
+
+def test_compile_stance_dispatch_keys_forward_ad_jit_and_sparse_switches_are_put_back(plugins, tmp_path):
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r37", CHANGES_SWITCHES, CHECKS_SWITCHES)
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    for name in ("torch.compiler.set_stance", "torch's excluded dispatch keys (AutogradCPU)",
+                 "torch._C._set_fwd_grad_enabled", "torch.jit._state._enabled.enabled",
+                 "torch._C._jit_set_profiling_executor", "torch._C._set_check_sparse_tensor_invariants"):
+        assert name in log, (name, log[-3000:])
