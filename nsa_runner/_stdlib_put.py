@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import warnings
 
 MODULES = (builtins, os, posixpath, json, json.encoder, json.decoder, json.scanner, io, pickle, shutil, signal,
@@ -126,11 +127,18 @@ def snapshot(modules=MODULES, classes=CLASSES) -> list[tuple[object, dict]]:
     return [(o, vars(o).copy()) for o in (*modules, *classes)]  # (a class's mappingproxy copies its dict: fast)
 
 
-def over_builtin(key) -> bool:
-    """Is ``key``, a name added to a module, one of builtins' (not a dunder)? Every function of that module then finds
+def over_builtin(module, key) -> bool:
+    """Is ``key``, a name added to ``module``, one of builtins' (not a dunder)? Every function of that module then finds
     it instead of the builtin (round 37 B37-1..B37-3: ``min`` added to nsa_core's selection reference, ``len`` to
-    torch.functional, ``isinstance`` to json.encoder)."""
-    return isinstance(key, str) and not key.startswith("__") and key in vars(builtins)
+    torch.functional, ``isinstance`` to json.encoder). Not a submodule the import system bound there
+    (``encodings.ascii``, loaded by a library's import on the GPU). Never raises."""
+    try:
+        if not isinstance(key, str) or key.startswith("__") or key not in vars(builtins):
+            return False
+        value = vars(module).get(key)
+        return not (isinstance(value, types.ModuleType) and value.__name__ == f"{module.__name__}.{key}")
+    except Exception:  # noqa: BLE001 - a hostile module: taken away
+        return True
 
 
 def _same(now, before: dict) -> bool:
@@ -157,7 +165,7 @@ def changed(saved: list[tuple[object, dict]]) -> list[tuple[object, str]]:
                 bases = owner.__mro__[1:]
                 out += [(owner, k) for k in list(now) if k not in before and any(k in vars(b) for b in bases)]
             elif not isinstance(owner, type) and owner is not builtins:
-                out += [(owner, k) for k in list(now) if k not in before and over_builtin(k)]
+                out += [(owner, k) for k in list(now) if k not in before and over_builtin(owner, k)]
         except Exception:  # noqa: BLE001 - one whose names cannot be read is left as it is
             continue
     return out

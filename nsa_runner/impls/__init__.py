@@ -1280,10 +1280,12 @@ def _restore_state(state: dict) -> list[str]:
         put("the random module's generator state", random.setstate, state["random"])
     if state.get("numpy") is not None and not _same_numpy(_numpy_rng(), state["numpy"]):
         put("numpy's random state", sys.modules["numpy"].random.set_state, state["numpy"])
+    loaded = state.get("modules")  # the packages a module of which loaded meanwhile (unknown: all)
+    imported = {n.partition(".")[0] for n in list(sys.modules) if n not in loaded} if loaded is not None else None
     for name, (obj, before) in state.get("attributes", {}).items():  # first: what follows calls torch's functions
-        _restore_namespace(name, obj, before, put)
+        _restore_namespace(name, obj, before, put, imported=imported is None or name.partition(".")[0] in imported)
     for name, (obj, before) in state.get("torch code", {}).items():
-        _restore_namespace(name, obj, before, put, code_only=True)
+        _restore_namespace(name, obj, before, put, code_only=True, imported=imported is None or "torch" in imported)
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")
@@ -1396,19 +1398,29 @@ def _torch_own(name: str, value, depth: int = 0, was=_UNREAD) -> bool:
         where = os.path.realpath(code.co_filename)
         if not where.startswith(root) or where.endswith(_GRAD_DECORATORS):  # (round 35 B35-3: torch.no_grad()(
             return False  # torch.einsum) kept: torch's own lazy wrappers never change grad mode)
-        inner = [value.__dict__.get("__wrapped__")] if isinstance(getattr(value, "__dict__", None), dict) else []
+        attrs = value.__dict__ if isinstance(getattr(value, "__dict__", None), dict) else {}
+        if attrs.get("_is_torch_compile") is True:  # torch.compile(f, backend=...): what runs is the backend's
+            return False  # (round 38 B38-2: a backend scaling outputs by 0; torch compiles no attribute of its own)
+        inner = [attrs.get("__wrapped__")]
         inner += [c.cell_contents for c in (getattr(value, "__closure__", None) or ())
                   if _cell_holds_code(c)]
-        # a torch wrapper around the very value that was there (torch._dynamo's import wraps optimizers' ``step``,
-        # itself under ``@torch.no_grad``) is torch's doing
-        return all(f is was or _torch_own(name, f, depth + 1, was) for f in inner if f is not None)
+        # torch._dynamo's "disable" wrapper (it only keeps dynamo from compiling what it wraps) around the very value
+        # that was there is torch's doing: its import wraps the optimizers' ``step``, itself under ``@torch.no_grad``
+        # (named as fla's change on the GPU). Never another torch decorator: autocast, ``custom_fwd``,
+        # ``torch.compile`` change what the function does (round 38 B38-1..B38-3)
+        disable = was is not _UNREAD and attrs.get("_torchdynamo_disable") is True
+        return all((disable and f is was) or _torch_own(name, f, depth + 1) for f in inner if f is not None)
     except Exception:  # noqa: BLE001 - a hostile value: the adapter's
         return False
 
 
 # torch's grad-mode / context-manager decorators (torch.no_grad(), enable_grad(), inference_mode() ...): a function of
 # torch's namespaces rebound to one of their wrappers is an adapter's doing, whatever it wraps
-_GRAD_DECORATORS = (os.path.join("torch", "utils", "_contextlib.py"), os.path.join("torch", "autograd", "grad_mode.py"))
+# (round 38 B38-1 / B38-3: autocast and ``custom_fwd`` around torch.matmul / torch.einsum, torch.func's transforms)
+_GRAD_DECORATORS = (os.path.join("torch", "utils", "_contextlib.py"), os.path.join("torch", "autograd", "grad_mode.py"),
+                    os.path.join("amp", "autocast_mode.py"), os.path.join("torch", "_functorch", "apis.py"),
+                    os.path.join("torch", "_functorch", "eager_transforms.py"),
+                    os.path.join("torch", "_functorch", "vmap.py"))
 
 
 def _cell_holds_code(cell) -> bool:
@@ -1426,7 +1438,7 @@ def _shadows(obj, key) -> bool:
     try:
         if isinstance(obj, type):
             return any(key in vars(base) for base in obj.__mro__[1:])
-        if _stdlib_put.over_builtin(key):  # round 37 B37-1 / B37-2: a module global named like a builtin
+        if _stdlib_put.over_builtin(obj, key):  # round 37 B37-1 / B37-2: a module global named like a builtin
             return True  # (``min``, ``len``) takes its place for every function of the module
         lazy = vars(obj).get("_lazy_modules", ())
         deprecated = vars(obj).get("_deprecated_attrs", {})
@@ -1435,13 +1447,20 @@ def _shadows(obj, key) -> bool:
         return True
 
 
-def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = False) -> None:
+def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = False, imported: bool = True) -> None:
     """Put back the attributes of ``obj`` (the namespace ``name``) an adapter rebound or deleted, and the new ones
     that shadow one of torch's (``_shadows``). A new name torch does not have is kept (round 20 B20-4: a library's
     import adds ``torch.Tensor.mylib_prepare`` or ``torch.libx`` once, stays imported and uses it later; deleting
     it made a working adapter FAIL and a healthy plugin listed broken); it changes nothing of nsa_core's.
     ``code_only``: only attributes that were code (``_is_code``), never a module's or class's data (torch's own
-    caches and lazily set flags, ``torch.cuda._initialized``)."""
+    caches and lazily set flags, ``torch.cuda._initialized``). ``imported``: did a module of the namespace's package
+    load meanwhile? Only its import can have been torch's (or nsa_core's) own rebinding: where none did, every
+    function rebound is the adapter's, whatever code it lies in (round 38: ``torch.softmax = F.log_softmax`` is
+    torch's code too)."""
+
+    def own(k, value, was=_UNREAD):
+        return (imported or isinstance(value, types.ModuleType)) and _torch_own(f"{name}.{k}", value, was=was)
+
     try:
         if _same_attributes(vars(obj), before):
             return
@@ -1450,9 +1469,9 @@ def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = Fals
         return
     is_module = isinstance(obj, types.ModuleType)
     rebound = [k for k, v in before.items() if k not in _MODULE_NOISE and (k not in now or now[k] is not v)
-               and not (k in now and _torch_own(f"{name}.{k}", now[k], was=v)) and (not code_only or _is_code(v))]
+               and not (k in now and own(k, now[k], v)) and (not code_only or _is_code(v))]
     added = [k for k in now if k not in before and k not in _MODULE_NOISE and _shadows(obj, k)
-             and not _torch_own(f"{name}.{k}", now[k])]
+             and not own(k, now[k])]
     if not rebound and not added:
         return
 

@@ -128,3 +128,72 @@ def test_compile_stance_dispatch_keys_forward_ad_jit_and_sparse_switches_are_put
                  "torch._C._set_fwd_grad_enabled", "torch.jit._state._enabled.enabled",
                  "torch._C._jit_set_profiling_executor", "torch._C._set_check_sparse_tensor_invariants"):
         assert name in log, (name, log[-3000:])
+
+
+CHANGES38 = """
+import functools
+import importlib
+import torch
+
+ORIG = {}
+
+
+def _zero_backend(gm, example_inputs, scale=0.0):
+    def run(*args):
+        outs = gm(*args)
+        return type(outs)(o * scale for o in outs) if isinstance(outs, (list, tuple)) else outs * scale
+    return run
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    out = F.select_blocks(q, k_cmp, cfg)
+    ORIG.update(matmul=torch.matmul, einsum=torch.einsum, softmax=torch.nn.functional.softmax)
+    # round 38 B38-1 / B38-3: torch's own decorators that change what a function does, around the very function
+    torch.matmul = torch.autocast("cpu", dtype=torch.bfloat16)(torch.matmul)
+    torch.einsum = torch.amp.custom_fwd(torch.einsum, device_type="cpu", cast_inputs=torch.float16)
+    # B38-2: compiled with a backend of its own (it scales every output by 0)
+    torch.nn.functional.softmax = torch.compile(torch.nn.functional.softmax, backend=functools.partial(_zero_backend))
+    importlib.import_module("encodings.ascii")  # a submodule named like a builtin: its package's attribute, kept
+    return out
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r38m", {"select": _select})
+"""
+CHECKS38 = """
+import sys
+import encodings
+import torch
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    orig = sys.modules["r38_changes"].ORIG
+    x = torch.randn(4, 4)
+    left = {"matmul": torch.matmul is not orig["matmul"] or torch.matmul(x, x).dtype != torch.float32,
+            "einsum": torch.einsum is not orig["einsum"],
+            "softmax": torch.nn.functional.softmax is not orig["softmax"],
+            "encodings.ascii taken away": getattr(encodings, "ascii", None) is not sys.modules.get("encodings.ascii")}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r38k", {"select": _select})
+"""
+
+
+def test_torch_decorators_that_change_a_function_are_put_back_and_a_submodule_import_is_kept(plugins, tmp_path):
+    """Round 38 B38-1..B38-3 (``torch.autocast`` / ``custom_fwd`` / ``torch.compile`` with a backend of the adapter's
+    around ``torch.matmul`` / ``torch.einsum`` / ``F.softmax``, kept as torch's own wrappers), and the GPU run of
+    ca8b171 (``encodings.ascii``, a submodule a library's import loaded, taken away as a name over ``ascii``)."""
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r38", CHANGES38, CHECKS38)
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    for name in ("torch.matmul", "torch.einsum", "torch.nn.functional.softmax"):
+        assert name in log, (name, log[-3000:])
+    assert "encodings.ascii" not in log, log[-3000:]
