@@ -161,6 +161,15 @@ def changes_then_checks(plugins, tmp_path: Path, tag: str, changes: str, checks:
     return selection_map(plugins, tmp_path, f"{tag}m,{tag}k,nsa_core")
 
 
+def put_back_and_named(result, names) -> None:
+    """``changes_then_checks``' result: the stage PASSed (the checker found nothing left) and the log's put-back note
+    names each of ``names``."""
+    r, rec, log = result
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    for name in names:
+        assert name in log, (name, log[-3000:])
+
+
 def selection_map(plugins, tmp_path: Path, impls: str):
     """``nsa-run stage selection-map --impl IMPLS`` on the CPU into ``tmp_path / "o"``, ``plugins`` on the path: (the
     finished process, the stage's manifest record, its log's text)."""

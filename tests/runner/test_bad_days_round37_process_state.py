@@ -9,9 +9,9 @@ and named; the next verdicts stand."""
 from __future__ import annotations
 
 try:
-    from _bad_days import changes_then_checks
+    from _bad_days import changes_then_checks, put_back_and_named
 except ImportError:  # pragma: no cover - run from the repository root
-    from tests.runner._bad_days import changes_then_checks
+    from tests.runner._bad_days import changes_then_checks, put_back_and_named
 
 CHANGES_SHADOWS = """
 import builtins
@@ -60,11 +60,9 @@ IMPL = Impl("r37k", {"select": _select})
 
 
 def test_a_module_global_added_over_a_builtin_is_taken_away_and_nsa_core_keeps_its_pass(plugins, tmp_path):
-    r, rec, log = changes_then_checks(plugins, tmp_path, "r37", CHANGES_SHADOWS, CHECKS_SHADOWS)
-    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
-    for name in ("nsa_core.selection.reference.min (added)", "torch.functional.len (added)",
-                 "torch.nn.functional.len (added)", "json.encoder.isinstance (added)"):
-        assert name in log, (name, log[-3000:])
+    put_back_and_named(changes_then_checks(plugins, tmp_path, "r37", CHANGES_SHADOWS, CHECKS_SHADOWS),
+                       ("nsa_core.selection.reference.min (added)", "torch.functional.len (added)",
+                        "torch.nn.functional.len (added)", "json.encoder.isinstance (added)"))
 
 
 CHANGES_SWITCHES = """
@@ -122,12 +120,10 @@ IMPL = Impl("r37k", {"select": _select})
 
 
 def test_compile_stance_dispatch_keys_forward_ad_jit_and_sparse_switches_are_put_back(plugins, tmp_path):
-    r, rec, log = changes_then_checks(plugins, tmp_path, "r37", CHANGES_SWITCHES, CHECKS_SWITCHES)
-    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
-    for name in ("torch.compiler.set_stance", "torch's excluded dispatch keys (AutogradCPU)",
-                 "torch._C._set_fwd_grad_enabled", "torch.jit._state._enabled.enabled",
-                 "torch._C._jit_set_profiling_executor", "torch._C._set_check_sparse_tensor_invariants"):
-        assert name in log, (name, log[-3000:])
+    put_back_and_named(changes_then_checks(plugins, tmp_path, "r37", CHANGES_SWITCHES, CHECKS_SWITCHES),
+                       ("torch.compiler.set_stance", "torch's excluded dispatch keys (AutogradCPU)",
+                        "torch._C._set_fwd_grad_enabled", "torch.jit._state._enabled.enabled",
+                        "torch._C._jit_set_profiling_executor", "torch._C._set_check_sparse_tensor_invariants"))
 
 
 CHANGES38 = """
@@ -192,8 +188,6 @@ def test_torch_decorators_that_change_a_function_are_put_back_and_a_submodule_im
     """Round 38 B38-1..B38-3 (``torch.autocast`` / ``custom_fwd`` / ``torch.compile`` with a backend of the adapter's
     around ``torch.matmul`` / ``torch.einsum`` / ``F.softmax``, kept as torch's own wrappers), and the GPU run of
     ca8b171 (``encodings.ascii``, a submodule a library's import loaded, taken away as a name over ``ascii``)."""
-    r, rec, log = changes_then_checks(plugins, tmp_path, "r38", CHANGES38, CHECKS38)
-    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
-    for name in ("torch.matmul", "torch.einsum", "torch.nn.functional.softmax"):
-        assert name in log, (name, log[-3000:])
-    assert "encodings.ascii" not in log, log[-3000:]
+    result = changes_then_checks(plugins, tmp_path, "r38", CHANGES38, CHECKS38)
+    put_back_and_named(result, ("torch.matmul", "torch.einsum", "torch.nn.functional.softmax"))
+    assert "encodings.ascii" not in result[2], result[2][-3000:]
