@@ -1409,7 +1409,10 @@ def _torch_own(name: str, value, depth: int = 0, was=_UNREAD) -> bool:
         # (named as fla's change on the GPU). Never another torch decorator: autocast, ``custom_fwd``,
         # ``torch.compile`` change what the function does (round 38 B38-1..B38-3)
         disable = was is not _UNREAD and attrs.get("_torchdynamo_disable") is True
-        return all((disable and f is was) or _torch_own(name, f, depth + 1) for f in inner if f is not None)
+        inner = [f for f in inner if f is not None]
+        if depth == 0 and not inner:  # a bare function put in another's place is never torch's lazy rebinding, which
+            return False  # wraps (round 39 B39-1: F.softmax = F.log_softmax after a torch submodule's import)
+        return all((disable and f is was) or _torch_own(name, f, depth + 1) for f in inner)
     except Exception:  # noqa: BLE001 - a hostile value: the adapter's
         return False
 
@@ -1458,8 +1461,11 @@ def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = Fals
     function rebound is the adapter's, whatever code it lies in (round 38: ``torch.softmax = F.log_softmax`` is
     torch's code too)."""
 
-    def own(k, value, was=_UNREAD):
-        return (imported or isinstance(value, types.ModuleType)) and _torch_own(f"{name}.{k}", value, was=was)
+    def own(k, value, was=_UNREAD):  # nsa_core rebinds none of its functions: only a submodule bound on its package
+        # is its doing (round 39 B39-2: its own lazy import in select_blocks kept an adapter's rebinding)
+        if isinstance(value, types.ModuleType):
+            return _torch_own(f"{name}.{k}", value, was=was)
+        return imported and name.partition(".")[0] != "nsa_core" and _torch_own(f"{name}.{k}", value, was=was)
 
     try:
         if _same_attributes(vars(obj), before):

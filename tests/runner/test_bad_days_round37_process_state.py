@@ -191,3 +191,58 @@ def test_torch_decorators_that_change_a_function_are_put_back_and_a_submodule_im
     result = changes_then_checks(plugins, tmp_path, "r38", CHANGES38, CHECKS38)
     put_back_and_named(result, ("torch.matmul", "torch.einsum", "torch.nn.functional.softmax"))
     assert "encodings.ascii" not in result[2], result[2][-3000:]
+
+
+CHANGES39 = """
+import importlib
+import torch
+import torch.nn.functional as F_
+
+ORIG = {}
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    out = F.select_blocks(q, k_cmp, cfg)
+    ORIG.update(softmax=F_.softmax, relu=F_.relu, compress=F.compress)
+    importlib.import_module("torch.utils.benchmark")  # a torch submodule loaded in the same call
+    importlib.import_module("nsa_core.testing")
+    # round 39 B39-1 / B39-2: a bare function of the same package put in another's place
+    F_.softmax = F_.log_softmax
+    F_.relu = F_.gelu
+    from nsa_core.compression import reference
+    F.compress = reference.compress_avg
+    return out
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r39m", {"select": _select})
+"""
+CHECKS39 = """
+import sys
+import torch.nn.functional as F_
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    orig = sys.modules["r39_changes"].ORIG
+    left = {"softmax": F_.softmax is not orig["softmax"], "relu": F_.relu is not orig["relu"],
+            "compress": F.compress is not orig["compress"]}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r39k", {"select": _select})
+"""
+
+
+def test_a_bare_function_put_in_anothers_place_after_an_import_is_put_back(plugins, tmp_path):
+    """Round 39 B39-1 / B39-2: after a submodule of torch's (or nsa_core's) loaded in the same call, a bare function
+    of that package put in another's place was kept as the package's own doing."""
+    put_back_and_named(changes_then_checks(plugins, tmp_path, "r39", CHANGES39, CHECKS39),
+                       ("torch.nn.functional.softmax", "torch.nn.functional.relu", "nsa_core.functional.compress"))
