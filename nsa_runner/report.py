@@ -502,6 +502,7 @@ def _facts_html(run: Run) -> str:
              ("profile", m.get("profile")), ("host", f"{host.get('hostname', '?')} ({host.get('platform', '?')})"),
              ("started", m.get("started")), ("finished", m.get("finished")),
              ("command", command_shown(m.get("argv")))]
+    facts += [("then", c) for c in results_summary.later_commands(m)]
     facts += list(run.versions().items())
     routing = run.json("routing.json")
     if routing is not None:

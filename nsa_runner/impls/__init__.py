@@ -1794,8 +1794,11 @@ class Impl:
             return (f"{self.name}: {clip(self.unavailable, TEXT_CHARS)}"
                     + (f" (fix: {clip(self.hint, TEXT_CHARS)})" if self.hint else ""))
         try:  # the adapter's own code (its check) or fields: a failure is its error, never the stage's
-            with adapter_code():
-                why = self.constraints.why_not(case, part)
+            with adapter_code():  # its own copy of the case and its cfg: a write stays its own (round 39 B39-3)
+                mine = copy.copy(case)
+                if getattr(case, "cfg", None) is not None:
+                    object.__setattr__(mine, "cfg", copy.copy(case.cfg))
+                why = self.constraints.why_not(mine, part)
                 if why is None or not why:  # no reason (a falsy False / 0 / "" too, as before)
                     return None
                 if issubclass(type(why), str):  # its own class: a hostile __str__ / __format__ never runs
@@ -1900,7 +1903,60 @@ def _plain_constraints(c: Any) -> Constraints:
     return Constraints(**fields, **values, check=check)
 
 
-def _plain_parts(parts: Any) -> dict[str, Callable]:
+class WroteIntoInput(Exception):
+    """A part changed a non-tensor input it was handed (``_own_inputs``): that implementation's FAIL."""
+
+
+def _config_fields(cfg) -> dict:
+    return dict(object.__getattribute__(cfg, "__dict__"))
+
+
+def _config_changes(was: dict, cfg, original) -> list[str]:
+    """``["n_sel: 6 -> 4", ...]``: what a part did to its copy ``cfg`` of ``original`` (fields ``was``)."""
+    if type(cfg) is not type(original):
+        return [f"its class: {type_name(original)} -> {type_name(cfg)}"]
+    now = _config_fields(cfg)
+    out = []
+    for k in dict.fromkeys([*was, *now]):
+        a, b = was.get(k, _UNREAD), now.get(k, _UNREAD)
+        if type(a) is not type(b) or a != b:
+            out.append(f"{clip(str(k), 40)}: {'(none)' if a is _UNREAD else clip(repr(a), 40)} -> "
+                       f"{'(none)' if b is _UNREAD else text_of(b, 40)}")
+    return out
+
+
+def _own_inputs(impl: str, part: str, fn: Callable) -> Callable:
+    """``fn`` (an adapter's part) called with its own copy of each config it is handed (the case's ``NSAConfig``,
+    any dataclass instance): the reference and the other implementations read the stage's. A copy it changed
+    raises :class:`WroteIntoInput` naming the input and the fields, its FAIL (round 39 B39-3: a write into the
+    stage's one cfg made the next adapter FAIL and nsa_core checked with ``n_sel=4`` while the stage said 6; the
+    writer was not named). Tensors are copied by the stages (round 16 B5)."""
+    import dataclasses
+
+    def call(*args, **kwargs):
+        handed = []
+        args = list(args)
+        for where, key, value in [*((args, i, a) for i, a in enumerate(args)),
+                                  *((kwargs, k, a) for k, a in kwargs.items())]:
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                mine = copy.copy(value)
+                where[key] = mine
+                name = "cfg" if type(value).__name__ == "NSAConfig" else f"argument {key}"
+                handed.append((name, value, mine, _config_fields(value)))
+        out = fn(*args, **kwargs)
+        for name, value, mine, was in handed:
+            changes = _config_changes(was, mine, value)
+            if changes:
+                raise WroteIntoInput(f"{impl}'s {part} wrote into its input {name} ({'; '.join(changes[:4])}): a "
+                                     "part must leave its inputs as it got them (it was handed a copy; the reference "
+                                     "and the other implementations read their own)")
+        return out
+
+    call.__name__ = call.__qualname__ = f"{part}"
+    return call
+
+
+def _plain_parts(parts: Any, impl: str = "") -> dict[str, Callable]:
     if not issubclass(type(parts), dict) or not dict.__len__(parts):
         raise _Refused("parts must be a non-empty dict {part: callable}")
     if dict.__len__(parts) > len(PARTS):
@@ -1914,7 +1970,7 @@ def _plain_parts(parts: Any) -> dict[str, Callable]:
         elif not callable(f):
             bad.append(key)
         else:
-            out[key] = f
+            out[key] = _own_inputs(impl, key, f)
     problems = []
     if unknown:
         problems.append(f"unknown part(s) {unknown} (known: {', '.join(PARTS)})")
@@ -1960,7 +2016,7 @@ def plain_impl(obj: Any, name: str) -> tuple[Impl | None, str]:
             own = clip(str.__str__(own), 200)
             if own != name:
                 return None, f"is named {own!r} but registered as {name!r}"
-            plain = Impl(name=own, parts=_plain_parts(obj.parts), constraints=_plain_constraints(obj.constraints),
+            plain = Impl(name=own, parts=_plain_parts(obj.parts, own), constraints=_plain_constraints(obj.constraints),
                          description=_plain_text(obj.description, "description"),
                          differences=_plain_differences(obj.differences),
                          unavailable=_plain_text(obj.unavailable, "unavailable"),

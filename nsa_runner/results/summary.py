@@ -76,6 +76,19 @@ def _md_code_block(text: str) -> list[str]:
     return [fence, body, fence]
 
 
+LATER_SHOWN = 20  # later commands into one run folder named in summary.md / report.html, at most
+
+
+def later_commands(m: dict) -> list[str]:
+    """Each later command into the run folder (manifest.json's ``updates``), as its command line, started time
+    after it; past ``LATER_SHOWN``, one line saying how many more manifest.json records."""
+    ups = [u for u in (m.get("updates") or []) if isinstance(u, dict)] if isinstance(m.get("updates"), list) else []
+    out = [f"{command_shown(u.get('argv'))} (started {u.get('started') or '?'})" for u in ups[:LATER_SHOWN]]
+    if len(ups) > LATER_SHOWN:
+        out.append(f"... and {len(ups) - LATER_SHOWN} more (manifest.json's updates)")
+    return out
+
+
 def markdown(m: dict, stages: list[dict] | None = None) -> str:
     """summary.md over ``stages`` (default: every stage in the manifest ``m``)."""
     stages = m["stages"] if stages is None else stages
@@ -89,6 +102,7 @@ def markdown(m: dict, stages: list[dict] | None = None) -> str:
         f"- device {md_cell(m.get('device', '?'))}, profile {md_cell(m.get('profile', '?'))}",
         f"- command: {md_cell(command_shown(m.get('argv')))}",
     ]
+    lines += [f"  - then: {md_cell(c)}" for c in later_commands(m)]  # round 39 U39-1: only the first was named
     if m.get("interrupted"):
         lines.append(f"- **interrupted** {md_cell(interrupted_line(m))}")
     died = unfinished(m)

@@ -246,3 +246,55 @@ def test_a_bare_function_put_in_anothers_place_after_an_import_is_put_back(plugi
     of that package put in another's place was kept as the package's own doing."""
     put_back_and_named(changes_then_checks(plugins, tmp_path, "r39", CHANGES39, CHECKS39),
                        ("torch.nn.functional.softmax", "torch.nn.functional.relu", "nsa_core.functional.compress"))
+
+
+CHANGES39C = """
+WAS = []
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    out = F.select_blocks(q, k_cmp, cfg)
+    WAS.append(cfg.n_sel)
+    object.__setattr__(cfg, "n_sel", 4)  # round 39 B39-3: a write into the NSAConfig it was handed
+    return out
+
+
+def _check(case, part):
+    object.__setattr__(case.cfg, "w", 7)  # and into the case's cfg its constraints were shown
+    return None
+
+
+from nsa_runner.impls import Constraints, Impl
+
+IMPL = Impl("r39cm", {"select": _select}, Constraints(check=_check))
+"""
+CHECKS39C = """
+import sys
+
+
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    was = sys.modules["r39c_changes"].WAS[-1]
+    assert cfg.n_sel == was and cfg.w != 7, f"handed n_sel={cfg.n_sel} w={cfg.w}, the stage's n_sel={was}"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r39ck", {"select": _select})
+"""
+
+
+def test_a_write_into_the_cfg_a_part_was_handed_is_its_fail_naming_cfg_and_the_others_keep_theirs(plugins, tmp_path):
+    """Round 39 B39-3: every part was handed the stage's one NSAConfig; one that wrote into it
+    (``object.__setattr__(cfg, "n_sel", 4)``) made the next adapter FAIL, was not named as the writer, and nsa_core
+    was checked with n_sel=4 while the stage said 6. Each call now gets its own copy, compared afterwards."""
+    r, rec, log = changes_then_checks(plugins, tmp_path, "r39c", CHANGES39C, CHECKS39C)
+    assert rec["status"] == "FAIL", (rec, r.stderr[-2000:], log[-3000:])
+    text = rec["reason"] + log
+    assert "r39cm's select wrote into its input cfg (n_sel: 6 -> 4)" in text, (rec, log[-3000:])
+    assert "r39ck" not in rec["reason"] and "handed n_sel" not in log, (rec, log[-3000:])
+    assert "AssertionError" not in log, log[-3000:]

@@ -188,6 +188,11 @@ def test_stage_rerun_sets_the_old_result_aside(fake, cli, tmp_path):
     assert (run / hist["moved_to"] / "logs" / "echo.log").exists()
     assert json.loads((run / "echo.json").read_text())["options"]["mode"] == "b"
     assert len(m["updates"]) == 1
+    # round 39 U39-1: summary.md and report.html named only the first command into the folder
+    # (in-process, each command's argv is pytest's own: the later one is told by its line)
+    summary, report = (run / "summary.md").read_text(), (run / "report.html").read_text()
+    assert summary.count("\n  - then: ") == 1 and "started" in summary.split("  - then: ")[1].splitlines()[0], summary
+    assert report.count("<th>then</th>") == 1, report[:3000]
 
 
 def test_corrupted_earlier_manifest_exits_2_and_deletes_nothing(fake, cli, tmp_path):
