@@ -975,8 +975,32 @@ def _same_setting(name: str, before, now) -> bool:
     return _same_value(before, now)
 
 
+def _load_nsa_core() -> None:
+    """Every module of nsa_core loaded, once per process and only where nsa_core is (its tables and classes are then
+    all copied before an adapter's call: round 40 B40-2, a table of a module the adapter's own call loaded first,
+    ``nsa_core.testing.TOLERANCES``, was not). About 0.3 s on a CPU box, torch already loaded. Never raises."""
+    if _NSA_CORE_LOADED or "nsa_core" not in sys.modules:
+        return
+    _NSA_CORE_LOADED.append(True)
+    try:
+        import importlib
+        import pkgutil
+
+        for m in list(pkgutil.walk_packages(sys.modules["nsa_core"].__path__, "nsa_core.")):
+            try:
+                importlib.import_module(m.name)
+            except Exception:  # noqa: BLE001 - one that cannot load here (an optional dependency) is left out
+                pass
+    except Exception:  # noqa: BLE001
+        pass
+
+
+_NSA_CORE_LOADED: list[bool] = []
+
+
 def _saved_state() -> dict:
     """The process's state an adapter's code may change and ``_restore_state`` can put back; never raises."""
+    _load_nsa_core()
     state: dict[str, Any] = {}
     try:
         state["fp"] = _fp_env()
@@ -1016,6 +1040,7 @@ def _saved_state() -> dict:
     try:
         state["attributes"] = _torch_namespaces()
         state["torch code"] = _torch_code(state["attributes"])
+        state["nsa_core tables"] = _nsa_core_tables(state["attributes"])
     except Exception:  # noqa: BLE001
         pass
     try:
@@ -1286,6 +1311,7 @@ def _restore_state(state: dict) -> list[str]:
         _restore_namespace(name, obj, before, put, imported=imported is None or name.partition(".")[0] in imported)
     for name, (obj, before) in state.get("torch code", {}).items():
         _restore_namespace(name, obj, before, put, code_only=True, imported=imported is None or "torch" in imported)
+    _restore_tables(state.get("nsa_core tables") or [], put)
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")
@@ -1314,7 +1340,9 @@ _NAMESPACES = ("torch", "torch.nn.functional", "torch.Tensor", "torch.linalg", "
                "torch.nn.init",
                # round 34 B34-3: torch.autograd.grad, torch.nn.Module.__call__ and numpy.where rebound
                "torch.autograd", "torch.nn.Module", "numpy")
-_MODULE_NOISE = frozenset({"__warningregistry__"})  # written by the warnings machinery, not by an adapter
+# written by the warnings machinery and by copyreg (``copy.copy`` / pickle of an instance caches its class's
+# ``__slotnames__``), not by an adapter
+_MODULE_NOISE = frozenset({"__warningregistry__", "__slotnames__"})
 
 
 def _torch_namespaces() -> dict:
@@ -1322,10 +1350,14 @@ def _torch_namespaces() -> dict:
     out = {}
     # round 32 B32-2: nsa_core's own modules too (an adapter "registering its fast path" over
     # nsa_core.functional.select_blocks made the reference FAIL and every adapter compared with it)
-    for name in [n for n in list(sys.modules) if n == "nsa_core" or n.startswith("nsa_core.")]:
-        obj = sys.modules.get(name)
-        if isinstance(obj, types.ModuleType):
-            out[name] = (obj, dict(vars(obj)))
+    own = [(n, m) for n, m in list(sys.modules.items())
+           if (n == "nsa_core" or n.startswith("nsa_core.")) and isinstance(m, types.ModuleType)]
+    for name, obj in own:
+        out[name] = (obj, dict(vars(obj)))
+    # round 40 B40-1: its classes too (``NSAConfig.num_sel_blocks`` rebound reached the next adapter; a ``__copy__``
+    # added to NSAConfig handed every later part the stage's own cfg again)
+    for c in _stdlib_put.classes_of(tuple(m for _, m in own)):
+        out[f"{c.__module__}.{c.__qualname__}"] = (c, dict(vars(c)))
     for name in _NAMESPACES:
         obj = sys.modules.get(name)
         if obj is None and "." in name:  # a class: looked up in its module, never imported here
@@ -1336,6 +1368,57 @@ def _torch_namespaces() -> dict:
         if isinstance(obj, (types.ModuleType, type)):
             out[name] = (obj, dict(vars(obj)))
     return out
+
+
+# round 40 B40-2: nsa_core's tables changed in place (``nsa_core.testing.TOLERANCES[torch.float32] = 0.5``): a wrong
+# adapter after it PASSed decode-bench, nsa_core's own parity judged at 0.5, nothing named. The namespaces above are
+# compared by identity only; the dicts and lists nsa_core's modules and classes hold are copied too (one level) and
+# compared entry by entry, by identity (no adapter's ``__eq__`` runs). nsa_core's own caches and records, which its
+# calls fill (an adapter may call nsa_core), are left out.
+_NSA_CORE_CACHES = frozenset({"nsa_core.routing._CACHE", "nsa_core.selection.scoring._FITTED",
+                              "nsa_core.selection.scoring._SHRUNK", "nsa_core.selection.attention.LAST_COMPILED",
+                              "nsa_core.flash.adapters._imported"})
+
+
+def _nsa_core_tables(namespaces: dict) -> list[tuple[str, Any, Any]]:
+    """[(name, the dict or list an nsa_core module or class holds, a copy of it)] but its caches."""
+    out = []
+    for name, (_obj, before) in namespaces.items():
+        if name.partition(".")[0] != "nsa_core":
+            continue
+        for k, v in before.items():
+            where = f"{name}.{k}"
+            if isinstance(v, dict) and where not in _NSA_CORE_CACHES:
+                out.append((where, v, dict(dict.items(v))))
+            elif isinstance(v, list) and where not in _NSA_CORE_CACHES:
+                out.append((where, v, list.copy(v)))
+    return out
+
+
+def _same_table(live, was) -> bool:
+    if isinstance(live, dict):
+        return (dict.__len__(live) == len(was) and all(map(operator.is_, dict.keys(live), was))
+                and all(map(operator.is_, dict.values(live), was.values())))
+    return list.__len__(live) == len(was) and all(map(operator.is_, list.__iter__(live), was))
+
+
+def _put_table(live, was) -> None:
+    if isinstance(live, dict):
+        dict.clear(live)
+        dict.update(live, was)
+    else:
+        list.__setitem__(live, slice(None), was)
+
+
+def _restore_tables(saved: list, put) -> None:
+    """Each of nsa_core's tables (``_nsa_core_tables``) an adapter's call changed in place, put back in place."""
+    for name, live, was in saved:
+        try:
+            same = _same_table(live, was)
+        except Exception:  # noqa: BLE001 - not comparable: put back
+            same = False
+        if not same:
+            put(f"{clip(name, 120)} (changed in place)", _put_table, live, was)
 
 
 # round 36 B36-1: torch's code outside those namespaces, rebound by an adapter, changed the next one's results: the
@@ -1476,8 +1559,9 @@ def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = Fals
     is_module = isinstance(obj, types.ModuleType)
     rebound = [k for k, v in before.items() if k not in _MODULE_NOISE and (k not in now or now[k] is not v)
                and not (k in now and own(k, now[k], v)) and (not code_only or _is_code(v))]
-    added = [k for k in now if k not in before and k not in _MODULE_NOISE and _shadows(obj, k)
-             and not own(k, now[k])]
+    nsa_core_class = not is_module and name.partition(".")[0] == "nsa_core"  # it adds no attribute to its classes:
+    added = [k for k in now if k not in before and k not in _MODULE_NOISE  # every one added is the adapter's
+             and (nsa_core_class or _shadows(obj, k)) and not own(k, now[k])]
     if not rebound and not added:
         return
 
@@ -1795,9 +1879,9 @@ class Impl:
                     + (f" (fix: {clip(self.hint, TEXT_CHARS)})" if self.hint else ""))
         try:  # the adapter's own code (its check) or fields: a failure is its error, never the stage's
             with adapter_code():  # its own copy of the case and its cfg: a write stays its own (round 39 B39-3)
-                mine = copy.copy(case)
+                mine = _plain_copy(case)
                 if getattr(case, "cfg", None) is not None:
-                    object.__setattr__(mine, "cfg", copy.copy(case.cfg))
+                    object.__setattr__(mine, "cfg", _plain_copy(case.cfg))
                 why = self.constraints.why_not(mine, part)
                 if why is None or not why:  # no reason (a falsy False / 0 / "" too, as before)
                     return None
@@ -1925,6 +2009,15 @@ def _config_changes(was: dict, cfg, original) -> list[str]:
     return out
 
 
+def _plain_copy(value):
+    """A copy of the dataclass instance ``value``: a new instance of its class with its attribute dict copied, run
+    through none of its class's code (round 40 B40-1b: a ``__copy__`` added to NSAConfig, honoured by ``copy.copy``,
+    handed every later part the stage's own cfg again)."""
+    mine = object.__new__(type(value))
+    object.__getattribute__(mine, "__dict__").update(object.__getattribute__(value, "__dict__"))
+    return mine
+
+
 def _own_inputs(impl: str, part: str, fn: Callable) -> Callable:
     """``fn`` (an adapter's part) called with its own copy of each config it is handed (the case's ``NSAConfig``,
     any dataclass instance): the reference and the other implementations read the stage's. A copy it changed
@@ -1939,7 +2032,7 @@ def _own_inputs(impl: str, part: str, fn: Callable) -> Callable:
         for where, key, value in [*((args, i, a) for i, a in enumerate(args)),
                                   *((kwargs, k, a) for k, a in kwargs.items())]:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                mine = copy.copy(value)
+                mine = _plain_copy(value)
                 where[key] = mine
                 name = "cfg" if type(value).__name__ == "NSAConfig" else f"argument {key}"
                 handed.append((name, value, mine, _config_fields(value)))

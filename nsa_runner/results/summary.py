@@ -10,7 +10,7 @@ import os
 import re
 import urllib.parse
 
-from nsa_runner._text import command_shown
+from nsa_runner._text import clip, command_shown
 from nsa_runner.artifacts import now_iso, planned_state, runner_died, set_aside_copy, unfinished
 from nsa_runner.results import FAILED, counts, counts_line
 from nsa_runner.results.junit import clean
@@ -76,17 +76,17 @@ def _md_code_block(text: str) -> list[str]:
     return [fence, body, fence]
 
 
-LATER_SHOWN = 20  # later commands into one run folder named in summary.md / report.html, at most
+LATER_SHOWN = 20  # later commands into one run folder named in summary.md / report.html, at most (the newest)
 
 
 def later_commands(m: dict) -> list[str]:
-    """Each later command into the run folder (manifest.json's ``updates``), as its command line, started time
-    after it; past ``LATER_SHOWN``, one line saying how many more manifest.json records."""
+    """Each later command into the run folder (manifest.json's ``updates``), as its command line (clipped), its
+    started time after it; past ``LATER_SHOWN``, the newest (they made the records shown), after one line saying
+    how many earlier ones manifest.json records (round 40 U40-2: the first 20 were shown, the newest hidden)."""
     ups = [u for u in (m.get("updates") or []) if isinstance(u, dict)] if isinstance(m.get("updates"), list) else []
-    out = [f"{command_shown(u.get('argv'))} (started {u.get('started') or '?'})" for u in ups[:LATER_SHOWN]]
-    if len(ups) > LATER_SHOWN:
-        out.append(f"... and {len(ups) - LATER_SHOWN} more (manifest.json's updates)")
-    return out
+    out = [f"... {len(ups) - LATER_SHOWN} earlier (manifest.json's updates)"] if len(ups) > LATER_SHOWN else []
+    return out + [f"{clip(command_shown(u.get('argv')), 1000)} (started {clip(str(u.get('started') or '?'), 40)})"
+                  for u in ups[-LATER_SHOWN:]]
 
 
 def markdown(m: dict, stages: list[dict] | None = None) -> str:
