@@ -26,12 +26,14 @@ changed (identity checks in C: it runs after every adapter call). Standard libra
 from __future__ import annotations
 
 import builtins
+import cmath
 import enum
 import io
 import json
 import json.decoder
 import json.encoder
 import json.scanner
+import math
 import operator
 import os
 import pathlib
@@ -141,6 +143,9 @@ def over_builtin(module, key) -> bool:
         return True
 
 
+_CONSTANTS = (math, cmath)
+
+
 def _same(now, before: dict) -> bool:
     """The same names in the same order, each bound to the very same object (no plugin's ``__eq__`` runs)."""
     return (len(now) == len(before) and all(map(operator.is_, now, before))
@@ -158,7 +163,9 @@ def changed(saved: list[tuple[object, dict]]) -> list[tuple[object, str]]:
                 continue
             # every name of builtins and of CLASSES; a function of any other module or class (a class's data may
             # change by design: weakref.finalize._dirty)
-            whole = owner is builtins or owner in CLASSES
+            # and every name of math / cmath: constants, no settings (round 41 B41-4: ``math.inf = 0.0`` made
+            # nsa_core's compare call a wrong output ok against an all-zero reference)
+            whole = owner is builtins or owner in CLASSES or owner in _CONSTANTS
             out += [(owner, k) for k, v in before.items()
                     if (whole or callable(v)) and now.get(k, changed) is not v]
             if whole and isinstance(owner, type):
