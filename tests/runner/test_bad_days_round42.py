@@ -1,0 +1,51 @@
+"""Bad days, red-team round 42 B42-1 / B42-2, through the CLI.
+
+B42-1: round 40's eager load of every nsa_core module (before the first adapter call) imported triton in a stage
+process that never needed it: a triton install whose import exits or segfaults killed selection-map for an adapter that
+uses nsa_core's float64 reference only ("process exited with code 0 without a result", nothing named). Expected: the
+eager load imports nothing that is not loaded already; the adapter's verdict stands.
+
+B42-2: a plain sanity run printed "an implementation's code left torch's random generator state changed": the stage's
+own module check seeded torch's global generator inside the guard; U42-1: and "warnings.filters changed", sympy's own
+filter for its own warning class, added by torch's lazy import of it during nsa_core's backward. Expected: no put-back
+note in a run of nsa_core alone."""
+
+from __future__ import annotations
+
+import subprocess
+
+try:
+    from _bad_days import cli_cmd, manifest, selection_map
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import cli_cmd, manifest, selection_map
+
+REFERENCE_ONLY = """
+def _select(q, k_cmp, cfg):
+    from nsa_core import functional as F
+
+    return F.select_blocks(q, k_cmp, cfg, backend="reference")
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r42p", {"select": _select})
+"""
+
+
+def test_the_eager_load_of_nsa_core_imports_no_triton_a_stage_never_needed(plugins, tmp_path):
+    plugins.make("r42-pass", "r42_pass", REFERENCE_ONLY, {"r42p": "r42_pass:IMPL"}, version="1.0",
+                 group="nsa_runner.impls")
+    (plugins.site / "triton").mkdir()
+    (plugins.site / "triton" / "__init__.py").write_text("import ctypes\nctypes.string_at(0)\n")  # a segfault
+    r, rec, log = selection_map(plugins, tmp_path, "r42p")
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+
+
+def test_a_sanity_run_of_nsa_core_alone_names_no_put_back(tmp_path):
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "sanity", "--out", out, "--device", "cpu"), capture_output=True, text=True,
+                       timeout=900)
+    (rec,) = manifest(out)["stages"]
+    log = (out / "testrun" / "logs" / "sanity.log").read_text(errors="replace")
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    assert "note: an implementation's code left" not in log, log[-3000:]  # its RNG; sympy's filter (U42-1)
