@@ -1212,7 +1212,8 @@ def _rebind_faulthandler(state: dict) -> None:
 def _restore_modules(saved: dict, put) -> None:
     """Put back the entries of ``sys.modules`` that ``saved`` had and that now name another object or none."""
     modules = sys.modules
-    moved = [n for n, m in saved.items() if modules.get(n) is not m]
+    moved = [n for n, m in saved.items() if modules.get(n) is not m and not (
+        n == "__triton_launcher" and n in modules)]  # triton binds its newest launcher there, every compile
     if moved:
         put("sys.modules (" + ", ".join(clip(str(n), 60) for n in moved[:5])
             + (f" and {len(moved) - 5} more" if len(moved) > 5 else "") + ")",
@@ -1746,6 +1747,12 @@ def _restore_namespace(name: str, obj, before: dict, put, code_only: bool = Fals
     put(", ".join(names[:5]) + (f" and {len(names) - 5} more of {name}'s attributes" if len(names) > 5 else ""), back)
 
 
+# environment variables torch's inductor sets for itself the first time it compiles (nsa_core's own GPU path and fla's
+# calls, named as "an implementation's" change in every plain GPU oneshot): a new one of these is kept. Set before,
+# and changed, it is still put back.
+_LIBRARY_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
+
+
 def _restore_environ(environ, saved: dict, put) -> None:
     """os.environ as it was: the same object (one assigned over it put back), its variables (set and unset
     through it, so the process's environment, which child processes and C libraries read, follows)."""
@@ -1755,6 +1762,9 @@ def _restore_environ(environ, saved: dict, put) -> None:
         now = dict(os.environ)
     except Exception:  # noqa: BLE001
         return
+    for k in _LIBRARY_ENV:  # set once by torch's own lazy code (inductor's cache settings): kept, not named
+        if k in now and k not in saved:
+            saved = {**saved, k: now[k]}
     if now == saved:
         return
 

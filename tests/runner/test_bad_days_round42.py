@@ -49,3 +49,26 @@ def test_a_sanity_run_of_nsa_core_alone_names_no_put_back(tmp_path):
     log = (out / "testrun" / "logs" / "sanity.log").read_text(errors="replace")
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
     assert "note: an implementation's code left" not in log, log[-3000:]  # its RNG; sympy's filter (U42-1)
+
+
+def test_what_torch_and_triton_set_for_themselves_on_the_gpu_is_kept_and_not_named(monkeypatch, capsys):
+    """The plain GPU oneshot's logs (stop 39, H100) named inductor's cache variables and triton's newest launcher
+    module as "an implementation's code left ... changed" where only nsa_core ran; the put-back undid them."""
+    import os
+    import sys
+    import types
+
+    from nsa_runner.impls import adapter_code
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setitem(sys.modules, "__triton_launcher", types.ModuleType("__triton_launcher"))
+    newest = types.ModuleType("__triton_launcher")
+    with adapter_code():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/torchinductor_x"
+        sys.modules["__triton_launcher"] = newest
+    try:
+        assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == "/tmp/torchinductor_x"
+        assert sys.modules["__triton_launcher"] is newest
+        assert "note:" not in capsys.readouterr().err
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
