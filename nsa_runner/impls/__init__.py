@@ -994,65 +994,8 @@ def _library_filters_only(before, now) -> bool:
     return False
 
 
-def _load_nsa_core() -> None:
-    """Every module of nsa_core loaded, once per process and only where nsa_core is (its tables and classes are then
-    all copied before an adapter's call: round 40 B40-2, a table of a module the adapter's own call loaded first,
-    ``nsa_core.testing.TOLERANCES``, was not). About 0.3 s on a CPU box, torch already loaded. Never raises."""
-    if _NSA_CORE_LOADED or "nsa_core" not in sys.modules:
-        return
-    _NSA_CORE_LOADED.append(True)
-    try:
-        import importlib
-        import pkgutil
-
-        def left_out(e: BaseException) -> None:  # round 41 B41-5: a dependency raising SystemExit at its import
-            if stops(e):  # escaped, blamed on the plugin whose import was about to run ("failed to load")
-                raise e
-
-        def walk_error(name: str) -> None:
-            pass
-
-        sys.meta_path.insert(0, _ONLY_LOADED)
-        try:
-            for m in list(pkgutil.walk_packages(sys.modules["nsa_core"].__path__, "nsa_core.", onerror=walk_error)):
-                try:
-                    importlib.import_module(m.name)
-                except BaseException as e:  # noqa: BLE001 - one that cannot load here is left out: nsa_core's own
-                    left_out(e)  # import of it, later, fails (or not) where it happens
-        finally:
-            while _ONLY_LOADED in sys.meta_path:
-                sys.meta_path.remove(_ONLY_LOADED)
-    except BaseException as e:  # noqa: BLE001
-        left_out(e)
-
-
-_NSA_CORE_LOADED: list[bool] = []
-
-
-class _NotLoadedHere(Exception):  # noqa: N818 - not an ImportError: ``try: import triton / except ImportError``
-    """A package the eager load of nsa_core refuses to import (``_OnlyLoaded``)."""  # would cache ``triton = None``
-
-
-class _OnlyLoaded:
-    """A meta-path finder in front of the others while nsa_core's modules load eagerly: a package that is not loaded
-    yet (but nsa_core's own and the standard library's) is refused, and the nsa_core module that needs it is left out
-    (round 42 B42-1: the eager load imported triton in a stage that never needed it, and a triton whose import
-    segfaults or exits ended the stage; nsa_core's own import of it, later, is nsa_core's)."""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        top = name.partition(".")[0]
-        if top == "nsa_core" or top in sys.modules or top in sys.stdlib_module_names:
-            return None
-        raise _NotLoadedHere(f"{top} is not loaded: nsa-run's eager load of nsa_core imports nothing new")
-
-
-_ONLY_LOADED = _OnlyLoaded()
-
-
 def _saved_state() -> dict:
     """The process's state an adapter's code may change and ``_restore_state`` can put back; never raises."""
-    _load_nsa_core()
     state: dict[str, Any] = {}
     try:
         state["fp"] = _fp_env()
@@ -1104,7 +1047,79 @@ def _saved_state() -> dict:
         state["matplotlib"] = _rc_saved()
     except Exception:  # noqa: BLE001
         pass
+    try:  # last: after the import state was read (it is taken out first thing after the adapter's code)
+        recorder = _NsaCoreLoads()
+        sys.meta_path.insert(0, recorder)
+        state["nsa_core loads"] = recorder
+    except Exception:  # noqa: BLE001
+        pass
     return state
+
+
+class _NsaCoreLoads:
+    """A meta-path finder in front of the others while an adapter's code runs: each nsa_core module that loads
+    meanwhile is copied as soon as its code has run, as ``_torch_namespaces`` / ``_nsa_core_tables`` /
+    ``_nsa_core_functions`` copy the loaded ones before the call; after the call it is compared and put back like
+    them (round 40 B40-2: ``nsa_core.testing``, first loaded by the adapter's own call, had ``TOLERANCES`` loosened
+    for the next adapter). This replaces round 40's eager load of every nsa_core module before the first call, which
+    imported triton in stages that never needed it (round 42 B42-1: a triton that segfaults at import ended them)."""
+
+    def __init__(self) -> None:
+        self.namespaces: dict = {}
+        self.tables: list = []
+        self.functions: list = []
+
+    def find_spec(self, name, path=None, target=None):
+        if not isinstance(name, str) or not name.startswith("nsa_core."):
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            if find is not None:
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Recorded(spec.loader, self)
+        return spec
+
+    def record(self, module) -> None:
+        try:
+            name = module.__name__
+            found = {name: (module, dict(vars(module)))}
+            for c in _stdlib_put.classes_of((module,)):
+                found[f"{c.__module__}.{c.__qualname__}"] = (c, dict(vars(c)))
+            self.namespaces.update(found)
+            self.tables += _nsa_core_tables(found)
+            self.functions += _nsa_core_functions(found)
+        except Exception:  # noqa: BLE001 - not copied: not put back
+            pass
+
+
+class _Recorded:
+    """The loader of an nsa_core module found by ``_NsaCoreLoads``: the module's own loader, then the copy; the
+    module keeps its own loader."""
+
+    def __init__(self, inner, into: _NsaCoreLoads) -> None:
+        self._inner, self._into = inner, into
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        for where in (module, getattr(module, "__spec__", None)):
+            try:
+                if where is module:
+                    module.__loader__ = self._inner
+                elif where is not None:
+                    where.loader = self._inner
+            except Exception:  # noqa: BLE001
+                pass
+        self._inner.exec_module(module)
+        self._into.record(module)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 # round 23 B23-4: process-global state of Python and of the libraries the stages themselves use, left changed by an
@@ -1295,6 +1310,9 @@ def _restore_state(state: dict) -> list[str]:
             # named all the same, as not put back (round 31 B31-4: never "put back" for what stayed)
             changed.append(f"{what} (could not be put back: {clip(type(e).__name__, 40)})")
 
+    recorder = state.get("nsa_core loads")
+    while recorder is not None and recorder in sys.meta_path:  # first: the import state is compared next
+        sys.meta_path.remove(recorder)
     if "fp" in state:  # before any float arithmetic of nsa-run's own can trap
         _restore_fp(state["fp"], changed)
     if "stdlib" in state:  # first: what follows calls them (print, open, __import__, json.dumps)
@@ -1367,6 +1385,11 @@ def _restore_state(state: dict) -> list[str]:
         _restore_namespace(name, obj, before, put, code_only=True, imported=imported is None or "torch" in imported)
     _restore_tables(state.get("nsa_core tables") or [], put)
     _restore_functions(state.get("nsa_core functions") or [], put)
+    if recorder is not None:  # nsa_core's modules that loaded meanwhile, as they were when their code had run
+        for name, (obj, before) in list(recorder.namespaces.items()):
+            _restore_namespace(name, obj, before, put)
+        _restore_tables(recorder.tables, put)
+        _restore_functions(recorder.functions, put)
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")

@@ -2,8 +2,9 @@
 
 B42-1: round 40's eager load of every nsa_core module (before the first adapter call) imported triton in a stage
 process that never needed it: a triton install whose import exits or segfaults killed selection-map for an adapter that
-uses nsa_core's float64 reference only ("process exited with code 0 without a result", nothing named). Expected: the
-eager load imports nothing that is not loaded already; the adapter's verdict stands.
+uses nsa_core's float64 reference only ("process exited with code 0 without a result", nothing named). Expected: nsa-run
+imports none of nsa_core's modules ahead of the adapter (one first loaded during an adapter's call is copied as soon as
+its code has run, ``impls._NsaCoreLoads``); the adapter's verdict stands.
 
 B42-2: a plain sanity run printed "an implementation's code left torch's random generator state changed": the stage's
 own module check seeded torch's global generator inside the guard; U42-1: and "warnings.filters changed", sympy's own
@@ -32,7 +33,7 @@ IMPL = Impl("r42p", {"select": _select})
 """
 
 
-def test_the_eager_load_of_nsa_core_imports_no_triton_a_stage_never_needed(plugins, tmp_path):
+def test_nsa_run_imports_no_triton_a_stage_never_needed(plugins, tmp_path):
     plugins.make("r42-pass", "r42_pass", REFERENCE_ONLY, {"r42p": "r42_pass:IMPL"}, version="1.0",
                  group="nsa_runner.impls")
     (plugins.site / "triton").mkdir()
