@@ -1048,7 +1048,7 @@ def _saved_state() -> dict:
     except Exception:  # noqa: BLE001
         pass
     try:  # last: after the import state was read (it is taken out first thing after the adapter's code)
-        recorder = _NsaCoreLoads()
+        recorder = _NsaCoreLoads(state.get("modules") or {})
         sys.meta_path.insert(0, recorder)
         state["nsa_core loads"] = recorder
     except Exception:  # noqa: BLE001
@@ -1064,8 +1064,9 @@ class _NsaCoreLoads:
     for the next adapter). This replaces round 40's eager load of every nsa_core module before the first call, which
     imported triton in stages that never needed it (round 42 B42-1: a triton that segfaults at import ended them)."""
 
-    def __init__(self) -> None:
-        self.namespaces: dict = {}
+    def __init__(self, loaded: dict) -> None:
+        self.loaded = loaded  # sys.modules before the call: a module reloaded meanwhile is put back from its copy
+        self.namespaces: dict = {}  # then (round 43 B43-2: the reload's copy, put back last, kept the reload's objects)
         self.tables: list = []
         self.functions: list = []
 
@@ -1086,6 +1087,8 @@ class _NsaCoreLoads:
     def record(self, module) -> None:
         try:
             name = module.__name__
+            if self.loaded.get(name) is module:
+                return
             found = {name: (module, dict(vars(module)))}
             for c in _stdlib_put.classes_of((module,)):
                 found[f"{c.__module__}.{c.__qualname__}"] = (c, dict(vars(c)))

@@ -73,3 +73,55 @@ def test_what_torch_and_triton_set_for_themselves_on_the_gpu_is_kept_and_not_nam
         assert "note:" not in capsys.readouterr().err
     finally:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+RELOADS = """
+import importlib
+
+ORIG = {}
+
+
+def _select(q, k_cmp, cfg):
+    import nsa_core.config as C
+    import nsa_core.functional as F
+
+    ORIG.setdefault("cls", C.NSAConfig)
+    ORIG.setdefault("sel", F.select_blocks)
+    importlib.reload(C)  # a careless hot-reload of modules loaded before its call
+    importlib.reload(F)
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r43m", {"select": _select})
+"""
+RELOAD_CHECKS = """
+import sys
+
+
+def _select(q, k_cmp, cfg):
+    import nsa_core.config as C
+    import nsa_core.functional as F
+
+    orig = sys.modules["r43_changes"].ORIG
+    left = {"NSAConfig": C.NSAConfig is not orig["cls"], "select_blocks": F.select_blocks is not orig["sel"],
+            "isinstance": not isinstance(cfg, C.NSAConfig)}
+    assert not any(left.values()), f"left: {sorted(k for k, v in left.items() if v)}"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r43k", {"select": _select})
+"""
+
+
+def test_a_reload_of_an_nsa_core_module_loaded_before_the_call_is_put_back(plugins, tmp_path):
+    """Round 43 B43-2 (found after the stop's CI): ``importlib.reload(nsa_core.config)`` in an adapter's call ran
+    through the recorder of modules loaded meanwhile, whose copy (the reload's) was put back last: the reload's
+    NSAConfig and select_blocks stayed while the note said "put back"."""
+    from _bad_days import changes_then_checks, put_back_and_named
+
+    put_back_and_named(changes_then_checks(plugins, tmp_path, "r43", RELOADS, RELOAD_CHECKS),
+                       ("of nsa_core.config's attributes", "of nsa_core.functional's attributes"))
