@@ -8,7 +8,7 @@ import os
 try:  # optional dependency: the host helpers work without triton
     import triton
     import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is missing
+except Exception:  # pragma: no cover - missing, or broken at its import (round 43 B43-3: not only ImportError)
     triton = None
 
 

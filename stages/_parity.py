@@ -93,12 +93,29 @@ def cases_for(profile: str, only: str | None = None) -> tuple[Case, ...]:
     return cases
 
 
-def triton_available() -> bool:
+def triton_problem() -> str | None:
+    """Why triton cannot be used here ("triton is not installed", or its import's exception in one line), else None.
+    Any exception counts (round 43 B43-3: a RuntimeError / OSError of a driver or library mismatch ended triton-fwd
+    in an ERROR that did not name triton)."""
     try:
         import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        import triton.language  # noqa: F401
+    except ImportError as e:
+        if getattr(e, "name", None) in ("triton", "triton.language"):
+            return "triton is not installed"
+        return f"triton fails to import ({type(e).__name__}: {_first(e)})"
+    except Exception as e:  # noqa: BLE001 - a broken install: its exception, named
+        return f"triton fails to import ({type(e).__name__}: {_first(e)})"
+    return None
+
+
+def _first(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def triton_available() -> bool:
+    return triton_problem() is None
 
 
 def kernel():
@@ -199,8 +216,9 @@ def written_text(who: str, names) -> str:
 
 def preflight(ctx) -> StageResult | None:
     """SKIP when triton is missing or when a CPU run cannot use the interpreter."""
-    if not triton_available():
-        return StageResult(Status.SKIP, "triton is not installed", hint=INSTALL_HINT)
+    why = triton_problem()
+    if why is not None:
+        return StageResult(Status.SKIP, why, hint=INSTALL_HINT)
     if ctx.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return StageResult(Status.SKIP, "CPU run without TRITON_INTERPRET=1 (set it before triton is imported; "
                            "the nsa-run executor does this)", hint="TRITON_INTERPRET=1 nsa-run stage ...")

@@ -1160,8 +1160,4 @@ def _free(dev: str) -> None:
 
 
 def _triton_ok() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _parity.triton_available()  # any exception at triton's import: not usable (round 43 B43-3)

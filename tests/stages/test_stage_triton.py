@@ -107,9 +107,9 @@ def test_kernel_exception_is_a_failed_case(stage, which, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("stage,which", STAGES)
 def test_missing_triton_skips_with_install_hint(stage, which, tmp_path, monkeypatch):
-    monkeypatch.setattr(_parity, "triton_available", lambda: False)
+    monkeypatch.setattr(_parity, "triton_problem", lambda: "triton is not installed")
     res = stage().run(_ctx(tmp_path))
-    assert res.status == Status.SKIP
+    assert res.status == Status.SKIP and res.reason == "triton is not installed"
     assert "pip install triton" in res.hint
     assert not (tmp_path / f"triton_{which}.csv").exists()
 
