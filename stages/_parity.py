@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from nsa_runner._text import described
 from nsa_runner.impls import ImplError, adapter_code, adapter_failed, describe_failure, plain_tensor
 from nsa_runner.stage import Option, Stage, StageResult, Status
 
@@ -103,15 +104,10 @@ def triton_problem() -> str | None:
     except ImportError as e:
         if getattr(e, "name", None) in ("triton", "triton.language"):
             return "triton is not installed"
-        return f"triton fails to import ({type(e).__name__}: {_first(e)})"
+        return f"triton fails to import ({described(e, 200)})"
     except Exception as e:  # noqa: BLE001 - a broken install: its exception, named
-        return f"triton fails to import ({type(e).__name__}: {_first(e)})"
+        return f"triton fails to import ({described(e, 200)})"
     return None
-
-
-def _first(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0][:200] if lines else ""
 
 
 def triton_available() -> bool:

@@ -21,6 +21,7 @@ as broken; a part that raises or returns the wrong shape is that case's ERROR / 
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import os
 import random
@@ -1110,14 +1111,11 @@ class _Recorded:
         return self._inner.create_module(spec)
 
     def exec_module(self, module) -> None:
-        for where in (module, getattr(module, "__spec__", None)):
-            try:
-                if where is module:
-                    module.__loader__ = self._inner
-                elif where is not None:
-                    where.loader = self._inner
-            except Exception:  # noqa: BLE001
-                pass
+        try:
+            module.__loader__ = self._inner
+            module.__spec__.loader = self._inner
+        except Exception:  # noqa: BLE001
+            pass
         self._inner.exec_module(module)
         self._into.record(module)
 
@@ -1545,20 +1543,24 @@ def _functions_in(value) -> list:
 def _nsa_core_functions(namespaces: dict) -> list[tuple[str, Any, tuple]]:
     """[(name, an nsa_core function, (its code, defaults, keyword defaults and a copy of them))]."""
     out = []
-    root = None
     for name, (_obj, before) in namespaces.items():
         if name.partition(".")[0] != "nsa_core":
             continue
         for k, v in before.items():
             for f in _functions_in(v):
-                if root is None:
-                    root = os.path.dirname(os.path.realpath(sys.modules["nsa_core"].__file__)) + os.sep
-                if not f.__code__.co_filename.startswith(root) and not os.path.realpath(
-                        f.__code__.co_filename).startswith(root):
+                if not _in_nsa_core(f.__code__.co_filename):
                     continue  # a function nsa_core imported from elsewhere (torch's, the standard library's)
                 kw = f.__kwdefaults__
                 out.append((f"{name}.{k}", f, (f.__code__, f.__defaults__, kw, None if kw is None else dict(kw))))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_nsa_core(filename: str) -> bool:
+    """Does the source file ``filename`` lie in nsa_core's package? (once per file: this runs before every adapter
+    call, over every function nsa_core's modules and classes hold)"""
+    root = os.path.dirname(os.path.realpath(sys.modules["nsa_core"].__file__)) + os.sep
+    return filename.startswith(root) or os.path.realpath(filename).startswith(root)
 
 
 def _restore_functions(saved: list, put) -> None:
@@ -1567,9 +1569,7 @@ def _restore_functions(saved: list, put) -> None:
             now = f.__kwdefaults__
             changed = [a for a, same in (
                 ("__code__", f.__code__ is code), ("__defaults__", f.__defaults__ is defaults),
-                ("__kwdefaults__", now is kw and (kw is None or (
-                    len(now) == len(kw_copy) and all(map(operator.is_, now, kw_copy))
-                    and all(map(operator.is_, now.values(), kw_copy.values())))))) if not same]
+                ("__kwdefaults__", now is kw and (kw is None or _same_table(now, kw_copy)))) if not same]
         except Exception:  # noqa: BLE001 - not readable: put back
             changed = list(_FUNCTION_ATTRIBUTES)
         if changed:
