@@ -1070,6 +1070,7 @@ class _NsaCoreLoads:
         self.namespaces: dict = {}  # then (round 43 B43-2: the reload's copy, put back last, kept the reload's objects)
         self.tables: list = []
         self.functions: list = []
+        self.seen: set[str] = set()  # the names whose load ran through it
 
     def find_spec(self, name, path=None, target=None):
         if not isinstance(name, str) or not name.startswith("nsa_core."):
@@ -1088,6 +1089,7 @@ class _NsaCoreLoads:
     def record(self, module) -> None:
         try:
             name = module.__name__
+            self.seen.add(name)
             if self.loaded.get(name) is module:
                 return
             found = {name: (module, dict(vars(module)))}
@@ -1098,6 +1100,19 @@ class _NsaCoreLoads:
             self.functions += _nsa_core_functions(found)
         except Exception:  # noqa: BLE001 - not copied: not put back
             pass
+
+
+def _nsa_core_name(name) -> bool:
+    return isinstance(name, str) and (name == "nsa_core" or name.startswith("nsa_core."))
+
+
+def _unload(name: str) -> None:
+    """``name`` out of ``sys.modules`` and off its package, so that the next import runs its code again."""
+    module = sys.modules.pop(name, None)
+    package, _, leaf = name.rpartition(".")
+    owner = sys.modules.get(package)
+    if module is not None and owner is not None and vars(owner).get(leaf) is module:
+        delattr(owner, leaf)
 
 
 class _Recorded:
@@ -1391,6 +1406,20 @@ def _restore_state(state: dict) -> list[str]:
             _restore_namespace(name, obj, before, put)
         _restore_tables(recorder.tables, put)
         _restore_functions(recorder.functions, put)
+        if loaded is not None:  # round 43 B43-1: a load an import hook of the adapter's took out of the recorder's
+            # sight; every nsa_core module loaded meanwhile is unloaded then (one recorded may hold the unseen one's
+            # objects), the unseen ones named
+            new = [n for n in list(sys.modules) if _nsa_core_name(n) and n not in loaded]
+            unseen = [n for n in new if n not in recorder.seen]
+            for name in new if unseen else ():
+                if name in unseen:
+                    put(f"{name} (loaded out of nsa-run's sight during the call: unloaded, the next import loads "
+                        "it afresh)", _unload, name)
+                else:
+                    try:
+                        _unload(name)
+                    except Exception:  # noqa: BLE001 - the package's attribute cannot be taken off: left
+                        pass
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")
@@ -1430,7 +1459,7 @@ def _torch_namespaces() -> dict:
     # round 32 B32-2: nsa_core's own modules too (an adapter "registering its fast path" over
     # nsa_core.functional.select_blocks made the reference FAIL and every adapter compared with it)
     own = [(n, m) for n, m in list(sys.modules.items())
-           if (n == "nsa_core" or n.startswith("nsa_core.")) and isinstance(m, types.ModuleType)]
+           if _nsa_core_name(n) and isinstance(m, types.ModuleType)]
     for name, obj in own:
         out[name] = (obj, dict(vars(obj)))
     # round 40 B40-1: its classes too (``NSAConfig.num_sel_blocks`` rebound reached the next adapter; a ``__copy__``
