@@ -14,7 +14,10 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 ARGS ?=
-PYTEST_ARGS ?= -q -ra
+# the suite runs on every core, at most 4 (pytest-xdist; most tests wait on nsa-run processes they start): about
+# half the time on CI's 2-core machine. --durations names the slowest tests, which keep it within CI's time.
+PYTEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
+PYTEST_ARGS ?= -q -ra -n $(PYTEST_JOBS) --durations=25
 
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip

@@ -17,12 +17,7 @@ import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - missing, or broken: any exception at its import (round 43 B43-3: a
-    triton = None  # RuntimeError / OSError of a driver or library mismatch made the CPU paths FAIL)
-    tl = None
+from nsa_core._triton import tl, triton  # None / None where triton is missing or broken
 
 BR = 16  # rows (b, t, head) per program
 

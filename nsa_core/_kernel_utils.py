@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import os
 
-try:  # optional dependency: the host helpers work without triton
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - missing, or broken at its import (round 43 B43-3: not only ImportError)
-    triton = None
+from nsa_core._triton import tl, triton  # optional: the host helpers work without triton (None)
 
 
 def np2(x: int) -> int:

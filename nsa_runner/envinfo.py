@@ -182,7 +182,7 @@ def triton_info() -> dict:
         if problem is not None and e.name == "triton":  # a stray dist-info, no triton module: not installed
             return info
         info["import_error"] = f"{type(e).__name__}: {e}"
-    except Exception as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken install (round 44 B44-2: sys.exit in it)
         info["import_error"] = f"{type(e).__name__}: {e}"
     if problem is not None:
         info["installed"] = True

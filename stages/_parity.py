@@ -95,19 +95,16 @@ def cases_for(profile: str, only: str | None = None) -> tuple[Case, ...]:
 
 
 def triton_problem() -> str | None:
-    """Why triton cannot be used here ("triton is not installed", or its import's exception in one line), else None.
-    Any exception counts (round 43 B43-3: a RuntimeError / OSError of a driver or library mismatch ended triton-fwd
-    in an ERROR that did not name triton)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except ImportError as e:
-        if getattr(e, "name", None) in ("triton", "triton.language"):
-            return "triton is not installed"
+    """Why triton cannot be used here ("triton is not installed", its import's exception in one line, or the API
+    nsa_core's kernels need missing), else None: nsa_core's own reading (``nsa_core._triton``). Any exception at its
+    import counts (round 43 B43-3: a RuntimeError / OSError of a driver or library mismatch;
+    round 44 B44-2: SystemExit), and a stub without ``triton.jit`` (round 44 B44-3)."""
+    from nsa_core import _triton
+
+    e = _triton.ERROR
+    if e is not None and _triton.PROBLEM != "triton is not installed":
         return f"triton fails to import ({described(e, 200)})"
-    except Exception as e:  # noqa: BLE001 - a broken install: its exception, named
-        return f"triton fails to import ({described(e, 200)})"
-    return None
+    return _triton.PROBLEM
 
 
 def triton_available() -> bool:

@@ -742,12 +742,9 @@ def _env_lines(device: str) -> list[str]:
     import torch
 
     lines = [f"torch {torch.__version__}", f"python {platform.python_version()}"]
-    try:
-        import triton
+    from nsa_core._triton import PROBLEM, triton
 
-        lines.append(f"triton {triton.__version__}")
-    except ImportError:
-        lines.append("triton: not installed")
+    lines.append(f"triton {getattr(triton, '__version__', '?')}" if triton is not None else f"triton: {PROBLEM}")
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         lines.append(f"device {p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "

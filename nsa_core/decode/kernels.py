@@ -42,8 +42,11 @@ dots (no tf32). Rows of padding heads (HP > h) are computed and never stored.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from nsa_core._triton import PROBLEM, tl, triton
+
+if triton is None:  # imported only where triton is usable
+    raise ImportError(f"nsa_core's Triton kernels need triton: {PROBLEM}")
 
 from nsa_core._kernel_utils import dot as _dot
 from nsa_core.decode.labels import scope as _scope

@@ -27,8 +27,10 @@ a step of the math is written once; Triton inlines the helpers (no call at run t
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from nsa_core._triton import PROBLEM, tl, triton
+
+if triton is None:  # imported only where triton is usable
+    raise ImportError(f"nsa_core's Triton kernels need triton: {PROBLEM}")
 
 from nsa_core._kernel_utils import dot as _dot
 

@@ -44,17 +44,12 @@ import math
 import torch
 
 from nsa_core._kernel_utils import interpreting, np2
+from nsa_core._triton import tl, triton  # optional: the module imports without triton, the functions then raise
 from nsa_core.config import NSAConfig
 
-try:  # optional dependency: the module imports without triton, the functions then raise
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - missing, or broken at its import (round 43 B43-3: not only ImportError)
-    triton = None
-    tl = None
 try:
     from triton.runtime.errors import OutOfResources
-except Exception:  # pragma: no cover - older triton / none / broken
+except (Exception, SystemExit):  # pragma: no cover - older triton / none / broken
     class OutOfResources(Exception):  # noqa: N818 - stands in for triton's name
         pass
 

@@ -1115,6 +1115,23 @@ def _unload(name: str) -> None:
         delattr(owner, leaf)
 
 
+def _restore_submodule_attributes(put) -> None:
+    """An nsa_core package's attribute that names another module object than the one imported under its name (round 44
+    B44-1: a fresh copy of ``nsa_core.testing`` bound on the package; ``nsa_core.config`` left naming a re-import after
+    ``sys.modules`` was put back) is set back to that one: ``from nsa_core import testing`` reads the attribute."""
+    wrong = []
+    for name, module in list(sys.modules.items()):
+        package, _, leaf = name.rpartition(".") if _nsa_core_name(name) else ("", "", "")
+        owner = sys.modules.get(package) if package else None
+        bound = vars(owner).get(leaf) if isinstance(owner, types.ModuleType) else None
+        if isinstance(bound, types.ModuleType) and bound is not module:
+            wrong.append((owner, leaf, module, name))
+    if wrong:
+        put(", ".join(f"{n} (its package's attribute)" for *_, n in wrong[:5])
+            + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""),
+            lambda: [setattr(owner, leaf, module) for owner, leaf, module, _ in wrong])
+
+
 class _Recorded:
     """The loader of an nsa_core module found by ``_NsaCoreLoads``: the module's own loader, then the copy; the
     module keeps its own loader."""
@@ -1420,6 +1437,7 @@ def _restore_state(state: dict) -> list[str]:
                         _unload(name)
                     except Exception:  # noqa: BLE001 - the package's attribute cannot be taken off: left
                         pass
+    _restore_submodule_attributes(put)
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
     torch = sys.modules.get("torch")
@@ -1691,8 +1709,9 @@ def _torch_own(name: str, value, depth: int = 0, was=_UNREAD) -> bool:
     not (round 34 B34-1: the adapter's function under ``@torch.no_grad()`` has its code in torch's
     ``_contextlib``: it was kept)? Never raises."""
     try:
-        if isinstance(value, types.ModuleType):
-            return getattr(value, "__name__", None) == name and isinstance(name, str)
+        if isinstance(value, types.ModuleType):  # and the very module imported under that name (round 44 B44-1: a
+            # fresh copy of nsa_core.config bound on its package, or left there by a re-import, was kept)
+            return isinstance(name, str) and getattr(value, "__name__", None) == name and sys.modules.get(name) is value
         code = getattr(value, "__code__", None)
         if not isinstance(code, types.CodeType) or depth > 8:
             return False
