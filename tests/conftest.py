@@ -7,6 +7,7 @@ behind for a real plugin package, so discovery goes through ``importlib.metadata
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import sys
@@ -16,6 +17,37 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# pytest-xdist's workers run with COLUMNS=80 / LINES=24 set, which every nsa-run a test starts inherits: its tables then
+# fold at 80 and a test looking for a name in them fails in parallel only. The suite's processes see no terminal
+# width; a test that needs one sets it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def _serial_alone(request, tmp_path_factory):
+    """A test marked ``serial`` (a fork storm: round 15's comet forks thousands of processes a second) runs while no
+    other test of the session runs; the others run side by side (pytest-xdist). In parallel, a fork beside the comet
+    failed with EAGAIN. Two flocks in the session's temp folder (shared by the workers): a serial test takes the gate,
+    which stops new tests from starting, then the room alone; every other test passes the gate, then shares the
+    room."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    serial = request.node.get_closest_marker("serial") is not None
+    gate = os.open(folder / "serial-gate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    room = os.open(folder / "serial-room.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if serial:
+            fcntl.flock(room, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(room, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(room)  # closing releases its flock
+        os.close(gate)
 
 
 class PluginFactory:

@@ -125,6 +125,7 @@ def _comet_alive(lock) -> bool:
     return False
 
 
+@pytest.mark.serial  # thousands of forks a second: a fork of a test beside it failed with EAGAIN
 @pytest.mark.parametrize("how", ["finished", "timeout"])
 def test_a_fork_chain_does_not_outlive_the_run(plugins, tmp_path, how):
     """Before: heartbeats of new pids went on after nsa-run's exit (a PASS, b PASS, rc 0; or a TIMEOUT
