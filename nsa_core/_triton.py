@@ -27,14 +27,16 @@ def _load():
     try:
         import triton
         import triton.language as tl
+
+        # read, not hasattr: a lazy module's ``__getattr__`` may raise anything (round 45 B45-1)
+        missing = [f"{name}.{attr}" for name, module in (("triton", triton), ("triton.language", tl))
+                   for attr in _API[name] if getattr(module, attr, None) is None]
     except ImportError as e:
-        if getattr(e, "name", None) in ("triton", "triton.language"):
+        if getattr(e, "name", None) == "triton":  # (round 45 B45-3: no triton.language is a broken install)
             return None, None, "triton is not installed", e
         return None, None, f"triton fails to import ({_one_line(e)})", e
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken install, whatever it raises
         return None, None, f"triton fails to import ({_one_line(e)})", e
-    missing = [f"{name}.{attr}" for name, module in (("triton", triton), ("triton.language", tl))
-               for attr in _API[name] if not hasattr(module, attr)]
     if missing:
         return None, None, (f"triton lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
                             "(a stub or a partial install)"), None

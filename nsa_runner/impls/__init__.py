@@ -1106,6 +1106,19 @@ def _nsa_core_name(name) -> bool:
     return isinstance(name, str) and (name == "nsa_core" or name.startswith("nsa_core."))
 
 
+def _found_by_recorder(module) -> bool:
+    """Was ``module`` found through ``_NsaCoreLoads`` and not run yet: a lazy import (``importlib.util.LazyLoader``, the
+    importlib docs' recipe) whose code runs on its first use, through ``_Recorded``, and is recorded then (round 45
+    B45-2: such a module, made in an adapter's import or call and first used later, was unloaded as loaded out of
+    sight, and its first use then failed: "module object ... substituted in sys.modules during a lazy load"). Read
+    without touching the module: any attribute read of a lazy module runs its code."""
+    try:
+        spec = object.__getattribute__(module, "__dict__").get("__spec__")
+        return isinstance(getattr(spec, "loader", None), _Recorded)
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _unload(name: str) -> None:
     """``name`` out of ``sys.modules`` and off its package, so that the next import runs its code again."""
     module = sys.modules.pop(name, None)
@@ -1427,7 +1440,7 @@ def _restore_state(state: dict) -> list[str]:
             # sight; every nsa_core module loaded meanwhile is unloaded then (one recorded may hold the unseen one's
             # objects), the unseen ones named
             new = [n for n in list(sys.modules) if _nsa_core_name(n) and n not in loaded]
-            unseen = [n for n in new if n not in recorder.seen]
+            unseen = [n for n in new if n not in recorder.seen and not _found_by_recorder(sys.modules[n])]
             for name in new if unseen else ():
                 if name in unseen:
                     put(f"{name} (loaded out of nsa-run's sight during the call: unloaded, the next import loads "

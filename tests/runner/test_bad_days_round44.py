@@ -7,7 +7,8 @@ the attribute was not, and the next adapter's ``import nsa_core.config`` got ano
 
 B44-2 / B44-3: a triton whose import calls ``sys.exit`` or that has no ``triton.jit`` (a stub, a partial install)
 made nsa_core's CPU paths FAIL in sanity and selection-map, and triton-fwd ERROR or FAIL naming no triton. Expected:
-the CPU paths PASS as without triton; triton-fwd SKIPs naming triton's problem."""
+the CPU paths PASS as without triton; triton-fwd SKIPs naming triton's problem. Round 45 added a triton whose lazily
+loaded API raises (B45-1), one without ``triton.language`` (B45-3) and an adapter importing nsa_core lazily (B45-2)."""
 
 from __future__ import annotations
 
@@ -74,15 +75,30 @@ def test_an_nsa_core_packages_submodule_attribute_is_put_back_and_named(plugins,
                        ("nsa_core.config", "nsa_core.testing"))
 
 
-@pytest.mark.parametrize(("init", "named"), [
-    ("import sys\nsys.exit('triton: no CUDA driver found')\n", "triton fails to import (SystemExit: triton: no CUDA"),
-    ("__version__ = '3.0.0'\n", "triton lacks triton.jit"),
-], ids=["sys-exit", "no-jit"])
+LAZY_API = """__version__ = "3.4.0"
+
+
+def __getattr__(name):  # the API loaded lazily (PEP 562), and that load failing
+    if name in ("jit", "cdiv", "next_power_of_2"):
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+    raise AttributeError(name)
+"""
+
+
+@pytest.mark.parametrize(("init", "language", "named"), [
+    ("import sys\nsys.exit('triton: no CUDA driver found')\n", True,
+     "triton fails to import (SystemExit: triton: no CUDA"),
+    ("__version__ = '3.0.0'\n", True, "triton lacks triton.jit"),
+    (LAZY_API, True, "triton fails to import (RuntimeError: 0 active drivers"),  # round 45 B45-1
+    ("__version__ = '3.0.0'\n", False, "(ModuleNotFoundError: No module named 'triton.language'"),
+], ids=["sys-exit", "no-jit", "lazy-api-raises", "no-language"])  # (the last: round 45 B45-3, was "not installed")
 def test_a_triton_that_exits_at_import_or_lacks_its_api_leaves_the_cpu_paths_and_is_named(plugins, tmp_path, init,
-                                                                                         named):
-    (plugins.site / "triton" / "language").mkdir(parents=True)
+                                                                                         language, named):
+    (plugins.site / "triton").mkdir()
     (plugins.site / "triton" / "__init__.py").write_text(init)
-    (plugins.site / "triton" / "language" / "__init__.py").write_text("")
+    if language:
+        (plugins.site / "triton" / "language").mkdir()
+        (plugins.site / "triton" / "language" / "__init__.py").write_text("")
     out = tmp_path / "o"
     r = subprocess.run(cli_cmd("oneshot", "--only", "sanity,selection-map,triton-fwd", "--out", out, "--device", "cpu"),
                        env=plugins.env(), capture_output=True, text=True, timeout=900)
@@ -90,3 +106,50 @@ def test_a_triton_that_exits_at_import_or_lacks_its_api_leaves_the_cpu_paths_and
     assert got["sanity"]["status"] == "PASS" and got["selection-map"]["status"] == "PASS", (got, r.stdout[-3000:])
     fwd = got["triton-fwd"]
     assert fwd["status"] == "SKIP" and named in fwd["reason"], fwd
+
+
+LAZY_ADAPTER = """
+import importlib.util
+import sys
+
+
+def lazy(name):  # the importlib docs' LazyLoader recipe: the module's code runs on its first use
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+testing = lazy("nsa_core.testing")  # made at the adapter's import, first used in its call
+
+
+def _select(q, k_cmp, cfg):
+    import nsa_core.functional as F
+
+    lazy("nsa_core.decode.labels")  # made in the call, never used
+    assert testing.__name__ == "nsa_core.testing"
+    return F.select_blocks(q, k_cmp, cfg)
+
+
+from nsa_runner.impls import Impl
+
+IMPL = Impl("r45lazy", {"select": _select})
+"""
+
+
+def test_an_adapter_importing_nsa_core_lazily_passes_with_no_note(plugins, tmp_path):
+    """Round 45 B45-2: a module an adapter imported with ``importlib.util.LazyLoader`` (made through the recorder, its
+    code run on first use) was unloaded after the call as loaded out of sight; its first use then failed ("module
+    object ... substituted in sys.modules during a lazy load"), blamed on the adapter. Expected: PASS, no note."""
+    from _bad_days import selection_map
+
+    plugins.make("r45-lazy", "r45_lazy", LAZY_ADAPTER, {"r45lazy": "r45_lazy:IMPL"}, version="1.0",
+                 group="nsa_runner.impls")
+    r, rec, log = selection_map(plugins, tmp_path, "r45lazy,nsa_core")
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
+    assert "out of nsa-run's sight" not in log and "note: an implementation" not in log, log[-3000:]
