@@ -86,12 +86,15 @@ def __getattr__(name):  # the API loaded lazily (PEP 562), and that load failing
 
 
 @pytest.mark.parametrize(("init", "language", "named"), [
+    ('raise RuntimeError("libcuda.so.1: version mismatch")\n', True,  # round 43 B43-3: not only ImportError
+     "triton fails to import (RuntimeError: libcuda.so.1"),
     ("import sys\nsys.exit('triton: no CUDA driver found')\n", True,
      "triton fails to import (SystemExit: triton: no CUDA"),
     ("__version__ = '3.0.0'\n", True, "triton lacks triton.jit"),
     (LAZY_API, True, "triton fails to import (RuntimeError: 0 active drivers"),  # round 45 B45-1
-    ("__version__ = '3.0.0'\n", False, "(ModuleNotFoundError: No module named 'triton.language'"),
-], ids=["sys-exit", "no-jit", "lazy-api-raises", "no-language"])  # (the last: round 45 B45-3, was "not installed")
+    ("__version__ = '3.0.0'\n", False,  # round 45 B45-3: was "triton is not installed"
+     "(ModuleNotFoundError: No module named 'triton.language'"),
+], ids=["runtime-error", "sys-exit", "no-jit", "lazy-api-raises", "no-language"])
 def test_a_triton_that_exits_at_import_or_lacks_its_api_leaves_the_cpu_paths_and_is_named(plugins, tmp_path, init,
                                                                                          language, named):
     (plugins.site / "triton").mkdir()
