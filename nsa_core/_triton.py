@@ -7,6 +7,8 @@ triton. A KeyboardInterrupt is never swallowed: it is how Ctrl-C arrives."""
 
 from __future__ import annotations
 
+import importlib.util
+
 # what nsa_core's kernels use at their definition or launch
 _API = {"triton": ("jit", "cdiv", "next_power_of_2"),
         "triton.language": ("constexpr", "program_id", "arange", "load", "store", "dot", "zeros", "where", "sum",
@@ -22,24 +24,31 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
 
 
+def _jit_probe(x):  # a function triton.jit must turn into a launchable kernel (never launched)
+    pass
+
+
 def _load():
     """(triton, triton.language, None, None) or (None, None, why, the exception or None)."""
     try:
+        if importlib.util.find_spec("triton") is None:  # (round 46 B46-2: a partial triton's ImportError names
+            return None, None, "triton is not installed", None  # "triton" too; only no module at all is this)
         import triton
         import triton.language as tl
 
         # read, not hasattr: a lazy module's ``__getattr__`` may raise anything (round 45 B45-1)
         missing = [f"{name}.{attr}" for name, module in (("triton", triton), ("triton.language", tl))
                    for attr in _API[name] if getattr(module, attr, None) is None]
-    except ImportError as e:
-        if getattr(e, "name", None) == "triton":  # (round 45 B45-3: no triton.language is a broken install)
-            return None, None, "triton is not installed", e
-        return None, None, f"triton fails to import ({_one_line(e)})", e
+        # round 46 B46-1: a triton.jit that raises when applied, or makes no kernel, failed nsa_core's import at its
+        # ``@triton.jit`` lines (the CPU paths FAILed) or every launch
+        kernel = None if missing else triton.jit(_jit_probe)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken install, whatever it raises
         return None, None, f"triton fails to import ({_one_line(e)})", e
     if missing:
         return None, None, (f"triton lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
                             "(a stub or a partial install)"), None
+    if not callable(getattr(type(kernel), "__getitem__", None)):
+        return None, None, f"triton.jit makes no kernel (it returned {type(kernel).__name__})", None
     return triton, tl, None, None
 
 

@@ -13,6 +13,7 @@ loaded API raises (B45-1), one without ``triton.language`` (B45-3) and an adapte
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -85,6 +86,33 @@ def __getattr__(name):  # the API loaded lazily (PEP 562), and that load failing
 """
 
 
+JIT = """__version__ = "3.4.0"
+
+
+def jit(fn=None, **kw):  # present, but broken when applied
+    {made}
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def next_power_of_2(n):
+    return 1 << (n - 1).bit_length()
+"""
+LANGUAGE = """class constexpr:
+    def __init__(self, v):
+        self.value = v
+
+
+def _f(*a, **k):
+    pass
+
+
+program_id = arange = load = store = dot = zeros = where = sum = max = exp = static_range = _f
+"""
+
+
 @pytest.mark.parametrize(("init", "language", "named"), [
     ('raise RuntimeError("libcuda.so.1: version mismatch")\n', True,  # round 43 B43-3: not only ImportError
      "triton fails to import (RuntimeError: libcuda.so.1"),
@@ -94,14 +122,20 @@ def __getattr__(name):  # the API loaded lazily (PEP 562), and that load failing
     (LAZY_API, True, "triton fails to import (RuntimeError: 0 active drivers"),  # round 45 B45-1
     ("__version__ = '3.0.0'\n", False,  # round 45 B45-3: was "triton is not installed"
      "(ModuleNotFoundError: No module named 'triton.language'"),
-], ids=["runtime-error", "sys-exit", "no-jit", "lazy-api-raises", "no-language"])
+    ("__version__ = '3.4.0'\nfrom triton import _C_part\n", True,  # round 46 B46-2: the ImportError names "triton"
+     "triton fails to import (ImportError: cannot import name '_C_part'"),
+    (JIT.format(made='raise RuntimeError("unsupported AST node")'), True,  # round 46 B46-1
+     "triton fails to import (RuntimeError: unsupported AST node"),
+    (JIT.format(made="return 42"), True, "triton.jit makes no kernel (it returned int)"),
+], ids=["runtime-error", "sys-exit", "no-jit", "lazy-api-raises", "no-language", "partial", "jit-raises",
+        "jit-no-kernel"])
 def test_a_triton_that_exits_at_import_or_lacks_its_api_leaves_the_cpu_paths_and_is_named(plugins, tmp_path, init,
                                                                                          language, named):
     (plugins.site / "triton").mkdir()
     (plugins.site / "triton" / "__init__.py").write_text(init)
     if language:
         (plugins.site / "triton" / "language").mkdir()
-        (plugins.site / "triton" / "language" / "__init__.py").write_text("")
+        (plugins.site / "triton" / "language" / "__init__.py").write_text(LANGUAGE if "def jit" in init else "")
     out = tmp_path / "o"
     r = subprocess.run(cli_cmd("oneshot", "--only", "sanity,selection-map,triton-fwd", "--out", out, "--device", "cpu"),
                        env=plugins.env(), capture_output=True, text=True, timeout=900)
@@ -156,3 +190,11 @@ def test_an_adapter_importing_nsa_core_lazily_passes_with_no_note(plugins, tmp_p
     r, rec, log = selection_map(plugins, tmp_path, "r45lazy,nsa_core")
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:], log[-3000:])
     assert "out of nsa-run's sight" not in log and "note: an implementation" not in log, log[-3000:]
+
+
+def test_no_triton_module_at_all_is_not_installed():
+    """Round 46 B46-2's other side: with no triton module, nsa_core says "triton is not installed" (and only then)."""
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['triton'] = None\n"
+                        "from nsa_core import _triton; print(_triton.PROBLEM, _triton.triton)"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "triton is not installed None", (r.stdout, r.stderr[-2000:])
