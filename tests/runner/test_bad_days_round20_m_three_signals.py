@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 try:
     from _bad_days import MAIN
@@ -52,6 +53,8 @@ def _cookie_holders(cookie_var: str, value: str) -> list[int]:
     return found
 
 
+@pytest.mark.serial  # OPEN (stop 40): under a parallel worker's load the interrupted attempt's history record was
+# missing once (docs/reliability.md "Open after stop 40"); alone, as in every sequential CI, it held
 def test_three_signals_at_once_stop_record_and_put_back_the_rerun(plugins, tmp_path):
     plugins.make("bd20m-plugin", "bd20m_mod", SOURCE, {"y20m": "bd20m_mod:Y"})
     env = plugins.env()
