@@ -101,9 +101,8 @@ def triton_problem() -> str | None:
     round 44 B44-2: SystemExit), and a stub without ``triton.jit`` (round 44 B44-3)."""
     from nsa_core import _triton
 
-    e = _triton.ERROR
-    if e is not None and _triton.PROBLEM != "triton is not installed":
-        return f"triton fails to import ({described(e, 200)})"
+    if _triton.ERROR is not None:  # worded here as every reason is (nsa-run's own text rules)
+        return f"triton fails to import ({described(_triton.ERROR, 200)})"
     return _triton.PROBLEM
 
 

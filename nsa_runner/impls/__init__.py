@@ -1119,6 +1119,22 @@ def _found_by_recorder(module) -> bool:
         return False
 
 
+def _unload_unseen(recorder: _NsaCoreLoads, loaded: dict, put) -> None:
+    """Round 43 B43-1: a load an import hook of the adapter's took out of the recorder's sight; every nsa_core module
+    loaded meanwhile is unloaded then (one recorded may hold the unseen one's objects), the unseen ones named."""
+    new = [n for n in list(sys.modules) if _nsa_core_name(n) and n not in loaded]
+    unseen = [n for n in new if n not in recorder.seen and not _found_by_recorder(sys.modules[n])]
+    for name in new if unseen else ():
+        if name in unseen:
+            put(f"{name} (loaded out of nsa-run's sight during the call: unloaded, the next import loads it afresh)",
+                _unload, name)
+        else:
+            try:
+                _unload(name)
+            except Exception:  # noqa: BLE001 - the package's attribute cannot be taken off: left
+                pass
+
+
 def _unload(name: str) -> None:
     """``name`` out of ``sys.modules`` and off its package, so that the next import runs its code again."""
     module = sys.modules.pop(name, None)
@@ -1436,20 +1452,8 @@ def _restore_state(state: dict) -> list[str]:
             _restore_namespace(name, obj, before, put)
         _restore_tables(recorder.tables, put)
         _restore_functions(recorder.functions, put)
-        if loaded is not None:  # round 43 B43-1: a load an import hook of the adapter's took out of the recorder's
-            # sight; every nsa_core module loaded meanwhile is unloaded then (one recorded may hold the unseen one's
-            # objects), the unseen ones named
-            new = [n for n in list(sys.modules) if _nsa_core_name(n) and n not in loaded]
-            unseen = [n for n in new if n not in recorder.seen and not _found_by_recorder(sys.modules[n])]
-            for name in new if unseen else ():
-                if name in unseen:
-                    put(f"{name} (loaded out of nsa-run's sight during the call: unloaded, the next import loads "
-                        "it afresh)", _unload, name)
-                else:
-                    try:
-                        _unload(name)
-                    except Exception:  # noqa: BLE001 - the package's attribute cannot be taken off: left
-                        pass
+        if loaded is not None:
+            _unload_unseen(recorder, loaded, put)
     _restore_submodule_attributes(put)
     if "matplotlib" in state:
         _restore_rc(state["matplotlib"], put)
