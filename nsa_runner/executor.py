@@ -998,10 +998,14 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
                 try:
                     _stop_stage(proc, cookie, 0.0 if hurry else KILL_GRACE_S, watch=watch)
                     _done(guard)
+                    # from here to the record (the temp folder's removal, execute's) a signal is noted only. Begun
+                    # inside this ``try``: begun after it, a signal that came as the stop ended (the third of
+                    # three, late under load) raised at this call, a bare KeyboardInterrupt left run_one and the
+                    # run's generic path put the earlier result back with no record of the attempt (stop 40's CI)
+                    until.begin()
                     break
                 except KeyboardInterrupt:
                     hurry = True
-            until.begin()  # from here to the record (the temp folder's removal, execute's) a signal is noted only
             if not ended:
                 rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0)
                 rec.reason = interrupt_reason(e)
@@ -1046,8 +1050,15 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             except KeyboardInterrupt:
                 pass
         # the stage has ended: from here to its record (the result read and checked, the temp folder
-        # removed, execute's spare closed and record written) the runner's interrupts wait (round 16 A8)
-        until.begin()
+        # removed, execute's spare closed and record written) the runner's interrupts wait (round 16 A8).
+        # A signal at this very call is the run's interrupt after the record, like one a moment later (it
+        # escaped bare: the finished stage unrecorded, as the interrupted one in stop 40's CI)
+        while True:
+            try:
+                until.begin()
+                break
+            except KeyboardInterrupt as e:
+                late = late or e
         rec.duration_s = time.monotonic() - (t_stage if t_stage is not None else t0) - asked_s
         late_flood = watch.over() if flooded is None else None  # past the limit while it was being stopped
         if flooded is not None or late_flood is not None:  # stopped: its log cut before its tail is read

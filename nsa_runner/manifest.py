@@ -388,6 +388,25 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 LOCK_POLL_S = 0.05
 
 
+def _unbroken(swap) -> None:
+    """``swap()`` (handlers set one by one) with the interrupt signals blocked, so that no handler runs half-way.
+    ``signal.signal`` runs the handlers of signals already pending: one that came as a swap began raised out of it
+    with some handlers swapped and others not. Out of ``_Deferred.start`` that left SIGINT on the hold handler for
+    good (the _Deferred lost, never ended); out of ``end``, the later signals; a Ctrl-C was then swallowed (found
+    with stop 40's three-signals race). Blocked, a signal waits in the kernel and is handled as the block ends,
+    by the handler then in place. Raises only where nothing is swapped yet (a signal pending before the block) or
+    after the whole swap (one pending as it ends)."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:  # not POSIX: as before
+        swap()
+        return
+    old = mask(signal.SIG_BLOCK, INTERRUPTS)
+    try:
+        swap()
+    finally:
+        mask(signal.SIG_SETMASK, old)
+
+
 class _Deferred:
     """Ctrl-C, SIGTERM and SIGHUP held from ``start`` to ``end``, then handed to the handlers that
     were there (in the order they came): an interrupt lands after, never inside. Nothing changes
@@ -402,18 +421,23 @@ class _Deferred:
 
     def start(self) -> _Deferred:
         if threading.current_thread() is threading.main_thread():
-            try:
+            def swap() -> None:
                 for sig in INTERRUPTS:
                     if signal.getsignal(sig) not in (signal.SIG_IGN, None):
                         self.previous[sig] = signal.signal(sig, self._hold)
+            try:
+                _unbroken(swap)
             except ValueError:  # an embedding without signal support
                 pass
         return self
 
     def end(self, deliver: bool = True) -> None:
         previous, self.previous = self.previous, {}
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+
+        def swap() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        _unbroken(swap)
         if deliver:
             held, self.held = list(dict.fromkeys(self.held)), []
             for sig in held:
