@@ -920,24 +920,34 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         except OSError as e:
             os.close(log_fd)
             raise _temp_error(e, entry.name) from None
-        proc = spare.hand(job, result_path, log_fd, run_dir) if spare is not None else None
-        if proc is not None:  # a spare worker (imports done) takes the stage
-            cookie = spare.cookie
-            os.close(log_fd)
-        env = _child_env(ctx.device, cookie)
-        if proc is None:
-            with os.fdopen(log_fd, "ab") as log:
-                proc = hold_pid(subprocess.Popen(
-                    python_m("nsa_runner._worker", str(job), str(result_path)),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    cwd=run_dir, env=env, start_new_session=True,
-                ))
+        # the runner's interrupts held from the worker's start until the wait's ``try`` below, where they are
+        # delivered: one that came between (the worker running, ``proc`` not yet known to the wait: a runner
+        # descheduled under load while its stage started and signalled it) escaped bare; the stage was left to die
+        # with the runner, its attempt unrecorded ("no stage was running"), a rerun put back with no record
+        starting = _Deferred().start()
+        try:
+            proc = spare.hand(job, result_path, log_fd, run_dir) if spare is not None else None
+            if proc is not None:  # a spare worker (imports done) takes the stage
+                cookie = spare.cookie
+                os.close(log_fd)
+            env = _child_env(ctx.device, cookie)
+            if proc is None:
+                with os.fdopen(log_fd, "ab") as log:
+                    proc = hold_pid(subprocess.Popen(
+                        python_m("nsa_runner._worker", str(job), str(result_path)),
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                        cwd=run_dir, env=env, start_new_session=True,
+                    ))
+        except BaseException:  # no worker: an interrupt held meanwhile is delivered (over this error)
+            starting.end()
+            raise
         guard = None
         timed_out = False
         meddled: str | None = None  # what the stage did to its temp folder (round 14 A BR-3)
         flooded: str | None = None  # its log past the limit (``_LogWatch``)
         noted: list[int] = []  # signals that came while the finished stage was handed to its reaper
         try:
+            starting.end()  # an interrupt held since the worker's start: raised here, the stage stopped below
             guard = _Watchdog(cookie, proc.pid, tmp, env)
             # the worker writes its result, then lingers while anything the stage started lives
             # (``_worker.linger``): the result is the end of the stage, the tree is killed below

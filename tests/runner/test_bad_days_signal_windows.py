@@ -38,6 +38,7 @@ class Y(Stage):
         if os.environ.get("BDSW_SIGNAL"):
             os.kill(int(os.environ["NSA_RUN_PARENT_PID"]), signal.SIGTERM)
             time.sleep(60)
+        time.sleep(float(os.environ.get("BDSW_SLEEP", "0")))
         return StageResult(Status.PASS, "ysw " + text, files=["ysw.txt"])
 """
 
@@ -156,3 +157,41 @@ def test_a_signal_as_a_finished_stage_record_begins_records_the_new_result(plugi
     assert not m.get("pending"), m.get("pending")
     (earlier,) = [h for h in m.get("history", []) if h["name"] == "ysw"]
     assert earlier["reason"] == "ysw v1" and (run / earlier["moved_to"] / "ysw.txt").read_text() == "v1", earlier
+
+
+# a signal right after the stage's worker started, before the runner's wait knew it (``hold_pid`` returns the new
+# worker: the signal is raised as it returns)
+AT_START = """
+import signal
+from nsa_runner import executor as _ex
+_orig = _ex.hold_pid
+def _hold(proc):
+    proc = _orig(proc)
+    signal.raise_signal(signal.SIGHUP)
+    return proc
+_ex.hold_pid = _hold
+"""
+
+
+def test_a_signal_as_the_stage_worker_starts_stops_and_records_the_attempt(plugins, tmp_path):
+    """Stop 41's stress of the three-signals test (three loops beside two busy CPUs) found a second window: the
+    stage's own signals reached a runner still between the worker's start and its wait (descheduled under load). The
+    interrupt escaped bare: "interrupted: no stage was running", the earlier result put back, no attempt record."""
+    plugins.make("bdsw-plugin", "bdsw_mod", SOURCE, {"ysw": "bdsw_mod:Y"})
+    env = {**plugins.env(), "NSA_RUN_SPARE_WORKER": "0"}  # (the first stage of a run has no spare either way)
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "ysw", "--device", "cpu", "--out", str(out)],
+                       env=env, text=True, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", AT_START + MAIN, "stage", "ysw", "--device", "cpu", "--out", str(out)],
+                       env={**env, "BDSW_TEXT": "NEW", "BDSW_SLEEP": "60"}, text=True, capture_output=True,
+                       timeout=600)
+    run = out / "testrun"
+    m = json.loads((run / "manifest.json").read_text())
+    assert r.returncode == 130, (r.returncode, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr and "no stage was running" not in r.stderr, r.stderr[-3000:]
+    (rec,) = m["stages"]
+    assert rec["status"] == "PASS" and rec["reason"] == "ysw v1", rec  # the earlier result, put back
+    assert not m.get("pending"), m.get("pending")
+    (attempt,) = [h for h in m.get("history", []) if h["name"] == "ysw"]  # before: none
+    assert attempt["status"] == "ERROR" and "interrupted" in attempt["reason"], attempt
