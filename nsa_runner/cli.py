@@ -4,45 +4,13 @@
 
 from __future__ import annotations
 
+# (the nsa-run script's first signal handlers are installed by the package's __init__, before anything of this
+# module's: ``nsa_runner._early``)
+import importlib
 
-def _early_interrupts() -> None:
-    """(The nsa-run script only.) From this module's first line until ``main`` installs the real handlers, a Ctrl-C,
-    SIGTERM, SIGHUP or SIGQUIT (Ctrl-backslash) ends the process at once with the one interrupted line and exit 130:
-    nothing has started yet (importing typer, rich, the commands takes a second or more on a loaded machine; a
-    Ctrl-C there printed a KeyboardInterrupt traceback, a TERM exited 143). An ignored signal (``nohup``, a
-    background job's SIGINT) stays ignored. Not when this module is imported by other code (tests, an embedding):
-    their handlers are theirs."""
-    import os
-    import signal
-    import sys
+import typer
 
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-    if not os.path.basename(main_file).startswith("nsa-run"):
-        return
-
-    def stop(signum, frame):
-        how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        try:
-            os.write(2, f"interrupted ({how}): nsa-run stopped; nothing is left running\n".encode())
-        except OSError:
-            pass
-        os._exit(130)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # (manifest.INTERRUPTS, not loaded)
-        try:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                signal.signal(sig, stop)
-        except (ValueError, OSError):  # not the main thread
-            pass
-
-
-_early_interrupts()
-
-import importlib  # noqa: E402 - after the early handlers
-
-import typer  # noqa: E402
-
-from nsa_runner import registry  # noqa: E402
+from nsa_runner import registry
 
 COMMANDS = (
     "nsa_runner.commands.oneshot",

@@ -322,6 +322,160 @@ def reference(q, k, v, block_idx, block_count, block_size, do=None):
 
 # ---- running a matrix -------------------------------------------------------------------------
 
+def impl_names(ctx) -> list[str]:
+    """The implementations ``--impl`` names, in order, each once (default the built-in)."""
+    from nsa_runner.impls import BUILTIN
+
+    text = (getattr(ctx, "options", None) or {}).get("impl") or BUILTIN
+    return list(dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip()))
+
+
+def load_impl(name: str):
+    from nsa_runner.impls.discovery import load
+
+    return load(name)
+
+
+def entry_rows(entry, cases, device: str, seed: int, position: dict, measure) -> dict:
+    """The rows of one implementation over ``cases``: {"rows", "wrote" {row index: text}, "name", "differences",
+    "note", "isolated"} (plain values: it also crosses from an adapter's own process, ``isolated_rows``)."""
+    import torch
+
+    rows: list[dict] = []
+    wrote_rows: dict[int, str] = {}
+    nan = float("nan")
+    impl = entry.impl
+    if impl is not None and impl.note:
+        print(f"# {entry.name}: {impl.note}", flush=True)
+    for case in cases:
+        base = {"impl": entry.name, "case": case.id, "B": case.B, "T": case.T, "HQ": case.HQ, "G": case.G,
+                "dk": case.dk, "dv": case.dv, "dtype": case.dtype, "seed": seed}
+        unmeasured = {**base, "max_abs": nan, "rel_err": nan, "tol": nan}
+        if impl is None:
+            rows.append({**unmeasured, "status": "ERROR", "note": f"{entry.name}: broken adapter: {entry.error}"})
+            print(f"[ERROR] {entry.name} {case.id}: {entry.error}", flush=True)
+            continue
+        if case.gpu_only and device != "cuda":
+            rows.append({**unmeasured, "status": "SKIP",
+                         "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
+            print(f"[SKIP] {entry.name} {case.id}: needs CUDA", flush=True)
+            continue
+        try:
+            why = impl.excluded(impl_case(case, device), "selection_attention")
+        except ImplError as e:  # its constraints raised: its ERROR, the others still run (round 12 B5)
+            rows.append({**unmeasured, "status": "ERROR", "note": str(e)})
+            print(f"[ERROR] {entry.name} {case.id}: {e}", flush=True)
+            continue
+        if why:
+            rows.append({**unmeasured, "status": "SKIP", "note": why})
+            print(f"[SKIP] {case.id}: {why}", flush=True)
+            continue
+        t0 = time.perf_counter()
+        print(f"# {entry.name} {case.id} ...", flush=True)  # a TIMEOUT names what ran last (round 17 B U-5)
+        try:
+            with adapter_code():
+                m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))
+            wrote = m.pop("written", None)  # the inputs its part changed (round 16 B5): its FAIL
+            status = "PASS" if m.pop("ok") and not wrote else "FAIL"
+            row = {**base, **m, "status": status}
+            if wrote:
+                wrote_rows[len(rows)] = written_text(f"{entry.name}'s selection_attention", wrote)
+                row["note"] = "; ".join(filter(None, [wrote_rows[len(rows)], row.get("note")]))
+        except BaseException as e:  # noqa: BLE001 - the kernel under test failed on this case
+            # SystemExit / GeneratorExit / its own KeyboardInterrupt of an adapter's part too, its text
+            # never trusted (round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
+            adapter_failed(e)
+            row = {**unmeasured, "status": "ERROR", "note": describe_failure(e, 200, adapter=entry.name)}
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        if impl.note:
+            row["note"] = "; ".join(filter(None, [row.get("note"), impl.note]))
+        rows.append(row)
+        print(f"[{row['status']}] {entry.name} {case.id}: max_abs={row['max_abs']:.3e} "
+              f"rel_err={row['rel_err']:.3e} tol={row['tol']:.0e} ({row['seconds']} s)", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    differences = impl.differences.get("selection_attention", "") if impl is not None else ""
+    return {"rows": rows, "wrote": wrote_rows, "name": entry.name, "differences": str(differences or ""),
+            "note": str(impl.note or "") if impl is not None else "", "isolated": False}
+
+
+def isolated_rows(name: str, which: str, measure, cases, device: str, seed: int, ctx) -> dict:
+    """``entry_rows`` of the adapter ``name`` in a process of its own (``stages._impl_host``), started fresh
+    and ended after its rows: its import, its calls and whatever they leave (a module's class swapped, a
+    thread or a finalizer that changes torch later, triton's knobs, an atexit hook, ``os._exit``) never reach
+    this process, the reference or nsa_core's rows (red-team round 47: 15 probes in 6 roots broke the put-back
+    of the shared process). Its output goes to the stage's log. Its rows come back as JSON, checked here; a
+    process that ends without them makes each of its cases ERROR naming it and how it ended."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    opts = getattr(ctx, "options", {}) or {}
+    where = tempfile.mkdtemp(prefix="nsa-run-impl-")
+    try:
+        job = {"name": name, "which": which, "measure": f"{measure.__module__}:{measure.__qualname__}",
+               "device": device, "profile": ctx.profile, "cases": opts.get("cases"), "seed": seed,
+               "sys_path": list(sys.path)}
+        job_path, out_path = os.path.join(where, "job.json"), os.path.join(where, "rows.json")
+        with open(job_path, "w") as f:
+            json.dump(job, f)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        print(f"# {name}: its rows run in a process of its own", flush=True)
+        # the stage process's own sys.path first (where it found ``stages``), then the host (``python_m``'s -P: no
+        # working directory on the path)
+        boot = ("import json, sys; sys.path[:] = json.load(open(sys.argv[1]))['sys_path']; "
+                "from stages._impl_host import run; run(sys.argv[1:])")
+        proc = subprocess.run([sys.executable, "-P", "-c", boot, job_path, out_path], cwd=where,
+                              stdin=subprocess.DEVNULL)
+        part, problem = _read_rows(out_path, name, cases)
+        if part is None:
+            ended = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+                     else f"exited with code {proc.returncode}")
+            problem = f"{name}: its process (a plugin's adapter runs in one of its own) {ended} {problem}"
+            print(f"[ERROR] {problem}", flush=True)
+            nan = float("nan")
+            rows = [{"impl": name, "case": c.id, "B": c.B, "T": c.T, "HQ": c.HQ, "G": c.G, "dk": c.dk, "dv": c.dv,
+                     "dtype": c.dtype, "seed": seed, "max_abs": nan, "rel_err": nan, "tol": nan,
+                     "status": "ERROR", "note": problem} for c in cases]
+            part = {"rows": rows, "wrote": {}, "name": name, "differences": "", "note": ""}
+        part["isolated"] = True
+        return part
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+_ROW_TYPES = (str, int, float, type(None))
+
+
+def _read_rows(path: str, name: str, cases) -> tuple[dict | None, str]:
+    """The rows an adapter's process wrote (plain JSON, checked: its rows are its own implementation's, of the
+    stage's cases, plain values), or (None, why not)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(64 << 20))
+    except FileNotFoundError:
+        return None, "before it wrote its rows"
+    except (OSError, ValueError) as e:
+        return None, f"and its rows cannot be read ({described(e)})"
+    ids = [c.id for c in cases]
+    ok = (isinstance(data, dict) and isinstance(data.get("rows"), list) and isinstance(data.get("wrote"), dict)
+          and all(isinstance(r, dict) and all(isinstance(k, str) and isinstance(v, _ROW_TYPES) for k, v in r.items())
+                  for r in data["rows"])
+          and [r.get("case") for r in data["rows"]] == ids and all(r.get("impl") == name for r in data["rows"])
+          and all(isinstance(k, str) and k.isdigit() and int(k) < len(ids) and isinstance(v, str)
+                  for k, v in data["wrote"].items())
+          and all(isinstance(data.get(k), str) for k in ("differences", "note")))
+    if not ok:
+        return None, "and wrote rows that are not its cases' (not its own, or not plain values)"
+    return {"rows": data["rows"], "wrote": data["wrote"], "name": name, "differences": data["differences"],
+            "note": data["note"]}, ""
+
+
 def run_matrix(ctx, which: str, measure) -> StageResult:
     """Run ``measure(case, device, seed) -> dict`` over the profile's cases; write CSV + txt.
 
@@ -329,9 +483,8 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     names of the inputs the part changed, a FAIL naming them whatever the numbers). A case
     that raises becomes a row with status ERROR; any row not PASS makes the stage FAIL naming it.
     """
-    import torch
-
     from nsa_runner.artifacts import write_csv, write_text
+    from nsa_runner.impls import BUILTIN
 
     opts = getattr(ctx, "options", {}) or {}
     seed = int(opts.get("seed") or 0)
@@ -346,61 +499,17 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     # a case's inputs depend on the base seed and its place in the whole profile, not on --cases:
     # `--seed N --cases ID` replays exactly that case of a full run
     position = {c.id: i for i, c in enumerate(cases_for(ctx.profile))}
-    entries = impl_entries(ctx)
     rows = []
     wrote_rows: dict[int, str] = {}  # row number -> what its part did wrong besides its numbers (named in the FAIL)
-    nan = float("nan")
-    for entry in entries:
-        impl = entry.impl
-        if impl is not None and impl.note:
-            print(f"# {entry.name}: {impl.note}", flush=True)
-        for case in cases:
-            base = {"impl": entry.name, "case": case.id, "B": case.B, "T": case.T, "HQ": case.HQ, "G": case.G,
-                    "dk": case.dk, "dv": case.dv, "dtype": case.dtype, "seed": seed}
-            unmeasured = {**base, "max_abs": nan, "rel_err": nan, "tol": nan}
-            if impl is None:
-                rows.append({**unmeasured, "status": "ERROR", "note": f"{entry.name}: broken adapter: {entry.error}"})
-                print(f"[ERROR] {entry.name} {case.id}: {entry.error}", flush=True)
-                continue
-            if case.gpu_only and device != "cuda":
-                rows.append({**unmeasured, "status": "SKIP",
-                             "note": "paper-scale case: needs CUDA (too big for the interpreter)"})
-                print(f"[SKIP] {entry.name} {case.id}: needs CUDA", flush=True)
-                continue
-            try:
-                why = impl.excluded(impl_case(case, device), "selection_attention")
-            except ImplError as e:  # its constraints raised: its ERROR, the others still run (round 12 B5)
-                rows.append({**unmeasured, "status": "ERROR", "note": str(e)})
-                print(f"[ERROR] {entry.name} {case.id}: {e}", flush=True)
-                continue
-            if why:
-                rows.append({**unmeasured, "status": "SKIP", "note": why})
-                print(f"[SKIP] {case.id}: {why}", flush=True)
-                continue
-            t0 = time.perf_counter()
-            print(f"# {entry.name} {case.id} ...", flush=True)  # a TIMEOUT names what ran last (round 17 B U-5)
-            try:
-                with adapter_code():
-                    m = measure(case, device, seed + 1000 * position[case.id], kernel_for(entry, case))
-                wrote = m.pop("written", None)  # the inputs its part changed (round 16 B5): its FAIL
-                status = "PASS" if m.pop("ok") and not wrote else "FAIL"
-                row = {**base, **m, "status": status}
-                if wrote:
-                    wrote_rows[len(rows)] = written_text(f"{entry.name}'s selection_attention", wrote)
-                    row["note"] = "; ".join(filter(None, [wrote_rows[len(rows)], row.get("note")]))
-            except BaseException as e:  # noqa: BLE001 - the kernel under test failed on this case
-                # SystemExit / GeneratorExit / its own KeyboardInterrupt of an adapter's part too, its text
-                # never trusted (round 13 B5); a real SIGINT (noted by adapter_code) stops the stage
-                adapter_failed(e)
-                row = {**unmeasured, "status": "ERROR", "note": describe_failure(e, 200, adapter=entry.name)}
-            row["seconds"] = round(time.perf_counter() - t0, 2)
-            if impl.note:
-                row["note"] = "; ".join(filter(None, [row.get("note"), impl.note]))
-            rows.append(row)
-            print(f"[{row['status']}] {entry.name} {case.id}: max_abs={row['max_abs']:.3e} "
-                  f"rel_err={row['rel_err']:.3e} tol={row['tol']:.0e} ({row['seconds']} s)", flush=True)
-            if device == "cuda":
-                torch.cuda.empty_cache()
+    infos = []  # per implementation: its name, differences and note (for the header)
+    for name in impl_names(ctx):
+        if name == BUILTIN:  # nsa-run's own library, in this process (its test hook: ``kernel``)
+            part = entry_rows(load_impl(name), cases, device, seed, position, measure)
+        else:  # a plugin's adapter (fla's too) in a process of its own: nothing it does reaches this one
+            part = isolated_rows(name, which, measure, cases, device, seed, ctx)
+        wrote_rows.update({len(rows) + int(i): text for i, text in part["wrote"].items()})
+        rows += part["rows"]
+        infos.append(part)
 
     import pandas as pd
 
@@ -412,14 +521,15 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     ran = df[df.status != "SKIP"]
     bad = ran[ran.status != "PASS"]
     skipped = df[df.status == "SKIP"]
-    names = [e.name for e in entries]
+    names = [i["name"] for i in infos]
     head = [f"triton-{which}: selection attention of {', '.join(names)} vs float64 reference (DESIGN §7 "
             "tolerances; nsa_core's Triton fp32 uses IEEE fp32 dots, no tf32, so fp32 tol = 1e-5)",
             f"device={device} profile={ctx.profile} seed={seed} cases run={len(ran)} failed={len(bad)} "
             f"skipped={len(skipped)}", f"replay: {replay}   (one case: add --cases CASE)"]
-    head += [f"{e.name}: {e.impl.differences['selection_attention']}" for e in entries
-             if e.impl is not None and "selection_attention" in e.impl.differences]
-    head += [f"{e.name}: {e.impl.note}" for e in entries if e.impl is not None and e.impl.note] + [""]
+    head += [f"{i['name']}: {i['differences']}" for i in infos if i["differences"]]
+    head += [f"{i['name']}: {i['note']}" for i in infos if i["note"]]
+    head += [f"{i['name']}: ran in a process of its own (a plugin's adapter never runs in the stage's process)"
+             for i in infos if i["isolated"]] + [""]
     write_text(ctx.dir / f"{stem}.txt", "\n".join(head) + df.to_string(index=False) + "\n")
     files = [f"{stem}.csv", f"{stem}.txt"]
     metrics = {"cases": int(len(ran)), "failed": int(len(bad)), "skipped": int(len(skipped)), "seed": seed,

@@ -1,0 +1,56 @@
+"""One plugin adapter's rows of triton-fwd / triton-bwd, in a process of its own (``_parity.isolated_rows``).
+
+``run([JOB, ROWS])``, started by ``isolated_rows`` with the stage process's ``sys.path``: JOB (JSON) names the
+implementation, the stage's measure function, the device, profile, ``--cases`` and seed; the rows go to ROWS as JSON
+(written whole, then renamed), and the process ends at once with ``os._exit``: an atexit hook or a finalizer the
+adapter left never runs after its rows (red-team round 47 B47b-6: one rewrote the stage's CSV after its verdict).
+Its working directory is a temp folder of its own, never the run folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    job_path, out_path = argv
+    with open(job_path) as f:
+        job = json.load(f)
+    from stages import _parity
+
+    module, _, qualname = job["measure"].partition(":")
+    measure = importlib.import_module(module)
+    for part in qualname.split("."):
+        measure = getattr(measure, part)
+    cases = _parity.cases_for(job["profile"], job["cases"])
+    position = {c.id: i for i, c in enumerate(_parity.cases_for(job["profile"]))}
+    part = _parity.entry_rows(_parity.load_impl(job["name"]), cases, job["device"], int(job["seed"]), position,
+                              measure)
+    text = json.dumps({"rows": part["rows"], "wrote": {str(k): v for k, v in part["wrote"].items()},
+                       "differences": part["differences"], "note": part["note"]})
+    tmp = out_path + ".part"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out_path)
+    return 0
+
+
+def run(argv: list[str]) -> None:
+    """``main``, then the process ends at once (``os._exit``): no atexit hook or finalizer of the adapter's runs."""
+    try:
+        code = main(argv)
+    except BaseException:  # noqa: BLE001 - said in the stage's log; the stage names this process's end
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

@@ -1,0 +1,125 @@
+"""Bad days, red-team round 47 (hostile adapters), through the CLI: triton-fwd / triton-bwd run a plugin's adapter
+in a process of its own.
+
+Round 47 broke the put-back around adapter code (the shared stage process) 15 times in 6 roots: a module's
+``__class__`` swapped (``torch``, ``nsa_core.functional``: vars() unchanged, nothing seen), a thread or a gc
+finalizer that changes torch again after the put-back, triton's own knobs and ``triton.language`` data (never
+saved), an nsa_core module first loaded under a changed environment, a thread's delayed ``os._exit`` (the stage
+ERROR naming no one), an atexit hook that rewrote the stage's CSV after its verdict. Each made nsa_core's own rows
+FAIL or ERROR, or its evidence change. A process can only be put back by not sharing it: each plugin adapter's rows
+now run in a fresh process (``stages._impl_host``), and nsa_core's rows and the reference stay in the stage's.
+
+Expected for each hostile adapter: nsa_core's rows PASS (in the CSV on disk too), the adapter's own rows carry
+whatever it did to itself, and an adapter whose process dies has its rows ERROR naming it.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+
+import pytest
+
+try:
+    from _bad_days import cli_cmd, manifest
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.runner._bad_days import cli_cmd, manifest
+
+HOSTILE = """
+import atexit, glob, os, sys, threading, time, types
+
+import torch
+
+from nsa_runner.impls import Impl
+from nsa_runner.impls import nsa_core as _base
+
+HOW = os.environ.get("R47_HOW", "")
+
+
+class _Bent(types.ModuleType):  # a module class that bends what torch hands out
+    def __getattribute__(self, name):
+        value = super().__getattribute__(name)
+        if name in ("softmax", "matmul", "einsum", "exp", "bmm") and callable(value):
+            return lambda *a, **k: value(*a, **k) * 1.01
+        return value
+
+
+def _bend_torch_later():
+    real = torch.softmax
+    def loop():
+        while True:
+            torch.softmax = lambda *a, **k: real(*a, **k) * 1.01
+            time.sleep(0.01)
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _rewrite_csvs():
+    for p in glob.glob(os.path.join(os.getcwd(), "*.csv")):
+        with open(p) as f:
+            t = f.read()
+        with open(p, "w") as f:
+            f.write(t.replace(",PASS,", ",FAIL,"))
+
+
+if HOW == "class":
+    torch.__class__ = _Bent
+elif HOW == "thread":
+    _bend_torch_later()
+elif HOW == "atexit":
+    atexit.register(_rewrite_csvs)
+
+PARTS = dict(_base.make().parts)
+if HOW == "exit":  # its second call starts a thread that ends the process while the call waits
+    _calls = []
+    _real = PARTS["selection_attention"]
+
+    def _ending(*a, **k):
+        _calls.append(1)
+        if len(_calls) == 2:
+            threading.Thread(target=lambda: os._exit(0), daemon=True).start()
+            time.sleep(5)
+        return _real(*a, **k)
+
+    PARTS["selection_attention"] = _ending
+
+
+def make():
+    return Impl(name="r47h", parts=dict(PARTS), description="a hostile adapter (round 47)")
+"""
+
+
+def _rows(out):
+    run = out / "testrun"
+    with open(run / "triton_fwd.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("how", ["class", "thread", "atexit", "exit"])
+def test_a_hostile_adapter_cannot_reach_nsa_cores_rows(plugins, tmp_path, how):
+    plugins.make("r47-hostile", "r47_hostile", HOSTILE, {"r47h": "r47_hostile:make"}, version="1.0",
+                 group="nsa_runner.impls")
+    env = {**plugins.env(), "R47_HOW": how, "TRITON_INTERPRET": "1"}
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "triton-fwd", "--impl", "nsa_core,r47h", "--cases", "T50,T40",
+                               "--device", "cpu", "--out", out), env=env, capture_output=True, text=True, timeout=900)
+    (rec,) = manifest(out)["stages"]
+    rows = _rows(out)
+    mine = [x for x in rows if x["impl"] == "nsa_core"]
+    theirs = [x for x in rows if x["impl"] == "r47h"]
+    assert len(mine) == 2 and len(theirs) == 2, (rows, r.stderr[-2000:])
+    # before: nsa_core's rows FAIL (class: rel_err ~5e-2; thread: 9.9e-3) or "FAIL" on disk after a PASS verdict
+    # (atexit), or no rows at all and the stage ERROR "exited with code 0 without a result" naming no one (exit)
+    assert all(x["status"] == "PASS" for x in mine), (mine, rec)
+    assert all(float(x["rel_err"]) < 1e-3 for x in mine), mine
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    if how == "exit":  # its process ended before its rows: its rows ERROR naming it, the stage FAIL
+        assert all(x["status"] == "ERROR" and "r47h: its process" in x["note"] for x in theirs), theirs
+        assert rec["status"] == "FAIL" and "r47h" in rec["reason"], rec
+    elif how == "atexit":  # nothing bent its numbers; its hook never ran after its rows (its process ends at once)
+        assert rec["status"] == "PASS", rec
+        assert all(x["status"] == "PASS" for x in theirs), theirs
+    else:  # it bent its own process's torch: its own rows show it
+        assert all(x["status"] == "FAIL" for x in theirs), theirs
+        assert rec["status"] == "FAIL" and "r47h:" in rec["reason"] and "nsa_core:" not in rec["reason"], rec
+    assert not [p for p in os.listdir(out / "testrun") if p.endswith(".json.part")]
