@@ -896,41 +896,44 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
     t0 = time.monotonic()  # the worker's start; t_stage: the stage's (its timeout and duration count from there)
     t_stage: float | None = None
     cookie = uuid.uuid4().hex
+    # From the stage's temp folder's making to the stage's stop, the runner's interrupts are noted, never raised where
+    # they land: the wait looks at them each tick and raises the first through its own handler, at a point inside its
+    # ``try`` with the others still held; the interrupt path below ends the hold inside its retry loop. Raised where
+    # they landed, a signal escaped bare at every point found so far (stop 40's CI, stop 41's stress and round 47):
+    # between the temp folder's making and its marker (the folder left behind, unmarked, never cleaned), between the
+    # worker's start and the wait (the runner descheduled under load while its stage started and signalled it), at
+    # the interrupt path's very first instruction (the second of a burst), and as the stop ended (the third). The
+    # stage was then left to die with the runner or unrecorded, and a rerun's earlier result put back with no record
+    # of the attempt ("no stage was running"). Before the worker runs, an error delivers what was held (no stage).
+    waiting = _Deferred().start()
     # the runner's pid in the name: a folder whose runner is gone is removed at the next start
     try:
         folder = _TempFolder(prefix=f"nsa-run-{entry.name}-{os.getpid()}-")
-    except OSError as e:
+    except BaseException as e:
         os.close(log_fd)
-        raise _temp_error(e, entry.name) from None
+        waiting.end()
+        if isinstance(e, OSError):
+            raise _temp_error(e, entry.name) from None
+        raise
     handed = False  # the stage (and its temp folder) went to a reaper
     reaper: _Reaper | None = None
     watch: _LogWatch | None = None
-    waiting = _Deferred()  # the runner's interrupts while its stage runs: noted, acted on at a point of its choosing
     try:
         try:
-            watch = _LogWatch(log_fd, log_rel)
-        except OSError as e:
-            os.close(log_fd)
-            raise _temp_error(e, entry.name) from None
-        tmp = folder.path
-        job, result_path = Path(folder.name("job.pkl")), Path(folder.name(RESULT))  # the worker's names
-        try:
-            mark_owned(tmp)
-            folder.write("job.pkl", pickle.dumps({"spec": entry.value, "ctx": ctx.to_dict(),
-                                                  "sys_path": _worker_sys_path(run_dir)}))
-        except OSError as e:
-            os.close(log_fd)
-            raise _temp_error(e, entry.name) from None
-        # From the worker's start to the stage's stop, the runner's interrupts are noted, never raised where they
-        # land: the wait looks at them each tick and raises the first through its own handler, at a point inside
-        # its ``try`` with the others still held; the interrupt path below ends the hold inside its retry loop.
-        # Raised where they landed, a signal escaped bare at three points found so far (stop 40's CI, stop 41's
-        # stress): between the worker's start and the wait (the runner descheduled under load while its stage
-        # started and signalled it), at the interrupt path's very first instruction (the second of a burst), and
-        # as the stop ended (the third). The stage was then left to die with the runner or unrecorded, and a
-        # rerun's earlier result put back with no record of the attempt ("no stage was running").
-        waiting.start()
-        try:
+            try:
+                watch = _LogWatch(log_fd, log_rel)
+            except OSError as e:
+                os.close(log_fd)
+                raise _temp_error(e, entry.name) from None
+            tmp = folder.path
+            job, result_path = Path(folder.name("job.pkl")), Path(folder.name(RESULT))  # the worker's names
+            try:
+                mark_owned(tmp)
+                folder.write("job.pkl", pickle.dumps({"spec": entry.value, "ctx": ctx.to_dict(),
+                                                      "sys_path": _worker_sys_path(run_dir)}))
+            except OSError as e:
+                os.close(log_fd)
+                raise _temp_error(e, entry.name) from None
             proc = spare.hand(job, result_path, log_fd, run_dir) if spare is not None else None
             if proc is not None:  # a spare worker (imports done) takes the stage
                 cookie = spare.cookie

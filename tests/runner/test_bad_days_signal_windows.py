@@ -160,7 +160,7 @@ def test_a_signal_as_a_finished_stage_record_begins_records_the_new_result(plugi
 
 
 # a signal right after the stage's worker started, before the runner's wait knew it (``hold_pid`` returns the new
-# worker: the signal is raised as it returns)
+# worker), or right after its temp folder was made, before its marker (round 47 U47a-5): raised as the call returns
 AT_START = """
 import signal
 from nsa_runner import executor as _ex
@@ -171,19 +171,33 @@ def _hold(proc):
     return proc
 _ex.hold_pid = _hold
 """
+AT_FOLDER = """
+import signal
+from nsa_runner import executor as _ex
+_orig = _ex._TempFolder.__init__
+def _init(self, *a, **k):
+    _orig(self, *a, **k)
+    signal.raise_signal(signal.SIGHUP)
+_ex._TempFolder.__init__ = _init
+"""
 
 
-def test_a_signal_as_the_stage_worker_starts_stops_and_records_the_attempt(plugins, tmp_path):
+@pytest.mark.parametrize("where", ["worker", "folder"])
+def test_a_signal_as_the_stage_starts_stops_and_records_the_attempt(plugins, tmp_path, where):
     """Stop 41's stress of the three-signals test (three loops beside two busy CPUs) found a second window: the
     stage's own signals reached a runner still between the worker's start and its wait (descheduled under load). The
-    interrupt escaped bare: "interrupted: no stage was running", the earlier result put back, no attempt record."""
+    interrupt escaped bare: "interrupted: no stage was running", the earlier result put back, no attempt record.
+    Round 47 (U47a-5) saw the same a step earlier, with the stage's temp folder left behind unmarked."""
     plugins.make("bdsw-plugin", "bdsw_mod", SOURCE, {"ysw": "bdsw_mod:Y"})
-    env = {**plugins.env(), "NSA_RUN_SPARE_WORKER": "0"}  # (the first stage of a run has no spare either way)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**plugins.env(), "NSA_RUN_SPARE_WORKER": "0", "TMPDIR": str(temp)}  # (a run's first stage has no spare)
     out = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "ysw", "--device", "cpu", "--out", str(out)],
                        env=env, text=True, capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, "-c", AT_START + MAIN, "stage", "ysw", "--device", "cpu", "--out", str(out)],
+    prelude = AT_START if where == "worker" else AT_FOLDER
+    r = subprocess.run([sys.executable, "-c", prelude + MAIN, "stage", "ysw", "--device", "cpu", "--out", str(out)],
                        env={**env, "BDSW_TEXT": "NEW", "BDSW_SLEEP": "60"}, text=True, capture_output=True,
                        timeout=600)
     run = out / "testrun"
@@ -195,3 +209,4 @@ def test_a_signal_as_the_stage_worker_starts_stops_and_records_the_attempt(plugi
     assert not m.get("pending"), m.get("pending")
     (attempt,) = [h for h in m.get("history", []) if h["name"] == "ysw"]  # before: none
     assert attempt["status"] == "ERROR" and "interrupted" in attempt["reason"], attempt
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("nsa-run-ysw-")]  # (before, "folder": one left)
