@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     job_path, out_path = argv
     with open(job_path) as f:
         job = json.load(f)
-    from stages import _parity
+    from . import _parity  # (this package: nsa_run_stages as installed, stages in a checkout)
 
     module, _, qualname = job["measure"].partition(":")
     measure = importlib.import_module(module)

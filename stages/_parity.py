@@ -417,7 +417,7 @@ def isolated_rows(name: str, which: str, measure, cases, device: str, seed: int,
     try:
         job = {"name": name, "which": which, "measure": f"{measure.__module__}:{measure.__qualname__}",
                "device": device, "profile": ctx.profile, "cases": opts.get("cases"), "seed": seed,
-               "sys_path": list(sys.path)}
+               "sys_path": list(sys.path), "host": __name__.rpartition(".")[0] + "._impl_host"}
         job_path, out_path = os.path.join(where, "job.json"), os.path.join(where, "rows.json")
         with open(job_path, "w") as f:
             json.dump(job, f)
@@ -426,8 +426,9 @@ def isolated_rows(name: str, which: str, measure, cases, device: str, seed: int,
         print(f"# {name}: its rows run in a process of its own", flush=True)
         # the stage process's own sys.path first (where it found ``stages``), then the host (``python_m``'s -P: no
         # working directory on the path)
-        boot = ("import json, sys; sys.path[:] = json.load(open(sys.argv[1]))['sys_path']; "
-                "from stages._impl_host import run; run(sys.argv[1:])")
+        # (``host``: this package's name, ``nsa_run_stages`` as installed, ``stages`` in a checkout's tests)
+        boot = ("import importlib, json, sys; job = json.load(open(sys.argv[1])); sys.path[:] = job['sys_path']; "
+                "importlib.import_module(job['host']).run(sys.argv[1:])")
         proc = subprocess.run([sys.executable, "-P", "-c", boot, job_path, out_path], cwd=where,
                               stdin=subprocess.DEVNULL)
         part, problem = _read_rows(out_path, name, cases)

@@ -123,3 +123,19 @@ def test_a_hostile_adapter_cannot_reach_nsa_cores_rows(plugins, tmp_path, how):
         assert all(x["status"] == "FAIL" for x in theirs), theirs
         assert rec["status"] == "FAIL" and "r47h:" in rec["reason"] and "nsa_core:" not in rec["reason"], rec
     assert not [p for p in os.listdir(out / "testrun") if p.endswith(".json.part")]
+
+
+def test_the_adapters_process_finds_the_stages_as_installed(plugins, tmp_path):
+    """The stages are installed as the package ``nsa_run_stages`` (a checkout's tests also see them as ``stages``,
+    through PYTHONPATH): the adapter's process must find its host through the stage's own package. Run here with
+    only the plugin on PYTHONPATH, from a folder outside the checkout, as a user's ``nsa-run`` runs."""
+    plugins.make("r47-hostile", "r47_hostile", HOSTILE, {"r47h": "r47_hostile:make"}, version="1.0",
+                 group="nsa_runner.impls")
+    env = {**plugins.env(), "PYTHONPATH": str(plugins.site), "R47_HOW": "", "TRITON_INTERPRET": "1"}
+    out = tmp_path / "o"
+    r = subprocess.run(cli_cmd("stage", "triton-fwd", "--impl", "nsa_core,r47h", "--cases", "T50",
+                               "--device", "cpu", "--out", out), env=env, capture_output=True, text=True,
+                       timeout=900, cwd=tmp_path)
+    (rec,) = manifest(out)["stages"]
+    assert rec["status"] == "PASS", (rec, r.stderr[-2000:])
+    assert [x["impl"] for x in _rows(out)] == ["nsa_core", "r47h"]
