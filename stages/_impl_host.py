@@ -1,10 +1,11 @@
-"""One plugin adapter's rows of triton-fwd / triton-bwd, in a process of its own (``_parity.isolated_rows``).
+"""One plugin adapter's part of a stage, in a process of its own (``_parity.in_own_process``): its rows of
+triton-fwd / triton-bwd (``isolated_rows``), or its select on selection-map's sample (``isolated_select``).
 
-``run([JOB, ROWS])``, started by ``isolated_rows`` with the stage process's ``sys.path``: JOB (JSON) names the
-implementation, the stage's measure function, the device, profile, ``--cases`` and seed; the rows go to ROWS as JSON
-(written whole, then renamed), and the process ends at once with ``os._exit``: an atexit hook or a finalizer the
-adapter left never runs after its rows (red-team round 47 B47b-6: one rewrote the stage's CSV after its verdict).
-Its working directory is a temp folder of its own, never the run folder.
+``run([JOB, OUT])``, started with the stage process's ``sys.path``: JOB (JSON) names the kind, the implementation and
+what the stage's part needs (the measure function, device, profile, ``--cases``, seed; or the sample's T and seed);
+the results go to OUT (written whole, then renamed), and the process ends at once with ``os._exit``: an atexit hook or
+a finalizer the adapter left never runs after its rows (red-team round 47 B47b-6: one rewrote the stage's CSV after
+its verdict). Its working directory is a temp folder of its own, never the run folder.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ def main(argv: list[str]) -> int:
     job_path, out_path = argv
     with open(job_path) as f:
         job = json.load(f)
+    if job["kind"] == "select":  # selection-map
+        from . import selection_map
+
+        selection_map.select_in_host(job, out_path)
+        return 0
     from . import _parity  # (this package: nsa_run_stages as installed, stages in a checkout)
 
     module, _, qualname = job["measure"].partition(":")

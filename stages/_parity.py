@@ -406,44 +406,56 @@ def isolated_rows(name: str, which: str, measure, cases, device: str, seed: int,
     this process, the reference or nsa_core's rows (red-team round 47: 15 probes in 6 roots broke the put-back
     of the shared process). Its output goes to the stage's log. Its rows come back as JSON, checked here; a
     process that ends without them makes each of its cases ERROR naming it and how it ended."""
+    opts = getattr(ctx, "options", {}) or {}
+    job = {"kind": "parity", "name": name, "which": which, "measure": f"{measure.__module__}:{measure.__qualname__}",
+           "device": device, "profile": ctx.profile, "cases": opts.get("cases"), "seed": seed}
+    part, problem = in_own_process(job, lambda path: _read_rows(path, name, cases))
+    if part is None:
+        problem = f"{name}: {problem}"
+        print(f"[ERROR] {problem}", flush=True)
+        nan = float("nan")
+        rows = [{"impl": name, "case": c.id, "B": c.B, "T": c.T, "HQ": c.HQ, "G": c.G, "dk": c.dk, "dv": c.dv,
+                 "dtype": c.dtype, "seed": seed, "max_abs": nan, "rel_err": nan, "tol": nan,
+                 "status": "ERROR", "note": problem} for c in cases]
+        part = {"rows": rows, "wrote": {}, "name": name, "differences": "", "note": ""}
+    part["isolated"] = True
+    return part
+
+
+def in_own_process(job: dict, read):
+    """Run ``job`` (plain JSON: its ``kind`` and ``name``) in a fresh process of its own (``_impl_host``), with this
+    process's ``sys.path``, in a temp folder of its own, its output going to the stage's log; then ``read(path)`` of
+    what it wrote. Returns (what ``read`` returned, "") or (None, why there is nothing: how the process ended, or
+    why what it wrote is refused: ``read`` raising ValueError / OSError)."""
     import json
     import shutil
     import subprocess
     import sys
     import tempfile
 
-    opts = getattr(ctx, "options", {}) or {}
     where = tempfile.mkdtemp(prefix="nsa-run-impl-")
     try:
-        job = {"name": name, "which": which, "measure": f"{measure.__module__}:{measure.__qualname__}",
-               "device": device, "profile": ctx.profile, "cases": opts.get("cases"), "seed": seed,
-               "sys_path": list(sys.path), "host": __name__.rpartition(".")[0] + "._impl_host"}
-        job_path, out_path = os.path.join(where, "job.json"), os.path.join(where, "rows.json")
+        job = {**job, "sys_path": list(sys.path), "host": __name__.rpartition(".")[0] + "._impl_host"}
+        job_path, out_path = os.path.join(where, "job.json"), os.path.join(where, "out")
         with open(job_path, "w") as f:
             json.dump(job, f)
-        sys.stdout.flush()
+        print(f"# {job['name']}: runs in a process of its own", flush=True)
         sys.stderr.flush()
-        print(f"# {name}: its rows run in a process of its own", flush=True)
-        # the stage process's own sys.path first (where it found ``stages``), then the host (``python_m``'s -P: no
-        # working directory on the path)
-        # (``host``: this package's name, ``nsa_run_stages`` as installed, ``stages`` in a checkout's tests)
+        # the stage process's own sys.path first (where it found this package), then the host (-P: no working
+        # directory on the path; ``host``: nsa_run_stages as installed, stages in a checkout's tests)
         boot = ("import importlib, json, sys; job = json.load(open(sys.argv[1])); sys.path[:] = job['sys_path']; "
                 "importlib.import_module(job['host']).run(sys.argv[1:])")
         proc = subprocess.run([sys.executable, "-P", "-c", boot, job_path, out_path], cwd=where,
                               stdin=subprocess.DEVNULL)
-        part, problem = _read_rows(out_path, name, cases)
-        if part is None:
-            ended = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
-                     else f"exited with code {proc.returncode}")
-            problem = f"{name}: its process (a plugin's adapter runs in one of its own) {ended} {problem}"
-            print(f"[ERROR] {problem}", flush=True)
-            nan = float("nan")
-            rows = [{"impl": name, "case": c.id, "B": c.B, "T": c.T, "HQ": c.HQ, "G": c.G, "dk": c.dk, "dv": c.dv,
-                     "dtype": c.dtype, "seed": seed, "max_abs": nan, "rel_err": nan, "tol": nan,
-                     "status": "ERROR", "note": problem} for c in cases]
-            part = {"rows": rows, "wrote": {}, "name": name, "differences": "", "note": ""}
-        part["isolated"] = True
-        return part
+        ended = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+                 else f"exited with code {proc.returncode}")
+        what = "its process (a plugin's adapter runs in one of its own)"
+        if not os.path.isfile(out_path):
+            return None, f"{what} {ended} before it wrote its results"
+        try:
+            return read(out_path), ""
+        except (OSError, ValueError, RuntimeError, EOFError, TypeError) as e:
+            return None, f"{what} {ended} and wrote results that cannot be used ({described(e)})"
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
@@ -451,18 +463,13 @@ def isolated_rows(name: str, which: str, measure, cases, device: str, seed: int,
 _ROW_TYPES = (str, int, float, type(None))
 
 
-def _read_rows(path: str, name: str, cases) -> tuple[dict | None, str]:
+def _read_rows(path: str, name: str, cases) -> dict:
     """The rows an adapter's process wrote (plain JSON, checked: its rows are its own implementation's, of the
-    stage's cases, plain values), or (None, why not)."""
+    stage's cases, plain values); ValueError when they are not."""
     import json
 
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(64 << 20))
-    except FileNotFoundError:
-        return None, "before it wrote its rows"
-    except (OSError, ValueError) as e:
-        return None, f"and its rows cannot be read ({described(e)})"
+    with open(path, "rb") as f:
+        data = json.loads(f.read(64 << 20))
     ids = [c.id for c in cases]
     ok = (isinstance(data, dict) and isinstance(data.get("rows"), list) and isinstance(data.get("wrote"), dict)
           and all(isinstance(r, dict) and all(isinstance(k, str) and isinstance(v, _ROW_TYPES) for k, v in r.items())
@@ -472,9 +479,9 @@ def _read_rows(path: str, name: str, cases) -> tuple[dict | None, str]:
                   for k, v in data["wrote"].items())
           and all(isinstance(data.get(k), str) for k in ("differences", "note")))
     if not ok:
-        return None, "and wrote rows that are not its cases' (not its own, or not plain values)"
+        raise ValueError("rows that are not its cases' (not its own, or not plain values)")
     return {"rows": data["rows"], "wrote": data["wrote"], "name": name, "differences": data["differences"],
-            "note": data["note"]}, ""
+            "note": data["note"]}
 
 
 def run_matrix(ctx, which: str, measure) -> StageResult:

@@ -29,6 +29,7 @@ import textwrap
 from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.impls import (
+    BUILTIN,
     BadOutput,
     ImplError,
     adapter_code,
@@ -269,6 +270,64 @@ def jsonl_lines(block_idx, block_count, cfg, b: int = 0) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def sample(device: str, T: int, seed: int):
+    """The seeded sample (q, k_cmp, cfg) every implementation's select runs on (the same in an adapter's process)."""
+    import torch
+
+    from nsa_core import NSAConfig
+
+    shape = SHAPES["cuda" if device == "cuda" else "cpu"]
+    cfg = NSAConfig(**shape["cfg"])
+    B, HQ, G, dk = shape["B"], shape["HQ"], shape["G"], shape["dk"]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, T, HQ, dk, generator=gen).to(device)
+    k = torch.randn(B, T, G, dk, generator=gen).to(device)
+    return q, k, cfg
+
+
+def select_in_host(job: dict, out_path: str) -> None:
+    """(In an adapter's own process, ``_impl_host``.) ``SelectionMap._per_impl`` of the adapter ``job["name"]`` on the
+    sample, saved to ``out_path`` as tensors and plain values (read back with ``torch.load(weights_only=True)``)."""
+    import torch
+
+    q, k, cfg = sample(job["device"], int(job["T"]), int(job["seed"]))
+    runs, others, skips, wrote = SelectionMap._per_impl([_parity.load_impl(job["name"])], q, k, cfg, job["device"])
+    torch.save({"runs": [[str(n), i.detach().cpu().contiguous(), c.detach().cpu().contiguous()] for n, i, c in runs],
+                "others": [[str(n), str(w), bool(b)] for n, w, b in others],
+                "skips": [[str(n), str(w)] for n, w in skips], "wrote": [[str(n), str(w)] for n, w in wrote]},
+               out_path + ".part")
+    import os
+
+    os.replace(out_path + ".part", out_path)
+
+
+def isolated_select(name: str, device: str, T: int, seed: int):
+    """``_per_impl`` of a plugin's adapter in a process of its own (``_parity.in_own_process``): what its select
+    returned comes back as plain tensors and texts, checked; a process that ends without them is that
+    implementation's failure, named."""
+    import torch
+
+    def read(path: str):
+        data = torch.load(path, weights_only=True)  # tensors and plain values only: nothing of the adapter runs
+        lists = ("runs", "others", "skips", "wrote")
+        if not (isinstance(data, dict) and all(isinstance(data.get(x), list) for x in lists)):
+            raise ValueError("not the lists of a select's outcome")
+        runs = [(n, i.to(device), c.to(device)) for n, i, c in data["runs"]
+                if n == name and isinstance(i, torch.Tensor) and isinstance(c, torch.Tensor)]
+        others = [(n, w, b) for n, w, b in data["others"] if n == name and isinstance(w, str)]
+        skips = [(n, w) for n, w in data["skips"] if n == name and isinstance(w, str)]
+        wrote = [(n, w) for n, w in data["wrote"] if n == name and isinstance(w, str)]
+        if len(runs) + len(others) + len(skips) != 1:
+            raise ValueError("not one outcome of its select")
+        return runs, others, skips, wrote
+
+    job = {"kind": "select", "name": name, "device": device, "T": T, "seed": seed}
+    got, problem = _parity.in_own_process(job, read)
+    if got is None:
+        return [], [(name, f"{name}: {problem}", True)], [], []
+    return got
+
+
 class SelectionMap(Stage):
     name = "selection-map"
     order = 25
@@ -282,26 +341,26 @@ class SelectionMap(Stage):
     timeout_s = 600.0
 
     def run(self, ctx) -> StageResult:
-        import torch
-
-        from nsa_core import NSAConfig
-
-        shape = SHAPES["cuda" if ctx.device == "cuda" else "cpu"]
-        T = int(ctx.options.get("T") or shape["T"])
+        T = int(ctx.options.get("T") or SHAPES["cuda" if ctx.device == "cuda" else "cpu"]["T"])
         seed = int(ctx.options.get("seed") or 0)
-        cfg = NSAConfig(**shape["cfg"])
-        B, HQ, G, dk = shape["B"], shape["HQ"], shape["G"], shape["dk"]
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        q = torch.randn(B, T, HQ, dk, generator=gen).to(ctx.device)
-        k = torch.randn(B, T, G, dk, generator=gen).to(ctx.device)
+        q, k, cfg = sample(ctx.device, T, seed)
+        B, _, HQ, dk = q.shape
+        G = k.shape[2]
         what = (f"sample input: seeded random q, k (seed {seed}), B={B} T={T} HQ={HQ} G={G} dk={dk}, fp32, "
                 f"device {ctx.device}; cfg l={cfg.l} d={cfg.d} l'={cfg.l_sel} n={cfg.n_sel}")
         print(what, flush=True)
         impl_text = ctx.options.get("impl")
         replay = seeds.announce(ctx, self.name, seed, T=ctx.options.get("T"),
                                 impl=impl_text if impl_text not in (None, "nsa_core") else None)
-        entries = _parity.impl_entries(ctx)
-        runs, others, skips, wrote = self._per_impl(entries, q, k, cfg, ctx.device)
+        runs, others, skips, wrote, names = [], [], [], [], []
+        for name in _parity.impl_names(ctx):
+            if name == BUILTIN:  # nsa-run's own library, in this process
+                got = self._per_impl([_parity.load_impl(name)], q, k, cfg, ctx.device)
+            else:  # a plugin's adapter (fla's too) in a process of its own (as in triton-fwd: round 47)
+                got = isolated_select(name, ctx.device, T, seed)
+            for have, more in zip((runs, others, skips, wrote), got, strict=True):
+                have += more
+            names.append(name)
         for name, why in skips:
             print(f"[SKIP] {name}: {why}", flush=True)
         if not runs:
@@ -312,7 +371,7 @@ class SelectionMap(Stage):
                                + "; ".join(w for _, w in skips)[:800])
         primary, block_idx, block_count = runs[0]
         checks = check_selection(block_idx, block_count, cfg)
-        if primary != "nsa_core" or len(entries) > 1:
+        if primary != "nsa_core" or len(names) > 1:
             checks = [{**c, "check": f"{primary}: {c['check']}"} for c in checks]
         for name, idx_, cnt_ in runs[1:]:
             checks += [{**c, "check": f"{name}: {c['check']}"} for c in check_selection(idx_, cnt_, cfg)]
@@ -336,7 +395,7 @@ class SelectionMap(Stage):
              ctx.dir / "selection.png")
         bad = [c for c in checks if not c["ok"]]
         text = [f"nsa-run selection-map  run {ctx.run_id}  {now_iso()}", what, f"replay: {replay}",
-                f"implementations: {', '.join(e.name for e in entries)}; picture and sel_ranges.jsonl: {primary}",
+                f"implementations: {', '.join(names)}; picture and sel_ranges.jsonl: {primary}",
                 *[f"  [SKIP] {n}: {why}" for n, why in skips], "",
                 f"sel_ranges.jsonl: {len(lines)} lines (batch 0, every {max(1, T // MAX_LINES_T)}-th query, "
                 f"all {G} groups)", "", "checks:"]
@@ -346,7 +405,7 @@ class SelectionMap(Stage):
         metrics = {"T": T, "seed": seed, "cfg": cfg.to_dict(), "groups": G, "lines": len(lines),
                    "checks": len(checks), "failed": len(bad),
                    "mean_count": round(float(block_count.float().mean()), 3),
-                   "impls": [e.name for e in entries], "skipped": [f"{n}: {w}" for n, w in skips]}
+                   "impls": names, "skipped": [f"{n}: {w}" for n, w in skips]}
         skip_note = ("; not run: " + "; ".join(w for _, w in skips))[:600] if skips else ""
         if bad:
             return StageResult(Status.FAIL, ("; ".join(f"{c['check']}: {c['detail']}" for c in bad) + skip_note)[:1000],

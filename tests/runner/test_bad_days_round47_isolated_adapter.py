@@ -64,6 +64,20 @@ def _rewrite_csvs():
 
 if HOW == "class":
     torch.__class__ = _Bent
+elif HOW == "fclass":  # nsa_core.functional's class: every live block id its select_blocks hands out -> 0
+    import nsa_core.functional as _F
+
+    class _BentF(type(_F)):
+        def __getattribute__(self, name):
+            value = super().__getattribute__(name)
+            if name == "select_blocks":
+                def bent(*a, **k):
+                    idx, cnt = value(*a, **k)
+                    return torch.where(idx >= 0, idx * 0, idx), cnt
+                return bent
+            return value
+
+    _F.__class__ = _BentF
 elif HOW == "thread":
     _bend_torch_later()
 elif HOW == "atexit":
@@ -139,3 +153,21 @@ def test_the_adapters_process_finds_the_stages_as_installed(plugins, tmp_path):
     (rec,) = manifest(out)["stages"]
     assert rec["status"] == "PASS", (rec, r.stderr[-2000:])
     assert [x["impl"] for x in _rows(out)] == ["nsa_core", "r47h"]
+
+
+def test_a_hostile_adapter_cannot_reach_nsa_cores_selection_checks(plugins, tmp_path):
+    """selection-map runs a plugin adapter's select in a process of its own too (round 47 B47b-1: the swapped class
+    of ``nsa_core.functional`` made nsa_core's own checks fail, 960 violations, nothing named)."""
+    from _bad_days import selection_map
+
+    plugins.make("r47-hostile", "r47_hostile", HOSTILE, {"r47h": "r47_hostile:make"}, version="1.0",
+                 group="nsa_runner.impls")
+    os.environ["R47_HOW"] = "fclass"  # (plugins.env() copies os.environ)
+    try:
+        r, rec, log = selection_map(plugins, tmp_path, "nsa_core,r47h")
+    finally:
+        del os.environ["R47_HOW"]
+    assert rec["status"] == "FAIL", (rec, r.stderr[-2000:])
+    # before: "nsa_core: ids ascending and unique: 960 violation(s) ..."; now only its own checks fail
+    assert "r47h: ids ascending and unique" in rec["reason"] and "nsa_core:" not in rec["reason"], rec
+    assert "[ok] ids ascending and unique" in log or "[ok] nsa_core: ids ascending and unique" in log, log[-3000:]
