@@ -48,6 +48,14 @@ def run(argv: list[str]) -> None:
     """``main``, then the process ends at once (``os._exit``): no atexit hook or finalizer of the adapter's runs."""
     try:
         code = main(argv)
+    except KeyboardInterrupt:  # a real SIGINT to this process (the adapter's own is its failure, in its rows): it
+        sys.stdout.flush()  # ends by that signal, which the stage names in the adapter's rows
+        sys.stderr.flush()
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
     except BaseException:  # noqa: BLE001 - said in the stage's log; the stage names this process's end
         import traceback
 

@@ -330,6 +330,18 @@ def impl_names(ctx) -> list[str]:
     return list(dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip()))
 
 
+ADAPTER_PROCESS_ENV = "NSA_RUN_ADAPTER_PROCESS"
+
+
+def in_stage_process(name: str) -> bool:
+    """Whether implementation ``name``'s part runs in the stage's own process: nsa_core (nsa-run's library) always;
+    a plugin's adapter only with ``NSA_RUN_ADAPTER_PROCESS=0`` (to debug an adapter, e.g. under pdb, and for the
+    tests of the put-back that still guards sanity, prefill-bench and decode-bench); else in its own process."""
+    from nsa_runner.impls import BUILTIN
+
+    return name == BUILTIN or os.environ.get(ADAPTER_PROCESS_ENV, "1").strip() == "0"
+
+
 def load_impl(name: str):
     from nsa_runner.impls.discovery import load
 
@@ -447,7 +459,7 @@ def in_own_process(job: dict, read):
                 "importlib.import_module(job['host']).run(sys.argv[1:])")
         proc = subprocess.run([sys.executable, "-P", "-c", boot, job_path, out_path], cwd=where,
                               stdin=subprocess.DEVNULL)
-        ended = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+        ended = (f"was killed by {_signal_name(-proc.returncode)}" if proc.returncode < 0
                  else f"exited with code {proc.returncode}")
         what = "its process (a plugin's adapter runs in one of its own)"
         if not os.path.isfile(out_path):
@@ -461,6 +473,15 @@ def in_own_process(job: dict, read):
 
 
 _ROW_TYPES = (str, int, float, type(None))
+
+
+def _signal_name(n: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
 
 
 def _read_rows(path: str, name: str, cases) -> dict:
@@ -492,7 +513,6 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     that raises becomes a row with status ERROR; any row not PASS makes the stage FAIL naming it.
     """
     from nsa_runner.artifacts import write_csv, write_text
-    from nsa_runner.impls import BUILTIN
 
     opts = getattr(ctx, "options", {}) or {}
     seed = int(opts.get("seed") or 0)
@@ -511,7 +531,7 @@ def run_matrix(ctx, which: str, measure) -> StageResult:
     wrote_rows: dict[int, str] = {}  # row number -> what its part did wrong besides its numbers (named in the FAIL)
     infos = []  # per implementation: its name, differences and note (for the header)
     for name in impl_names(ctx):
-        if name == BUILTIN:  # nsa-run's own library, in this process (its test hook: ``kernel``)
+        if in_stage_process(name):  # nsa-run's own library, in this process (its test hook: ``kernel``)
             part = entry_rows(load_impl(name), cases, device, seed, position, measure)
         else:  # a plugin's adapter (fla's too) in a process of its own: nothing it does reaches this one
             part = isolated_rows(name, which, measure, cases, device, seed, ctx)

@@ -29,7 +29,6 @@ import textwrap
 from nsa_runner._figures import drawing
 from nsa_runner.artifacts import now_iso, write_text
 from nsa_runner.impls import (
-    BUILTIN,
     BadOutput,
     ImplError,
     adapter_code,
@@ -354,7 +353,7 @@ class SelectionMap(Stage):
                                 impl=impl_text if impl_text not in (None, "nsa_core") else None)
         runs, others, skips, wrote, names = [], [], [], [], []
         for name in _parity.impl_names(ctx):
-            if name == BUILTIN:  # nsa-run's own library, in this process
+            if _parity.in_stage_process(name):  # nsa-run's own library, in this process
                 got = self._per_impl([_parity.load_impl(name)], q, k, cfg, ctx.device)
             else:  # a plugin's adapter (fla's too) in a process of its own (as in triton-fwd: round 47)
                 got = isolated_select(name, ctx.device, T, seed)

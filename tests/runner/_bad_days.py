@@ -170,14 +170,17 @@ def put_back_and_named(result, names) -> None:
         assert name in log, (name, log[-3000:])
 
 
-def selection_map(plugins, tmp_path: Path, impls: str):
+def selection_map(plugins, tmp_path: Path, impls: str, own_process: bool = False):
     """``nsa-run stage selection-map --impl IMPLS`` on the CPU into ``tmp_path / "o"``, ``plugins`` on the path: (the
-    finished process, the stage's manifest record, its log's text)."""
+    finished process, the stage's manifest record, its log's text). The tests of the put-back in the stage's process
+    (still the guard of sanity, prefill-bench and decode-bench) run the adapters there (``NSA_RUN_ADAPTER_PROCESS=0``);
+    ``own_process``: each plugin adapter in a process of its own, as nsa-run does by default since round 47."""
     import subprocess
 
     out = tmp_path / "o"
+    env = {**plugins.env(), "NSA_RUN_ADAPTER_PROCESS": "1" if own_process else "0"}
     r = subprocess.run(cli_cmd("stage", "selection-map", "--impl", impls, "--out", out, "--device", "cpu"),
-                       env=plugins.env(), capture_output=True, text=True, timeout=900)
+                       env=env, capture_output=True, text=True, timeout=900)
     (rec,) = manifest(out)["stages"]
     log = out / "testrun" / "logs" / "selection-map.log"
     return r, rec, log.read_text(errors="replace") if log.is_file() else ""

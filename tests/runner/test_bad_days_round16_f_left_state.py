@@ -101,7 +101,8 @@ def test_what_an_adapter_leaves_changed_is_put_back_before_the_next_one(plugins,
     out = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "selection-map", "--device", "cpu",
                         "--impl", "leaky,probe,nsa_core", "--out", str(out)],
-                       env=plugins.env() | {"R16F_STATE": str(state)}, text=True, capture_output=True, timeout=600)
+                       env=plugins.env() | {"NSA_RUN_ADAPTER_PROCESS": "0", "R16F_STATE": str(state)},
+                       text=True, capture_output=True, timeout=600)
     m = json.loads((out / "testrun" / "manifest.json").read_text())
     rec = next(s for s in m["stages"] if s["name"] == "selection-map")
     # before: ERROR (the stage's next print on the closed fd / its next call past the recursion limit)

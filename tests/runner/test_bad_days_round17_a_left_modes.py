@@ -92,7 +92,8 @@ def test_dispatch_modes_rng_and_environ_an_adapter_leaves_are_put_back(plugins, 
     out = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "selection-map", "--device", "cpu",
                         "--impl", "leaky,probe,nsa_core", "--out", str(out)],
-                       env=plugins.env() | {"R17A_STATE": str(state), "HOME": str(tmp_path)}, text=True,
+                       env=plugins.env() | {"NSA_RUN_ADAPTER_PROCESS": "0", "R17A_STATE": str(state),
+                                            "HOME": str(tmp_path)}, text=True,
                        capture_output=True, timeout=600)
     m = json.loads((out / "testrun" / "manifest.json").read_text())
     rec = next(s for s in m["stages"] if s["name"] == "selection-map")

@@ -164,7 +164,7 @@ def test_a_hostile_adapter_cannot_reach_nsa_cores_selection_checks(plugins, tmp_
                  group="nsa_runner.impls")
     os.environ["R47_HOW"] = "fclass"  # (plugins.env() copies os.environ)
     try:
-        r, rec, log = selection_map(plugins, tmp_path, "nsa_core,r47h")
+        r, rec, log = selection_map(plugins, tmp_path, "nsa_core,r47h", own_process=True)
     finally:
         del os.environ["R47_HOW"]
     assert rec["status"] == "FAIL", (rec, r.stderr[-2000:])
