@@ -16,27 +16,26 @@ def early_interrupts() -> None:
     Ctrl-C there printed a KeyboardInterrupt traceback, a TERM exited 143). An ignored signal (``nohup``, a
     background job's SIGINT) stays ignored. Not when the package is imported by other code (tests, an embedding):
     their handlers are theirs."""
+    import _signal  # (built in: ``signal``'s import builds its enums first, a window of its own, round 48 B48a-3)
     import os
-    import signal
     import sys
 
     main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""
     if not os.path.basename(main_file).startswith("nsa-run"):
         return
+    names = {_signal.SIGINT: "Ctrl-C", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP", _signal.SIGQUIT: "SIGQUIT"}
 
     def stop(signum, frame):
-        how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        how = names.get(signum, f"signal {signum}")
         try:
             os.write(2, f"interrupted ({how}): nsa-run stopped; nothing is left running\n".encode())
         except OSError:
             pass
         os._exit(130)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # (manifest.INTERRUPTS, not loaded)
+    for sig in names:  # (manifest.INTERRUPTS, not loaded)
         try:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                signal.signal(sig, stop)
+            if _signal.getsignal(sig) != _signal.SIG_IGN:
+                _signal.signal(sig, stop)
         except (ValueError, OSError):  # not the main thread
             pass
-
-

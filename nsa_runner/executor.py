@@ -811,10 +811,25 @@ class _Reaper:
         a signal handler marks the thread stopped (CPython 3.11, bpo-45274), and nothing waited for it
         any more (the runner exited 130 with the stage's processes alive)."""
         interrupted: KeyboardInterrupt | None = None
+        # the wait itself runs with the runner's interrupts held (noted, raised after): a handler raising inside the
+        # Event's Condition left its lock broken, and the next wait raised "RuntimeError: release unlocked lock"
+        # (round 48 B48a-2: a burst right after a rerun's PASS, exit 2, a lock token file left)
         while True:
             try:
-                self._finished.wait()
+                held = _Deferred().start()
                 break
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+        try:
+            while True:
+                try:
+                    if self._finished.wait(POLL_S):
+                        break
+                except KeyboardInterrupt as e:  # (a handler of another signal that raises: waited for all the same)
+                    interrupted = interrupted or e
+        finally:
+            try:
+                held.end()
             except KeyboardInterrupt as e:
                 interrupted = interrupted or e
         if interrupted is not None:
@@ -892,11 +907,12 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         until.begin()
         return rec
     rec.log = log_rel
+    waiting = _Deferred().start()  # (before the "started" line: round 48 B48a-4; see below)
     observer.on_start(entry)
     t0 = time.monotonic()  # the worker's start; t_stage: the stage's (its timeout and duration count from there)
     t_stage: float | None = None
     cookie = uuid.uuid4().hex
-    # From the stage's temp folder's making to the stage's stop, the runner's interrupts are noted, never raised where
+    # From the stage's "started" line to the stage's stop, the runner's interrupts are noted, never raised where
     # they land: the wait looks at them each tick and raises the first through its own handler, at a point inside its
     # ``try`` with the others still held; the interrupt path below ends the hold inside its retry loop. Raised where
     # they landed, a signal escaped bare at every point found so far (stop 40's CI, stop 41's stress and round 47):
@@ -905,7 +921,6 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
     # the interrupt path's very first instruction (the second of a burst), and as the stop ended (the third). The
     # stage was then left to die with the runner or unrecorded, and a rerun's earlier result put back with no record
     # of the attempt ("no stage was running"). Before the worker runs, an error delivers what was held (no stage).
-    waiting = _Deferred().start()
     # the runner's pid in the name: a folder whose runner is gone is removed at the next start
     try:
         folder = _TempFolder(prefix=f"nsa-run-{entry.name}-{os.getpid()}-")

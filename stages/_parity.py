@@ -445,7 +445,9 @@ def in_own_process(job: dict, read):
     import sys
     import tempfile
 
-    where = tempfile.mkdtemp(prefix="nsa-run-impl-")
+    # inside the stage's own temp folder (``NSA_RUN_STAGE_TMP``), which the runner removes however the stage ends: one
+    # in TMPDIR was left behind whenever the stage was stopped while the adapter ran (round 48 B48a-1)
+    where = tempfile.mkdtemp(prefix="nsa-run-impl-", dir=os.environ.get("NSA_RUN_STAGE_TMP") or None)
     try:
         job = {**job, "sys_path": list(sys.path), "host": __name__.rpartition(".")[0] + "._impl_host"}
         job_path, out_path = os.path.join(where, "job.json"), os.path.join(where, "out")
@@ -467,12 +469,22 @@ def in_own_process(job: dict, read):
         try:
             return read(out_path), ""
         except (OSError, ValueError, RuntimeError, EOFError, TypeError) as e:
-            return None, f"{what} {ended} and wrote results that cannot be used ({described(e)})"
+            return None, f"{what} {ended} and wrote results that cannot be used ({described(e, 300)})"
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
 
-_ROW_TYPES = (str, int, float, type(None))
+_TEXT_COLUMNS = frozenset({"impl", "case", "dtype", "status", "note", "worst", "bitwise_repeat"})
+_STATUSES = frozenset({"PASS", "FAIL", "ERROR", "SKIP"})
+
+
+def _plain_row(r) -> bool:
+    """A row as the stage's own code makes it: text in the text columns, numbers (or none) in every other, a status
+    of DESIGN's vocabulary (round 48 B48b-1: a text rel_err from an adapter's process took the whole stage down)."""
+    return (isinstance(r, dict) and r.get("status") in _STATUSES
+            and all(isinstance(k, str) and (isinstance(v, str) if k in _TEXT_COLUMNS
+                                            else (isinstance(v, (int, float)) or v is None))
+                    for k, v in r.items()))
 
 
 def _signal_name(n: int) -> str:
@@ -493,8 +505,7 @@ def _read_rows(path: str, name: str, cases) -> dict:
         data = json.loads(f.read(64 << 20))
     ids = [c.id for c in cases]
     ok = (isinstance(data, dict) and isinstance(data.get("rows"), list) and isinstance(data.get("wrote"), dict)
-          and all(isinstance(r, dict) and all(isinstance(k, str) and isinstance(v, _ROW_TYPES) for k, v in r.items())
-                  for r in data["rows"])
+          and all(_plain_row(r) for r in data["rows"])
           and [r.get("case") for r in data["rows"]] == ids and all(r.get("impl") == name for r in data["rows"])
           and all(isinstance(k, str) and k.isdigit() and int(k) < len(ids) and isinstance(v, str)
                   for k, v in data["wrote"].items())

@@ -300,7 +300,7 @@ def select_in_host(job: dict, out_path: str) -> None:
     os.replace(out_path + ".part", out_path)
 
 
-def isolated_select(name: str, device: str, T: int, seed: int):
+def isolated_select(name: str, device: str, T: int, seed: int, want_idx: tuple):
     """``_per_impl`` of a plugin's adapter in a process of its own (``_parity.in_own_process``): what its select
     returned comes back as plain tensors and texts, checked; a process that ends without them is that
     implementation's failure, named."""
@@ -311,8 +311,14 @@ def isolated_select(name: str, device: str, T: int, seed: int):
         lists = ("runs", "others", "skips", "wrote")
         if not (isinstance(data, dict) and all(isinstance(data.get(x), list) for x in lists)):
             raise ValueError("not the lists of a select's outcome")
+        integer = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
         runs = [(n, i.to(device), c.to(device)) for n, i, c in data["runs"]
-                if n == name and isinstance(i, torch.Tensor) and isinstance(c, torch.Tensor)]
+                if n == name and isinstance(i, torch.Tensor) and isinstance(c, torch.Tensor)
+                and i.dtype in integer and c.dtype in integer]
+        for _, i, c in runs:  # (round 48 B48b-2: wrong shapes from its process took the whole stage down)
+            if tuple(i.shape) != want_idx or tuple(c.shape) != want_idx[:3]:
+                raise ValueError(f"select gave shapes {tuple(i.shape)} / {tuple(c.shape)}, want {want_idx} / "
+                                 f"{want_idx[:3]}")
         others = [(n, w, b) for n, w, b in data["others"] if n == name and isinstance(w, str)]
         skips = [(n, w) for n, w in data["skips"] if n == name and isinstance(w, str)]
         wrote = [(n, w) for n, w in data["wrote"] if n == name and isinstance(w, str)]
@@ -356,7 +362,7 @@ class SelectionMap(Stage):
             if _parity.in_stage_process(name):  # nsa-run's own library, in this process
                 got = self._per_impl([_parity.load_impl(name)], q, k, cfg, ctx.device)
             else:  # a plugin's adapter (fla's too) in a process of its own (as in triton-fwd: round 47)
-                got = isolated_select(name, ctx.device, T, seed)
+                got = isolated_select(name, ctx.device, T, seed, (B, T, G, cfg.n_sel))
             for have, more in zip((runs, others, skips, wrote), got, strict=True):
                 have += more
             names.append(name)

@@ -171,3 +171,111 @@ def test_a_hostile_adapter_cannot_reach_nsa_cores_selection_checks(plugins, tmp_
     # before: "nsa_core: ids ascending and unique: 960 violation(s) ..."; now only its own checks fail
     assert "r47h: ids ascending and unique" in rec["reason"] and "nsa_core:" not in rec["reason"], rec
     assert "[ok] ids ascending and unique" in log or "[ok] nsa_core: ids ascending and unique" in log, log[-3000:]
+
+
+FORGER = """
+import os, sys
+
+import torch
+
+from nsa_runner.impls import Impl
+from nsa_runner.impls import nsa_core as _base
+
+# in its own process (argv: the job file, then where its results go): it writes results of its own making and ends
+if len(sys.argv) == 3 and sys.argv[1].endswith("job.json"):
+    out = sys.argv[2]
+    if os.environ["R48_KIND"] == "rows":  # a text rel_err in its own row (round 48 B48b-1)
+        import json
+        rows = [{"impl": "r48f", "case": c, "B": 1, "T": 1, "HQ": 1, "G": 1, "dk": 1, "dv": 1, "dtype": "fp32",
+                 "seed": 0, "max_abs": 0.0, "rel_err": "0", "tol": 1e-5, "status": "PASS"}
+                for c in os.environ["R48_CASES"].split(",")]
+        with open(out, "w") as f:
+            json.dump({"rows": rows, "wrote": {}, "differences": "", "note": ""}, f)
+    else:  # select's tensors of the wrong shape (round 48 B48b-2)
+        torch.save({"runs": [["r48f", torch.zeros(1, 2, 3, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)]],
+                    "others": [], "skips": [], "wrote": []}, out)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def make():
+    return Impl(name="r48f", parts=dict(_base.make().parts), description="writes its own results (round 48)")
+"""
+
+
+@pytest.mark.parametrize("kind", ["rows", "select"])
+def test_results_an_adapters_process_made_up_are_refused_as_its_own_failure(plugins, tmp_path, kind):
+    """Round 48 B48b-1 / B48b-2: an adapter's process that writes its results file itself (a text rel_err in its own
+    row; select's tensors of the wrong shape) took the whole stage down (ERROR, nsa_core's rows lost, no adapter
+    named). Expected: its results refused, its rows / checks failing naming it, nsa_core's standing."""
+    plugins.make("r48-forger", "r48_forger", FORGER, {"r48f": "r48_forger:make"}, version="1.0",
+                 group="nsa_runner.impls")
+    out = tmp_path / "o"
+    stage = "triton-fwd" if kind == "rows" else "selection-map"
+    extra = ["--cases", "T50"] if kind == "rows" else []
+    env = {**plugins.env(), "R48_KIND": kind, "R48_CASES": "B1-T50-HQ2-G2-dk16-dv32-fp16-n4-l16",
+           "TRITON_INTERPRET": "1"}
+    r = subprocess.run(cli_cmd("stage", stage, "--impl", "nsa_core,r48f", *extra, "--device", "cpu", "--out", out),
+                       env=env, capture_output=True, text=True, timeout=900)
+    (rec,) = manifest(out)["stages"]
+    assert rec["status"] == "FAIL", (rec, r.stderr[-2000:])  # before: ERROR (a TypeError / ValueError of the stage)
+    assert "r48f" in rec["reason"] and "cannot be used" in rec["reason"], rec
+    assert "nsa_core:" not in rec["reason"], rec
+    if kind == "rows":
+        assert [x["status"] for x in _rows(out) if x["impl"] == "nsa_core"] == ["PASS"]
+
+
+SLOW = """
+import os, time
+
+from nsa_runner.impls import Impl
+from nsa_runner.impls import nsa_core as _base
+
+PARTS = dict(_base.make().parts)
+_real = PARTS["selection_attention"]
+
+
+def _slow(*a, **k):
+    with open(os.environ["R48_PID"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+    return _real(*a, **k)
+
+
+PARTS["selection_attention"] = _slow
+
+
+def make():
+    return Impl(name="r48s", parts=dict(PARTS), description="a slow adapter (round 48)")
+"""
+
+
+def test_a_stage_stopped_while_an_adapters_process_runs_leaves_no_temp_folder(plugins, tmp_path):
+    """Round 48 B48a-1: the adapter's process worked in ``nsa-run-impl-*`` made in TMPDIR and removed only by the
+    stage's own code, so a stage stopped meanwhile (Ctrl-C, timeout, a kill) left it for good (20 of 20). It is made
+    inside the stage's own temp folder now, which the runner removes however the stage ends."""
+    import signal
+    import time
+
+    from _bad_days import wait_for
+
+    plugins.make("r48-slow", "r48_slow", SLOW, {"r48s": "r48_slow:make"}, version="1.0", group="nsa_runner.impls")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    pid = tmp_path / "pid"
+    env = {**plugins.env(), "TMPDIR": str(temp), "R48_PID": str(pid), "TRITON_INTERPRET": "1"}
+    p = subprocess.Popen(cli_cmd("stage", "triton-fwd", "--impl", "nsa_core,r48s", "--cases", "T50",
+                                 "--device", "cpu", "--out", tmp_path / "o"), env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(pid, 300, p)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err[-2000:]
+    left = [x.name for x in temp.rglob("nsa-run-impl-*")]
+    assert left == [], left  # before: ['nsa-run-impl-...'] with its job.json
