@@ -58,6 +58,17 @@ _ex._UntilRecorded.begin = _begin
 """
 
 
+def _first_run(plugins, tmp_path, **more):
+    """The plugin made and its stage run once (PASS "ysw v1"), to be rerun: (the environment, ``--out``)."""
+    plugins.make("bdsw-plugin", "bdsw_mod", SOURCE, {"ysw": "bdsw_mod:Y"})
+    env = {**plugins.env(), **more}
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "ysw", "--device", "cpu", "--out", str(out)],
+                       env=env, text=True, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return env, out
+
+
 def _rerun(env, out, prelude: str) -> subprocess.CompletedProcess:
     env2 = {**env, "BDSW_TEXT": "NEW", "BDSW_SIGNAL": "1"}
     return subprocess.run([sys.executable, "-c", prelude + MAIN, "stage", "ysw", "--device", "cpu", "--out", str(out)],
@@ -65,12 +76,7 @@ def _rerun(env, out, prelude: str) -> subprocess.CompletedProcess:
 
 
 def test_a_signal_as_the_interrupted_stage_stop_ends_still_records_the_attempt(plugins, tmp_path):
-    plugins.make("bdsw-plugin", "bdsw_mod", SOURCE, {"ysw": "bdsw_mod:Y"})
-    env = plugins.env()
-    out = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "ysw", "--device", "cpu", "--out", str(out)],
-                       env=env, text=True, capture_output=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    env, out = _first_run(plugins, tmp_path)
     r = _rerun(env, out, AT_BEGIN)
     run = out / "testrun"
     m = json.loads((run / "manifest.json").read_text())
@@ -139,12 +145,7 @@ def test_a_signal_as_a_finished_stage_record_begins_records_the_new_result(plugi
     """The same window on the way a stage ends by itself: the record's deferral began outside any ``try``, so a
     signal right then escaped bare and the finished rerun's result was dropped for the earlier one (the signal is
     the run's interrupt after the record, as one a moment later is)."""
-    plugins.make("bdsw-plugin", "bdsw_mod", SOURCE, {"ysw": "bdsw_mod:Y"})
-    env = plugins.env()
-    out = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "ysw", "--device", "cpu", "--out", str(out)],
-                       env=env, text=True, capture_output=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    env, out = _first_run(plugins, tmp_path)
     r = subprocess.run([sys.executable, "-c", AT_BEGIN + MAIN, "stage", "ysw", "--device", "cpu", "--out", str(out)],
                        env={**env, "BDSW_TEXT": "NEW"}, text=True, capture_output=True, timeout=600)
     run = out / "testrun"
@@ -188,14 +189,9 @@ def test_a_signal_as_the_stage_starts_stops_and_records_the_attempt(plugins, tmp
     stage's own signals reached a runner still between the worker's start and its wait (descheduled under load). The
     interrupt escaped bare: "interrupted: no stage was running", the earlier result put back, no attempt record.
     Round 47 (U47a-5) saw the same a step earlier, with the stage's temp folder left behind unmarked."""
-    plugins.make("bdsw-plugin", "bdsw_mod", SOURCE, {"ysw": "bdsw_mod:Y"})
     temp = tmp_path / "temp"
     temp.mkdir()
-    env = {**plugins.env(), "NSA_RUN_SPARE_WORKER": "0", "TMPDIR": str(temp)}  # (a run's first stage has no spare)
-    out = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-c", MAIN, "oneshot", "--only", "ysw", "--device", "cpu", "--out", str(out)],
-                       env=env, text=True, capture_output=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    env, out = _first_run(plugins, tmp_path, NSA_RUN_SPARE_WORKER="0", TMPDIR=str(temp))  # (a first stage: no spare)
     prelude = AT_START if where == "worker" else AT_FOLDER
     r = subprocess.run([sys.executable, "-c", prelude + MAIN, "stage", "ysw", "--device", "cpu", "--out", str(out)],
                        env={**env, "BDSW_TEXT": "NEW", "BDSW_SLEEP": "60"}, text=True, capture_output=True,
