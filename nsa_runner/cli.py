@@ -120,6 +120,7 @@ def main() -> None:
         debug_env = env_switch("NSA_RUN_DEBUG", False)
         env_switch(_bytecode.ENV, True)
         env_switch("NSA_RUN_SPARE_WORKER", True)  # (executor.SPARE_ENV; read by stage / oneshot: round 25 U25-4)
+        env_switch("NSA_RUN_ADAPTER_PROCESS", True)  # (stages' _parity.ADAPTER_PROCESS_ENV: a plugin adapter's process)
     except ValueError as e:
         print(f"error: {e}\nhint: unset it, or give 1/true/yes/on or 0/false/no/off", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -335,11 +335,18 @@ ADAPTER_PROCESS_ENV = "NSA_RUN_ADAPTER_PROCESS"
 
 def in_stage_process(name: str) -> bool:
     """Whether implementation ``name``'s part runs in the stage's own process: nsa_core (nsa-run's library) always;
-    a plugin's adapter only with ``NSA_RUN_ADAPTER_PROCESS=0`` (to debug an adapter, e.g. under pdb, and for the
-    tests of the put-back that still guards sanity, prefill-bench and decode-bench); else in its own process."""
+    a plugin's adapter only with ``NSA_RUN_ADAPTER_PROCESS`` off (0/false/no/off: to debug an adapter, e.g. under
+    pdb, and for the tests of the put-back that still guards sanity, prefill-bench and decode-bench); else in its own
+    process. (The CLI refuses a value that is neither on nor off up front, exit 2.)"""
+    from nsa_runner._text import env_switch
     from nsa_runner.impls import BUILTIN
 
-    return name == BUILTIN or os.environ.get(ADAPTER_PROCESS_ENV, "1").strip() == "0"
+    if name == BUILTIN:
+        return True
+    try:
+        return not env_switch(ADAPTER_PROCESS_ENV, True)
+    except ValueError:
+        return False
 
 
 def load_impl(name: str):

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - run from the repository root
     ("NSA_RUN_PYCACHE", "\x1b[31m\n"), ("NSA_RUN_PARITY_JOBS", "x\x1f"),
     # round 30 U30-2: Unicode digits and "_" were taken as a number of seconds (Python's float)
     ("NSA_RUN_LOCK_TIMEOUT", "\u0661\u0662"), ("NSA_RUN_DISCOVERY_TIMEOUT", "1_0"),
+    ("NSA_RUN_ADAPTER_PROCESS", "maybe"),  # (stop 41's switch: refused as the others are)
 ])
 def test_an_env_value_is_named_as_given(tmp_path, name, value):
     out = tmp_path / "o"
