@@ -128,11 +128,7 @@ def impl_option():
 
 def impl_entries(ctx) -> list:
     """The ImplEntry of every implementation named by ``--impl`` (default the built-in)."""
-    from nsa_runner.impls import BUILTIN
-    from nsa_runner.impls.discovery import load
-
-    text = (getattr(ctx, "options", None) or {}).get("impl") or BUILTIN
-    return [load(n) for n in dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip())]
+    return [load_impl(n) for n in impl_names(ctx)]
 
 
 def impl_case(case: Case, device: str):
