@@ -209,9 +209,10 @@ def linger(max_s: float = 3600.0) -> None:
         time.sleep(0.05)
 
 
-def stage_processes(cookie: str, root: int | None = None) -> list:
+def stage_processes(cookie: str, root: int | None = None, key: str = COOKIE_ENV) -> list:
     """Every live process of a stage: ``root`` and its descendants, and every process of this user
-    whose environment carries ``cookie`` (a daemonised grandchild is no descendant any more)."""
+    whose environment carries ``cookie`` as ``key`` (a daemonised grandchild is no descendant any more;
+    ``key``: the stage's cookie, or an adapter's own inside it: ``_contained``)."""
     import psutil
 
     found: dict[int, psutil.Process] = {}
@@ -227,7 +228,7 @@ def stage_processes(cookie: str, root: int | None = None) -> list:
         try:
             if p.pid in found or p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
                 continue
-            if p.environ().get(COOKIE_ENV) == cookie:
+            if p.environ().get(key) == cookie:
                 found[p.pid] = p
         except psutil.Error:
             continue

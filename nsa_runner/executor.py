@@ -908,7 +908,12 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
         return rec
     rec.log = log_rel
     waiting = _Deferred().start()  # (before the "started" line: round 48 B48a-4; see below)
-    observer.on_start(entry)
+    try:
+        observer.on_start(entry)
+    except BaseException:  # (an observer's error: the hold ends, held interrupts delivered over it, no log leaked)
+        os.close(log_fd)
+        waiting.end()
+        raise
     t0 = time.monotonic()  # the worker's start; t_stage: the stage's (its timeout and duration count from there)
     t_stage: float | None = None
     cookie = uuid.uuid4().hex

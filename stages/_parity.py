@@ -444,9 +444,10 @@ def in_own_process(job: dict, read):
     why what it wrote is refused: ``read`` raising ValueError / OSError)."""
     import json
     import shutil
-    import subprocess
     import sys
     import tempfile
+
+    from nsa_runner._contained import run_contained
 
     # inside the stage's own temp folder (``NSA_RUN_STAGE_TMP``), which the runner removes however the stage ends: one
     # in TMPDIR was left behind whenever the stage was stopped while the adapter ran (round 48 B48a-1)
@@ -462,11 +463,13 @@ def in_own_process(job: dict, read):
         # directory on the path; ``host``: nsa_run_stages as installed, stages in a checkout's tests)
         boot = ("import importlib, json, sys; job = json.load(open(sys.argv[1])); sys.path[:] = job['sys_path']; "
                 "importlib.import_module(job['host']).run(sys.argv[1:])")
-        proc = subprocess.run([sys.executable, "-P", "-c", boot, job_path, out_path], cwd=where,
-                              stdin=subprocess.DEVNULL)
-        ended = (f"was killed by {_signal_name(-proc.returncode)}" if proc.returncode < 0
-                 else f"exited with code {proc.returncode}")
+        # its output reaches the stage's log up to a cap of its own, and what it started is killed as it ends
+        # (round 48 B48b-5 / B48b-4: ``nsa_runner._contained``)
+        rc, stopped = run_contained([sys.executable, "-P", "-c", boot, job_path, out_path], where)
+        ended = (f"was killed by {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}")
         what = "its process (a plugin's adapter runs in one of its own)"
+        if stopped:
+            return None, f"{what} {stopped}"
         if not os.path.isfile(out_path):
             return None, f"{what} {ended} before it wrote its results"
         try:
