@@ -151,6 +151,10 @@ done
 wait; echo "\$(date -u +%T) parallel warm-up: \$((SECONDS - t0)) s" >> "$L/steps.txt"
 step nsa-run oneshot --out "$L/art" > "$L/oneshot.log" 2>&1
 python3 bench/time_ledger.py "\$(ls -d "$L"/art/*/ | head -1)" > "$L/ledger.txt" 2>&1
+# fla as a plugin adapter, in its own process (stages/_impl_host.py; since stop 42 bounded by nsa_runner/_contained.py)
+for s in sanity triton-fwd triton-bwd selection-map; do
+  step nsa-run stage "\$s" --impl nsa_core,fla --out "$L/art_fla" > "$L/fla_\$s.log" 2>&1
+done
 touch "$L/done"
 JOB
     setsid bash "$L/job.sh" > "$L/job.out" 2>&1 < /dev/null &
@@ -268,7 +272,7 @@ wait)
   while [ ! -e "$L/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
   cat "$L/steps.txt" 2>/dev/null; [ -e "$L/done" ] || echo "NOT DONE yet: $(date -u +%T)"
   [ -f bench/gpu_fa2_build.sh ] && bash bench/gpu_fa2_build.sh status 2>&1 | tail -3
-  for f in oneshot_prof oneshot_impls oneshot_cold oneshot oneshot_spare oneshot_quick1 oneshot_quick oneshot_quick3 oneshot_nopyc probe1 probe2 fa2probe; do
+  for f in oneshot_prof oneshot_impls oneshot_cold oneshot fla_sanity fla_triton-fwd fla_triton-bwd fla_selection-map oneshot_spare oneshot_quick1 oneshot_quick oneshot_quick3 oneshot_nopyc probe1 probe2 fa2probe; do
     [ -f "$L/$f.log" ] || continue; echo "== $f"
     grep -hE "^(env-pairing|sanity|selection-map|triton-|fa2-probe|prefill-bench|decode-bench|summary) |\[[0-9]/[0-9]\]" "$L/$f.log" | cut -c1-200
     grep -hE "passed, [0-9]+ failed" "$L/$f.log" | tail -1
