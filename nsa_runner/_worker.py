@@ -49,6 +49,7 @@ from nsa_runner.context import RunContext
 from nsa_runner.stage import MalformedResult, Stage, StageResult, Status
 
 COOKIE_ENV = "NSA_RUN_STAGE_COOKIE"
+DEADLINE_ENV = "NSA_RUN_STAGE_DEADLINE"  # "<monotonic moment of the runner's stop> <timeout s>", in the stage's env
 PARENT_ENV = "NSA_RUN_PARENT_PID"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -1374,6 +1375,9 @@ def main(argv: list[str]) -> int:
         # it measured itself (CI on c0709ca: env-pairing's parts 1.150 s, its duration 1.118 s)
         # (written whole under another name, then renamed: the runner never reads a half-written marker)
         t0 = time.monotonic()
+        if isinstance(job.get("timeout_s"), (int, float)):  # the moment the runner stops the stage: a plugin
+            # adapter's own process is stopped before it (``_contained``), the stage's other rows written
+            os.environ[DEADLINE_ENV] = f"{t0 + job['timeout_s']!r} {float(job['timeout_s'])!r}"
         marker = os.path.join(os.path.dirname(job_path), STARTED)
         with open(marker + ".part", "wb") as f:
             f.write(repr(t0).encode("ascii"))
