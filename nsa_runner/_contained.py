@@ -4,10 +4,10 @@ The stage runs the adapter's part in a fresh process (``stages._parity.in_own_pr
 to its process cannot reach nsa_core's rows. Two things it could still do through the operating system are bounded
 here (red-team round 48):
 
-- B48b-5, its output: the process writes into a pipe read here, and at most ``output_cap()`` bytes of it (1/8 of
-  the stage log's limit) go on to the stage's log. Past that the adapter's processes are killed and it is named
-  ("printed more than N MiB"): a flood of 300 MiB passed the stage log's cap and the whole stage was stopped
-  naming no adapter.
+- B48b-5, its output: the process writes into a pipe read here, and at most ``output_cap()`` bytes of it (1/8
+  of the stage log's limit, at most half the room left) go on to the stage's log. Past that the adapter's
+  processes are killed and it is named ("printed more than N MiB"): a flood of 300 MiB passed the stage log's
+  cap and the whole stage was stopped naming no adapter.
 - B48b-4, what it leaves running: once its process ends (or is stopped), every process it started is killed then,
   not at the stage's end. They are found by a cookie of the adapter's own in their environment, and, for a daemon
   that cleared its environment and left the session, as orphans re-parented to the stage's process (a child
@@ -29,7 +29,14 @@ import subprocess
 import time
 import uuid
 
-from nsa_runner._worker import _children_of, _proc_state, become_subreaper, hold_pid, stage_processes
+from nsa_runner._worker import (
+    DEADLINE_ENV,
+    _children_of,
+    _proc_state,
+    become_subreaper,
+    hold_pid,
+    stage_processes,
+)
 
 ADAPTER_COOKIE_ENV = "NSA_RUN_ADAPTER_COOKIE"  # in the adapter's environment: what it starts is found by it
 ADAPTER_LOG_SHARE = 8  # one adapter process's output reaches the stage's log up to 1/8 of its limit (32 MiB)
@@ -38,15 +45,23 @@ _LOOK_S = 0.2  # the output's wait between looks at whether the process has ende
 
 def output_cap() -> int:
     """The bytes of one adapter process's output that reach the stage's log: 1/8 of the stage log's limit
-    (``NSA_RUN_LOG_LIMIT_MIB``, 256 MiB by default), so that an adapter's flood is stopped, and named, before
-    the whole stage's log is."""
+    (``NSA_RUN_LOG_LIMIT_MIB``, 256 MiB by default), and never more than half of the room the log has left (its
+    size now: fd 1), so that adapters' floods are stopped, and named, before the whole stage's log is, however many
+    adapters flood (round 49 B49a-2: eight at 1/8 each passed the limit together)."""
+    import stat
+
     from nsa_runner.executor import LOG_LIMIT_MIB, log_limit
 
     try:
         limit = log_limit()
     except ValueError:  # (refused by the CLI before any stage runs)
         limit = int(LOG_LIMIT_MIB * (1 << 20))
-    return max(1, limit // ADAPTER_LOG_SHARE)
+    try:
+        st = os.fstat(1)
+        used = st.st_size if stat.S_ISREG(st.st_mode) else 0
+    except OSError:
+        used = 0
+    return max(0, min(limit // ADAPTER_LOG_SHARE, (limit - used) // 2))
 
 
 def run_contained(argv: list[str], cwd: str, cap: int | None = None) -> tuple[int, str]:
@@ -55,6 +70,7 @@ def run_contained(argv: list[str], cwd: str, cap: int | None = None) -> tuple[in
     why it was stopped). However this ends (an interrupt included), the process and everything it started are
     killed before it returns."""
     cap = output_cap() if cap is None else cap
+    stop_at, share = _stop_at()
     cookie = uuid.uuid4().hex
     become_subreaper()  # orphans of the adapter's daemons come here, not to the stage's keeper: killed below
     before = set(_children_of(os.getpid()) or [])
@@ -65,16 +81,25 @@ def run_contained(argv: list[str], cwd: str, cap: int | None = None) -> tuple[in
     os.set_blocking(fd, False)
     forward = _Forward(cap)
     why = ""
+    look = select.poll()  # (not select.select: a stage's process may hold more than FD_SETSIZE descriptors)
+    look.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     try:
         while True:
-            ready, _, _ = select.select([fd], [], [], _LOOK_S)
+            ready = look.poll(_LOOK_S * 1000)
             if ready and forward.take(fd) is False:  # the end of its output (every writer closed it): its end
                 proc.wait()
                 break
             if forward.over:
-                why = f"printed more than {cap / (1 << 20):g} MiB of output: stopped there"
+                why = (f"printed more than {_mib(cap)} of output (its share of the stage log's limit): stopped "
+                       "there")
                 break
-            if not ready and proc.poll() is not None:  # ended, the pipe still held open (a daemon of its own)
+            # ended, the pipe still held open by what it started: looked at every turn, output or not (a daemon
+            # printing more often than a look held the stage to its timeout: round 49 B49b-2)
+            if proc.poll() is not None:
+                break
+            if stop_at is not None and time.monotonic() > stop_at:  # hung, or stopped (round 49 U49a-1, U49b-1)
+                why = (f"had not ended {share}: stopped there, so that the stage ends within its timeout with its "
+                       "other rows")
                 break
     finally:
         if proc.poll() is None:
@@ -88,9 +113,25 @@ def run_contained(argv: list[str], cwd: str, cap: int | None = None) -> tuple[in
         finally:
             proc.stdout.close()
             if forward.over:
-                forward.write(f"\n[nsa-run: this adapter's output was cut here, past {cap / (1 << 20):g} MiB]\n"
-                              .encode())
+                forward.write(f"\n[nsa-run: this adapter's output was cut here, past {_mib(cap)}]\n".encode())
     return proc.returncode, why
+
+
+def _stop_at() -> tuple[float | None, str]:
+    """When the adapter's process is stopped (the system's monotonic clock), and how that is said: before the
+    stage's own timeout (``DEADLINE_ENV``, set by the worker), leaving the stage a tenth of it (5 s to 60 s) to
+    end with its other rows. (None, "") outside a stage."""
+    try:
+        deadline, timeout = (float(x) for x in os.environ[DEADLINE_ENV].split())
+    except (KeyError, ValueError):
+        return None, ""
+    stop_at = deadline - min(60.0, max(5.0, timeout / 10))
+    left = max(0.0, stop_at - time.monotonic())
+    return stop_at, f"{left:.0f} s after it began (the stage's timeout is {timeout:g} s)"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.3g} MiB"
 
 
 class _Forward:

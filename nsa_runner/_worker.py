@@ -49,6 +49,7 @@ from nsa_runner.context import RunContext
 from nsa_runner.stage import MalformedResult, Stage, StageResult, Status
 
 COOKIE_ENV = "NSA_RUN_STAGE_COOKIE"
+DEADLINE_ENV = "NSA_RUN_STAGE_DEADLINE"  # "<monotonic moment of the runner's stop> <timeout s>", in the stage's env
 PARENT_ENV = "NSA_RUN_PARENT_PID"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -99,6 +100,7 @@ def keep_orphans() -> int | None:
     if pid == 0:
         os.close(told_r)
         _TOLD[:] = [told_w]
+        signal.signal(RUNNER_GONE, signal.SIG_DFL)  # the keeper's word only: the stage's own code may use it
         if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != parent:  # the keeper is gone already
             os._exit(1)
         # a process group of its own (round 14 BR-4): a stage's ``kill -9 0`` / ``os.killpg(0, 9)`` (its
@@ -728,13 +730,65 @@ class Watchdog:
             raise interrupted
 
 
+RUNNER_GONE = signal.SIGUSR2  # the kernel's word to the worker that its runner died (``_die_with_parent``)
+
+
 def _die_with_parent() -> None:
-    """Linux: the kernel sends this process SIGKILL when the runner that started it dies."""
-    if not _prctl(PR_SET_PDEATHSIG, signal.SIGKILL):  # not Linux: the watchdog alone covers runner death
+    """Linux: the kernel signals this process (``RUNNER_GONE``) when the runner that started it dies; it then kills
+    its whole tree and ends (``_runner_gone``)."""
+    signal.signal(RUNNER_GONE, _runner_gone)
+    if not _prctl(PR_SET_PDEATHSIG, RUNNER_GONE):  # not Linux: the watchdog alone covers runner death
+        signal.signal(RUNNER_GONE, signal.SIG_DFL)
         return
     parent = os.environ.get(PARENT_ENV)
     if parent and parent.isdigit() and os.getppid() != int(parent):  # the runner died before prctl
         os._exit(1)
+
+
+def _runner_gone(signum, frame) -> None:
+    """The runner died (kill -9): every process below this one is stopped and killed, then this one ends.
+
+    Once the runner had died the worker died at once by SIGKILL (its old parent-death signal), and a daemon the
+    stage had started in a session of its own with its environment cleared went to init: only the watchdog's last
+    look knew it, and a stage that stopped its watchdog and killed the runner within a look (0.5 s) left it
+    running ("Open after stop 41"). The worker is a child subreaper: such a daemon is always in its tree while it
+    lives, and now it lives until that tree is gone. (A ``RUNNER_GONE`` sent by anyone while the runner lives is
+    ignored.)"""
+    parent = os.environ.get(PARENT_ENV)
+    if parent and parent.isdigit() and os.getppid() == int(parent):
+        return
+    kill_tree(os.getpid())
+    os._exit(1)
+
+
+def kill_tree(root: int, limit_s: float = 5.0) -> None:
+    """SIGKILL every live process below ``root`` (this process, a child subreaper: orphans of the tree come back to
+    it), each round stopping them all first (a forking one forks no more), reaping what died, until none is left
+    (``limit_s`` at most)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        found, stack = [], [root]
+        while stack:
+            for kid in _children_of(stack.pop()) or []:
+                if _proc_state(kid) not in ("", "Z", "X"):
+                    found.append(kid)
+                stack.append(kid)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in found:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        while True:  # the dead among this process's own children
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
+        if not found:
+            return
+        time.sleep(0.002)
 
 
 def _ignore_stops() -> None:
@@ -1321,6 +1375,9 @@ def main(argv: list[str]) -> int:
         # it measured itself (CI on c0709ca: env-pairing's parts 1.150 s, its duration 1.118 s)
         # (written whole under another name, then renamed: the runner never reads a half-written marker)
         t0 = time.monotonic()
+        if isinstance(job.get("timeout_s"), (int, float)):  # the moment the runner stops the stage: a plugin
+            # adapter's own process is stopped before it (``_contained``), the stage's other rows written
+            os.environ[DEADLINE_ENV] = f"{t0 + job['timeout_s']!r} {float(job['timeout_s'])!r}"
         marker = os.path.join(os.path.dirname(job_path), STARTED)
         with open(marker + ".part", "wb") as f:
             f.write(repr(t0).encode("ascii"))

@@ -950,7 +950,8 @@ def _run_one(entry: StageEntry, ctx: RunContext, machine: Machine, timeout_s: fl
             try:
                 mark_owned(tmp)
                 folder.write("job.pkl", pickle.dumps({"spec": entry.value, "ctx": ctx.to_dict(),
-                                                      "sys_path": _worker_sys_path(run_dir)}))
+                                                      "sys_path": _worker_sys_path(run_dir),
+                                                      "timeout_s": timeout_s}))
             except OSError as e:
                 os.close(log_fd)
                 raise _temp_error(e, entry.name) from None

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import socket
 import stat
@@ -528,14 +527,15 @@ class ManifestBusy(ManifestError):
 
 
 def _move_entry(src: Path, target: Path) -> None:
-    """Move the entry ``src`` itself to ``target``: a regular file or a real folder as ``shutil.move``
-    does; a link, a FIFO, a device node or a socket by a rename only (never followed, never opened,
-    never copied: copying a FIFO would block)."""
-    st = os.lstat(src)
-    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        shutil.move(str(src), str(target))
-    else:
+    """Move the entry ``src`` itself (a file, a folder, a link never followed, a FIFO...) to ``target``, both
+    inside the run folder: by a rename only, whole or not at all. ``shutil.move`` fell back to a copy and a
+    delete when the rename was refused (a read-only or immutable folder), and its delete removed part of the
+    earlier result in place before it failed (round 49 B49b-1)."""
+    try:
         os.rename(src, target)
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror or e}: {src} cannot be moved to {target} (moved by a rename only, "
+                               "nothing was copied or removed)") from None
 
 
 class _Reserved:
@@ -1154,9 +1154,12 @@ class RunManifest:
                 for f in s.get("files") or [] if isinstance(f, str)}
 
     def _move_owned(self, name: str, entry: dict, src_root: Path, dst_root: Path,
-                    others: set[str] = frozenset(), done: list[tuple[Path, Path]] | None = None) -> None:
+                    others: set[str] = frozenset(), done: list[tuple[Path, Path]] | None = None,
+                    failed: list[str] | None = None) -> None:
         """Move the files and log ``entry`` lists for stage ``name`` from ``src_root`` to ``dst_root``;
-        each move made is appended to ``done`` as (from, to), so that a failure can be undone."""
+        each move made is appended to ``done`` as (from, to), so that a failure can be undone.
+        ``failed``: a move refused (a read-only or immutable entry, not a full disk) is noted there, with why,
+        and the others go on; without it the first refusal raises."""
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
         # another stage's names as written and as the entries they lead to (links among folders followed)
         taken = _Taken(self.dir, others)
@@ -1186,7 +1189,12 @@ class RunManifest:
                 # history/ unrecorded; ``_move_back`` passes over a noted move that did not happen
                 if done is not None:
                     done.append((src, target))
-                _move_entry(src, target)
+                try:
+                    _move_entry(src, target)
+                except OSError as e:
+                    if failed is None or _disk_full(e):
+                        raise
+                    failed.append(f"{rel}: {e.strerror or e}")
 
     @staticmethod
     def _move_back(done: list[tuple[Path, Path]], dest: Path | None) -> list[str]:
@@ -1230,6 +1238,18 @@ class RunManifest:
         is dropped before the error is raised. Whatever cannot go back is named in the error
         (``SetAsideIncomplete``), and its note stays in ``pending`` for the next nsa-run.
         """
+        had_lock = os.path.join(self.dir, f"{LOCK_NAME}.{self.token}") in _OWNER_LOCKS
+        try:
+            return self._set_aside(name)
+        except BaseException:  # refused or undone: the owner lock this call made goes when no note names it (round
+            # 49 B49b-1: a refused rerun left ``.manifest.lock.<token>`` behind, though nsa-run exited normally); one
+            # held before (a oneshot's runner note, its other stages' claims) stays
+            if not had_lock and not any(isinstance(p, dict) and p.get("token") == self.token
+                                        for p in (self.data or {}).get("pending") or []):
+                _let_go(self.dir, self.token)
+            raise
+
+    def _set_aside(self, name: str) -> Path | None:
         done: list[tuple[Path, Path]] = []
         dest: Path | None = None
         noted = False
@@ -1271,6 +1291,7 @@ class RunManifest:
                 if noted and not left:
                     try:
                         data["pending"] = [p for p in data.get("pending", []) if p is not pending]
+                        self.data = data
                         if reserved is not None and reserved[1].tmp is not None and reserved[0].tmp is not None:
                             self._write(data, reserved=reserved)
                         else:
@@ -1375,14 +1396,20 @@ class RunManifest:
         dest = self._history_dir(name, tag)
         others = self._others(data, name)
         left: list[str] = []
+        stuck: list[str] = []  # the attempt's entries that cannot move aside (round 49 B49b-1: a read-only folder)
         try:
-            self._move_owned(name, leftovers, self.dir, dest, others)
+            # each of them stays where it is, whole; one the earlier result needs keeps that name from coming back
+            # (``_bring_back`` names it, the note stays for the next nsa-run), the others are said here
+            self._move_owned(name, leftovers, self.dir, dest, others, failed=stuck)
             if moved is not None:
                 left = self._bring_back(name, old, moved, dest, others, keep_present=aside_only)
         except OSError as e:  # a full disk: named with its path (the callers print strerror alone)
             if e.filename and str(e.filename) not in (e.strerror or ""):
                 raise OSError(e.errno, f"{e.strerror or e} ({e.filename})", e.filename) from None
             raise
+        if stuck:
+            self._say(f"warning: what the {name} attempt left could not all be moved aside into "
+                      f"{dest.relative_to(self.dir)}; it stays in place: {'; '.join(stuck)}")
         if attempt is not None:
             data["history"].append({**attempt, "moved_to": str(dest.relative_to(self.dir))})
         if moved is not None:

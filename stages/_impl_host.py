@@ -1,5 +1,6 @@
 """One plugin adapter's part of a stage, in a process of its own (``_parity.in_own_process``): its rows of
-triton-fwd / triton-bwd (``isolated_rows``), or its select on selection-map's sample (``isolated_select``).
+triton-fwd / triton-bwd (``isolated_rows``), its select on selection-map's sample (``isolated_select``), or its
+checks of sanity (``sanity._isolated_checks``).
 
 ``run([JOB, OUT])``, started with the stage process's ``sys.path``: JOB (JSON) names the kind, the implementation and
 what the stage's part needs (the measure function, device, profile, ``--cases``, seed; or the sample's T and seed);
@@ -24,6 +25,11 @@ def main(argv: list[str]) -> int:
         from . import selection_map
 
         selection_map.select_in_host(job, out_path)
+        return 0
+    if job["kind"] == "sanity":
+        from . import sanity
+
+        sanity.checks_in_host(job, out_path)
         return 0
     from . import _parity  # (this package: nsa_run_stages as installed, stages in a checkout)
 

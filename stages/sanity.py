@@ -69,7 +69,8 @@ class _Checks:
         self.rows: list[dict] = []
         self._names: set[str] = set()
 
-    def add(self, name: str, ok: bool, detail: str, **extra) -> bool:
+    def add(self, name: str, ok: bool, detail: str, echo: bool = True, **extra) -> bool:
+        """``echo``: the check's line in the log (an adapter's own process printed its lines there itself)."""
         ok = bool(ok)
         base, n = name, 1
         while name in self._names:  # names are unique in sanity.json: its readers refuse two of one name
@@ -77,7 +78,8 @@ class _Checks:
             name = f"{base} #{n}"
         self._names.add(name)
         self.rows.append({"check": name, "ok": ok, "detail": detail, **extra})
-        print(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+        if echo:
+            print(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
         return ok
 
     def guard(self, name: str, fn, adapter: str | None = None) -> None:
@@ -478,6 +480,87 @@ def _render(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _impl_checks(c: _Checks, skips: list, entry, testing, s: Shape, cfg, gen, device, sel_q, sel_k, profile: str):
+    """One implementation's checks: its branch parts on the stage's shape (not nsa_core's: its routed backends ran
+    above), its nsa_attention and select on the shared-K/V case."""
+    if entry.impl is None:
+        c.add(f"{entry.name} adapter", False, f"broken adapter: {entry.error}")
+        return
+    if entry.impl.note:
+        print(f"# {entry.name}: {text_of(entry.impl.note, 2000)}", flush=True)
+    if entry.name != "nsa_core":
+        _check_impl_branches(c, skips, entry.impl, testing, s, cfg, gen, device, sel_q, sel_k)
+    _check_impl_shared(c, skips, entry.impl, testing, profile, gen, device)
+
+
+def _selection_inputs(s: Shape, gen, device):
+    """The queries and keys every slc check selects blocks from: the generator's first draws (the stage's and an
+    adapter's own process draw the same ones from the same seed)."""
+    import torch
+
+    return (_rand(gen, s.B, s.T, s.HQ, s.dk, device=device, dtype=torch.float32),
+            _rand(gen, s.B, s.T, s.G, s.dk, device=device, dtype=torch.float32))
+
+
+def checks_in_host(job: dict, out_path: str) -> None:
+    """(In a plugin adapter's own process: ``stages._impl_host``.) Its checks, on inputs drawn from the stage's seed,
+    written to ``out_path`` as JSON (whole, then renamed)."""
+    import json
+    import os
+
+    import torch
+
+    from nsa_core import NSAConfig, testing
+
+    s = SHAPES[job["profile"]]
+    gen = torch.Generator(device="cpu").manual_seed(int(job["seed"]))
+    sel_q, sel_k = _selection_inputs(s, gen, job["device"])
+    c, skips = _Checks(), []
+    _impl_checks(c, skips, _parity.load_impl(job["name"]), testing, s, NSAConfig(**s.cfg), gen, job["device"],
+                 sel_q, sel_k, job["profile"])
+    with open(out_path + ".part", "w") as f:
+        json.dump({"checks": c.rows, "skipped": skips}, f)
+    os.replace(out_path + ".part", out_path)
+
+
+def _own_check(r, name: str) -> bool:
+    """A check as ``_Checks.add`` makes it, named for implementation ``name`` (its process cannot report checks of
+    nsa_core's or another's): text name and detail, a bool verdict, numbers (or none) in the rest."""
+    return (isinstance(r, dict) and isinstance(r.get("check"), str) and r["check"].startswith(f"{name} ")
+            and isinstance(r.get("ok"), bool) and isinstance(r.get("detail"), str)
+            and all(isinstance(k, str) and (isinstance(v, (int, float)) or v is None)
+                    for k, v in r.items() if k not in ("check", "ok", "detail")))
+
+
+def _read_checks(path: str, name: str) -> dict:
+    import json
+
+    with open(path, "rb") as f:
+        data = json.loads(f.read(64 << 20))
+    ok = (isinstance(data, dict) and isinstance(data.get("checks"), list) and isinstance(data.get("skipped"), list)
+          and all(_own_check(r, name) for r in data["checks"])
+          and all(isinstance(x, dict) and set(x) == {"check", "reason"} and isinstance(x["check"], str)
+                  and x["check"].startswith(f"{name} ") and isinstance(x["reason"], str) for x in data["skipped"]))
+    if not ok:
+        raise ValueError("checks that are not its own (not named for it, or not plain values)")
+    return data
+
+
+def _isolated_checks(c: _Checks, skips: list, name: str, device: str, profile: str, seed: int) -> None:
+    """``_impl_checks`` of the adapter ``name`` in a process of its own (``_parity.in_own_process``): its import and
+    its calls never reach this process, nsa_core's checks or the reference. Its checks come back as JSON, checked
+    here; a process that ends without them is that implementation's failed check, named."""
+    job = {"kind": "sanity", "name": name, "device": device, "profile": profile, "seed": seed}
+    got, problem = _parity.in_own_process(job, lambda path: _read_checks(path, name))
+    if got is None:
+        c.add(f"{name} adapter", False, f"{name}: {problem}")
+        return
+    for r in got["checks"]:
+        c.add(r["check"], r["ok"], r["detail"], echo=False,
+              **{k: v for k, v in r.items() if k not in ("check", "ok", "detail")})
+    skips.extend(got["skipped"])
+
+
 class Sanity(Stage):
     name = "sanity"
     preload_flash = True  # calls the flash paths: its spare imports FA-4's CUDA-free part
@@ -509,10 +592,8 @@ class Sanity(Stage):
         gen = torch.Generator(device="cpu").manual_seed(seed)
         c = _Checks()
         skips: list[dict] = []
-        sel_q = _rand(gen, shape.B, shape.T, shape.HQ, shape.dk, device=device, dtype=torch.float32)
-        sel_k = _rand(gen, shape.B, shape.T, shape.G, shape.dk, device=device, dtype=torch.float32)
-        entries = _parity.impl_entries(ctx)
-        names = [e.name for e in entries]
+        sel_q, sel_k = _selection_inputs(shape, gen, device)
+        names = _parity.impl_names(ctx)
         if "nsa_core" in names:  # the built-in: its routed backends, selection and the module
             for branch in ("cmp", "slc", "win"):
                 c.guard(f"{branch}/{backends[branch]}",
@@ -520,15 +601,12 @@ class Sanity(Stage):
                                                        sel_q, sel_k))
             c.guard("select", lambda: _check_selection(c, F, shape, cfg, gen, device))
             c.guard("module", lambda: _check_module(c, NSAAttention, NSAConfig, shape, cfg, gen, device, backends))
-        for e in entries:  # every implementation: its parts on the same shapes
-            if e.impl is None:
-                c.add(f"{e.name} adapter", False, f"broken adapter: {e.error}")
-                continue
-            if e.impl.note:
-                print(f"# {e.name}: {text_of(e.impl.note, 2000)}", flush=True)
-            if e.name != "nsa_core":
-                _check_impl_branches(c, skips, e.impl, testing, shape, cfg, gen, device, sel_q, sel_k)
-            _check_impl_shared(c, skips, e.impl, testing, ctx.profile, gen, device)
+        for name in names:  # every implementation: its parts on the same shapes
+            if _parity.in_stage_process(name):  # nsa_core (or a plugin's adapter with NSA_RUN_ADAPTER_PROCESS=0)
+                _impl_checks(c, skips, _parity.load_impl(name), testing, shape, cfg, gen, device, sel_q, sel_k,
+                             ctx.profile)
+            else:  # a plugin's adapter: in a process of its own, never in this one (stop 42; round 47)
+                _isolated_checks(c, skips, name, device, ctx.profile, seed)
         for sk in skips:
             print(f"[SKIP] {sk['check']}: {sk['reason']}", flush=True)
         doc = {"schema_version": 1, "run_id": ctx.run_id, "time": now_iso(), "device": device,

@@ -47,10 +47,10 @@ def _hostile(ctx):
     p = subprocess.Popen(["sleep", os.environ["RT_A_HOSTILE"]], env={}, start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     Path(os.environ["RT_A_MARK"] + ".daemon").write_text(str(p.pid))
-    # the watchdog looks at the stage's tree every 0.5 s; under CI's load (stop 41's CI, 2 cores, 2 workers) 1.5 s
-    # was once not enough for it to have looked at all, and the unseen daemon ran on: a daemon started within a
-    # look of the watchdog's stop and the runner's kill is not seen (docs/reliability.md, "Open after stop 41")
-    time.sleep(3.0)
+    # RT_A_LOOK_S: how long the watchdog may look at the stage's tree first (every 0.5 s). With 0 the daemon is
+    # never seen by it: before stop 42 it ran on (the worker died at once with the runner, the daemon went to
+    # init); now the worker, a subreaper the daemon's tree stays in, kills its tree when the runner dies
+    time.sleep(float(os.environ.get("RT_A_LOOK_S", "3.0")))
     runner = psutil.Process(os.getppid()).parent()
     dogs = [c for c in runner.children() if "--watchdog" in c.cmdline()]
     for d in dogs:
@@ -202,13 +202,15 @@ def test_a_b1_runner_kill9_after_its_watchdog_was_stopped_leaves_nothing(rt, tmp
         _kill(_sleepers(s1, s2, s3) + dogs)
 
 
-def test_a_b1_stage_that_stops_its_watchdog_and_kills_the_runner_leaves_nothing(rt, tmp_path, spawn):
+@pytest.mark.parametrize("look_s", ["3.0", "0"])
+def test_a_b1_stage_that_stops_its_watchdog_and_kills_the_runner_leaves_nothing(rt, tmp_path, spawn, look_s):
     """A-B1, hostile: the stage starts a daemon (no cookie, its own session), stops its watchdog and
-    SIGKILLs the runner in one go: the daemon and the stopped watchdog stayed."""
-    secs = 44000 + os.getpid() % 5000
+    SIGKILLs the runner in one go: the daemon and the stopped watchdog stayed. ``look_s`` 0: all at once, before
+    the watchdog could have looked (stop 41's open gap: the daemon ran on)."""
+    secs = 44000 + os.getpid() % 5000 + (1 if look_s == "0" else 0) * 5000
     mark = tmp_path / "a.mark"
     proc = spawn(main_cmd("stage", "a", "--out", tmp_path / "out", "--device", "cpu"),
-                 env=env_with(rt, RT_A_HOSTILE=secs, RT_A_MARK=mark),
+                 env=env_with(rt, RT_A_HOSTILE=secs, RT_A_MARK=mark, RT_A_LOOK_S=look_s),
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     dogs = []
     try:
@@ -227,6 +229,21 @@ def test_a_b1_stage_that_stops_its_watchdog_and_kills_the_runner_leaves_nothing(
         assert not left, f"the stopped watchdog stayed: {[(p.pid, p.status()) for p in left]}"
     finally:
         _kill(_sleepers(secs) + dogs)
+
+
+def test_the_workers_runner_gone_signal_is_ignored_while_the_runner_lives(rt, tmp_path):
+    """Stop 42: the worker's parent-death signal is now one it handles (``_worker.RUNNER_GONE``: kill its tree, then
+    end). Sent by the stage's own code while the runner lives, it is ignored: the stage runs on and PASSes."""
+    from nsa_runner._worker import RUNNER_GONE
+
+    out, sent = tmp_path / "out", tmp_path / "sent"
+    # the shell's parent is the stage's work; the work's parent (field 4 of its stat) is the keeper
+    keeper = f"kill -{int(RUNNER_GONE)} $(cut -d' ' -f4 /proc/$PPID/stat) && touch {sent}"
+    r = subprocess.run(main_cmd("stage", "a", "--out", out, "--device", "cpu"), env=env_with(rt, RT_A_CMD=keeper),
+                       capture_output=True, text=True, timeout=120)
+    (rec,) = _manifest(out)["stages"]
+    assert sent.exists(), "the signal was not sent"
+    assert r.returncode == 0 and rec["status"] == "PASS", (rec, r.stderr[-2000:])
 
 
 # ---- B-B13: what a plugin says is clipped before it is recorded ------------------------------------
