@@ -89,6 +89,25 @@ def wait_for(path: Path, timeout: float = 60.0, proc=None) -> str:
     raise AssertionError(f"{path} never appeared")
 
 
+def signalled_when(cmd: list, env: dict, mark: Path, sig: int, wait_s: float = 120.0, settle_s: float = 0.3,
+                   **popen) -> tuple[int, str]:
+    """Run ``cmd``; once ``mark`` is written (the stage got there), wait ``settle_s`` and send it ``sig``. Returns
+    (its exit status, its stderr); it is never left running."""
+    import subprocess
+
+    p = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    try:
+        wait_for(mark, wait_s, p)
+        time.sleep(settle_s)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, err
+
+
 def alive(pid: int) -> bool:
     import psutil
 

@@ -255,27 +255,17 @@ def test_a_stage_stopped_while_an_adapters_process_runs_leaves_no_temp_folder(pl
     stage's own code, so a stage stopped meanwhile (Ctrl-C, timeout, a kill) left it for good (20 of 20). It is made
     inside the stage's own temp folder now, which the runner removes however the stage ends."""
     import signal
-    import time
 
-    from _bad_days import wait_for
+    from _bad_days import signalled_when
 
     plugins.make("r48-slow", "r48_slow", SLOW, {"r48s": "r48_slow:make"}, version="1.0", group="nsa_runner.impls")
     temp = tmp_path / "temp"
     temp.mkdir()
     pid = tmp_path / "pid"
     env = {**plugins.env(), "TMPDIR": str(temp), "R48_PID": str(pid), "TRITON_INTERPRET": "1"}
-    p = subprocess.Popen(cli_cmd("stage", "triton-fwd", "--impl", "nsa_core,r48s", "--cases", "T50",
-                                 "--device", "cpu", "--out", tmp_path / "o"), env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_for(pid, 300, p)
-        time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 130, err[-2000:]
+    rc, err = signalled_when(cli_cmd("stage", "triton-fwd", "--impl", "nsa_core,r48s", "--cases", "T50",
+                                     "--device", "cpu", "--out", tmp_path / "o"), env, pid, signal.SIGINT,
+                             wait_s=300, settle_s=0.5)
+    assert rc == 130, err[-2000:]
     left = [x.name for x in temp.rglob("nsa-run-impl-*")]
     assert left == [], left  # before: ['nsa-run-impl-...'] with its job.json

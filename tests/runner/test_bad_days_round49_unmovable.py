@@ -105,9 +105,8 @@ def test_an_interrupted_rerun_whose_attempt_cannot_move_aside_loses_neither(plug
     Now both stay whole: the attempt's in place, the earlier one in history with the note that keeps it, and the
     next nsa-run into the folder (another stage) runs, saying what waits."""
     import signal
-    import time
 
-    from _bad_days import manifest, wait_for
+    from _bad_days import manifest, signalled_when
 
     plugins.make("r49-unmovable", "r49_unmovable", STAGE, {"rtd": "r49_unmovable:D", "rte": "r49_unmovable:E"})
     out, started = tmp_path / "o", tmp_path / "started"
@@ -118,19 +117,9 @@ def test_an_interrupted_rerun_whose_attempt_cannot_move_aside_loses_neither(plug
     run = out / "testrun"
     os.chmod(run / "d", stat.S_IRWXU)  # the earlier d can move aside; only the attempt's stays read-only
     try:
-        p = subprocess.Popen(_as_a_user(cli_cmd("stage", "rtd", "--device", "cpu", "--out", out)),
-                             env={**env, "R49_ATTEMPT": str(started)}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(started, 120, p)
-            time.sleep(0.3)
-            p.send_signal(signal.SIGTERM)
-            _, err = p.communicate(timeout=120)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 130, err[-2000:]
+        rc, err = signalled_when(_as_a_user(cli_cmd("stage", "rtd", "--device", "cpu", "--out", out)),
+                                 {**env, "R49_ATTEMPT": str(started)}, started, signal.SIGTERM)
+        assert rc == 130, err[-2000:]
         assert (run / "d" / "sub" / "x.txt").read_text() == "second", err[-2000:]  # before: gone
         assert (run / "d" / "y.txt").read_text() == "second"
         (aside,) = [x for x in manifest(out).get("pending") or [] if x.get("stage") == "rtd"]
