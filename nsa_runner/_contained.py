@@ -71,6 +71,9 @@ def run_contained(argv: list[str], cwd: str, cap: int | None = None) -> tuple[in
     killed before it returns."""
     cap = output_cap() if cap is None else cap
     stop_at, share = _stop_at()
+    if stop_at is not None and time.monotonic() >= stop_at:  # never started to be stopped at once (round 50
+        # B50a-4 / B50b-2: the adapter after a hung one was blamed, "had not ended 0 s after it began")
+        return 0, "was not started: no time was left of the stage's timeout (one before it ran until its stop)"
     cookie = uuid.uuid4().hex
     become_subreaper()  # orphans of the adapter's daemons come here, not to the stage's keeper: killed below
     before = set(_children_of(os.getpid()) or [])

@@ -1166,8 +1166,10 @@ class RunManifest:
         dst_rel = dst_root.relative_to(self.dir)  # a folder of history/: never reached through a link
         for rel, is_log in [(f, False) for f in files] + [(entry.get("log") or "", True)]:
             # never anything outside the run folder, nor a shared name (logs, history, manifest),
-            # nor a file another stage's entry lists (also through a link: `self/a.txt`, self -> .)
-            if not rel or not stage_owns(self.dir, name, rel, log=is_log):
+            # nor a file another stage's entry lists (also through a link: `self/a.txt`, self -> .);
+            # a link at a recorded name that leads outside is the name's entry all the same: moved as the link
+            if not rel or not (stage_owns(self.dir, name, rel, log=is_log)
+                               or (not is_log and self._link_out_at(name, rel, src_root))):
                 continue
             if taken and taken.hit(entry_forms(self.dir, rel)) is not None:
                 continue
@@ -1195,6 +1197,17 @@ class RunManifest:
                     if failed is None or _disk_full(e):
                         raise
                     failed.append(f"{rel}: {e.strerror or e}")
+
+    def _link_out_at(self, name: str, rel: object, root: Path) -> bool:
+        """Whether the recorded name ``rel`` of stage ``name`` holds, under ``root``, a link itself (lexically a name
+        of the stage's inside the run folder, its folders the run folder's own) that leads outside the run folder.
+        Round 50 B50b-1: the user swapped a recorded ``a.txt`` / ``d`` for links to a shared file or folder; the
+        set-aside left them (``stage_owns`` refuses what resolves outside), and the attempt wrote through them into
+        the shared file. The link is moved aside as itself, never followed."""
+        if not isinstance(rel, str) or self._textual_problem(name, rel, False) is not None:
+            return False
+        path = root / rel
+        return os.path.islink(path) and _resolves_under(path.parent, self.dir) and not _resolves_under(path, self.dir)
 
     @staticmethod
     def _move_back(done: list[tuple[Path, Path]], dest: Path | None) -> list[str]:

@@ -523,26 +523,56 @@ def checks_in_host(job: dict, out_path: str) -> None:
     os.replace(out_path + ".part", out_path)
 
 
+CHECK_NAME_CHARS, CHECK_DETAIL_CHARS = 200, 2000  # an adapter's check from its own process: its name, its detail
+
+
+def _own_name(text, name: str) -> bool:
+    """A check's name as this stage makes them for implementation ``name``: its own (``name`` first), one printable
+    line (round 50 B50a-3: a newline in it wrote a line "[ok] nsa_core fwd" of its making into sanity.out), short."""
+    return (isinstance(text, str) and text.startswith(f"{name} ") and text.isprintable()
+            and len(text) <= CHECK_NAME_CHARS)
+
+
+def _plain_number(v) -> bool:
+    """A finite number a float holds (round 50 B50a-1: a NaN, an infinity or 10**400 from an adapter's process made
+    sanity ERROR with a traceback, nsa_core's checks lost), or none."""
+    if v is None:
+        return True
+    if type(v) not in (int, float):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _own_check(r, name: str) -> bool:
     """A check as ``_Checks.add`` makes it, named for implementation ``name`` (its process cannot report checks of
-    nsa_core's or another's): text name and detail, a bool verdict, numbers (or none) in the rest."""
-    return (isinstance(r, dict) and isinstance(r.get("check"), str) and r["check"].startswith(f"{name} ")
-            and isinstance(r.get("ok"), bool) and isinstance(r.get("detail"), str)
-            and all(isinstance(k, str) and (isinstance(v, (int, float)) or v is None)
+    nsa_core's or another's): a name of its own, a text detail, a bool verdict, finite numbers (or none) in the rest."""
+    return (isinstance(r, dict) and _own_name(r.get("check"), name) and type(r.get("ok")) is bool
+            and isinstance(r.get("detail"), str)
+            and all(isinstance(k, str) and k.isidentifier() and _plain_number(v)
                     for k, v in r.items() if k not in ("check", "ok", "detail")))
 
 
 def _read_checks(path: str, name: str) -> dict:
+    """The checks an adapter's process wrote, checked (``_own_check``); their details and skip reasons one line each,
+    control characters written out, clipped (round 50 B50a-2: a 40 MiB detail made the stage's record too large, its
+    verdict lost). ValueError when they are not its own plain checks."""
     import json
+
+    from nsa_runner._text import clip, written_out
 
     with open(path, "rb") as f:
         data = json.loads(f.read(64 << 20))
     ok = (isinstance(data, dict) and isinstance(data.get("checks"), list) and isinstance(data.get("skipped"), list)
           and all(_own_check(r, name) for r in data["checks"])
-          and all(isinstance(x, dict) and set(x) == {"check", "reason"} and isinstance(x["check"], str)
-                  and x["check"].startswith(f"{name} ") and isinstance(x["reason"], str) for x in data["skipped"]))
+          and all(isinstance(x, dict) and set(x) == {"check", "reason"} and _own_name(x["check"], name)
+                  and isinstance(x["reason"], str) for x in data["skipped"]))
     if not ok:
         raise ValueError("checks that are not its own (not named for it, or not plain values)")
+    for r, key in [(r, "detail") for r in data["checks"]] + [(x, "reason") for x in data["skipped"]]:
+        r[key] = clip(written_out(r[key]), CHECK_DETAIL_CHARS)
     return data
 
 

@@ -167,12 +167,16 @@ def test_an_adapter_that_never_ends_is_stopped_before_the_stages_timeout(plugins
     TIMEOUT, nsa_core's rows lost, the adapter named only through the log's last progress line. It is now stopped a
     tenth of the timeout (5 s at least) before the stage's, and its rows are its ERROR, named."""
     t0 = time.monotonic()
-    r, rec, rows, _ = _run(plugins, tmp_path, how, "nsa_core,r49a", "--timeout", "40")
+    r, rec, rows, _ = _run(plugins, tmp_path, how, "nsa_core,r49a,r49b", "--timeout", "40")
     assert rec["status"] == "FAIL", (rec, r.stderr[-2000:])  # before: TIMEOUT, no CSV
     status = {x["impl"]: x["status"] for x in rows}
-    assert status == {"nsa_core": "PASS", "r49a": "ERROR"}, rows
+    assert status == {"nsa_core": "PASS", "r49a": "ERROR", "r49b": "ERROR"}, rows
     (theirs,) = [x for x in rows if x["impl"] == "r49a"]
     assert "had not ended" in theirs["note"] and "timeout is 40 s" in theirs["note"], theirs
+    # the one after it is not blamed for the time the hung one used (round 50 B50a-4 / B50b-2: "had not ended 0 s
+    # after it began"): it was never started, and says so
+    (after,) = [x for x in rows if x["impl"] == "r49b"]
+    assert "was not started" in after["note"] and "had not ended" not in after["note"], after
     assert time.monotonic() - t0 < 60
 
 
