@@ -699,6 +699,20 @@ def _resolves_under(path: Path, root: Path) -> bool:
         return False
 
 
+def _busy(name: str, dir: Path, note: dict, then: str) -> str:
+    """Why stage ``name`` is not run: the live note ``note`` of manifest.json's pending. A note whose owner names no
+    process (hand-edited, or written by something else) is said as such, never as "nsa-run pid None" (round 50
+    U50b-1): its owner cannot be checked, so it counts as running."""
+    from nsa_runner._text import shown
+
+    owner = note.get("owner") if isinstance(note.get("owner"), dict) else {}
+    pid = owner.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        return f"stage {name} is already running in {dir} (nsa-run pid {pid}); {then}"
+    return (f"stage {name} is noted as running in {dir}/manifest.json's pending by an owner that names no process "
+            f"(owner {shown(str(note.get('owner')), 120)}); if no nsa-run is running there, remove that note")
+
+
 class HistoryNotOwn(ManifestError):
     """The run folder's ``history`` (or a folder in it a rerun moves from or to) is not a real folder
     of the run folder: a link (e.g. one a rerun's attempt made to a folder outside), or no folder.
@@ -1270,8 +1284,7 @@ class RunManifest:
             data = self._read_fresh()
             for p in data.get("pending", []):
                 if p.get("stage") == name and not _dead(p.get("owner") or {}, self.dir):
-                    raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
-                                       f"{(p.get('owner') or {}).get('pid')}); wait for it to finish")
+                    raise ManifestBusy(_busy(name, self.dir, p, "wait for it to finish"))
             old = next((s for s in data["stages"] if s.get("name") == name), None)
             pending = {"stage": name, "token": self.token, "owner": self._owner(), "since": now_iso()}
             problem = self._history_problem() if old is not None else None
@@ -1340,8 +1353,7 @@ class RunManifest:
                 if p.get("token") == self.token:
                     return
                 if not _dead(p.get("owner") or {}, self.dir):
-                    raise ManifestBusy(f"stage {name} is already running in {self.dir} (nsa-run pid "
-                                       f"{(p.get('owner') or {}).get('pid')}); not run again here")
+                    raise ManifestBusy(_busy(name, self.dir, p, "not run again here"))
             if any(s.get("name") == name for s in data.get("stages", [])):
                 recorded = True  # set aside below, under a lock of its own (the checks made again there)
                 return

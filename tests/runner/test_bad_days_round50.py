@@ -63,3 +63,24 @@ def test_a_rerun_sets_aside_recorded_names_swapped_for_links_out_never_writing_t
     (old,) = json.loads((run / "manifest.json").read_text())["history"]
     aside = run / old["moved_to"]
     assert os.readlink(aside / "a.txt") == str(shared) and os.readlink(aside / "d") == str(shared_dir)
+
+
+def test_a_pending_note_whose_owner_names_no_process_is_said_as_such(plugins, tmp_path):
+    """Round 50 U50b-1: a hand-edited pending note with no owner made ``stage`` refuse with "already running
+    (nsa-run pid None)", naming a run that does not exist. It still counts as running (its owner cannot be
+    checked), and is now said as a note that names no process, with what to do."""
+    plugins.make("r50-links", "r50_links", STAGE, {"rtl": "r50_links:L"})
+    out = tmp_path / "o"
+    env = plugins.env()
+    first = subprocess.run(cli_cmd("stage", "rtl", "--device", "cpu", "--out", out), env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    path = out / "testrun" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["pending"] = [{"stage": "rtl", "token": "handmade"}]
+    path.write_text(json.dumps(data))
+    r = subprocess.run(cli_cmd("stage", "rtl", "--device", "cpu", "--out", out), env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "pid None" not in r.stderr and "names no process" in r.stderr, r.stderr[-2000:]
+    assert "remove that note" in r.stderr and "Traceback" not in r.stderr
