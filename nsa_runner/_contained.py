@@ -89,9 +89,8 @@ def run_contained(argv: list[str], cwd: str, cap: int | None = None) -> tuple[in
     try:
         while True:
             ready = look.poll(_LOOK_S * 1000)
-            if ready and forward.take(fd) is False:  # the end of its output (every writer closed it): its end
-                proc.wait()
-                break
+            if ready and forward.take(fd) is False:  # the end of its output (every writer closed it): not its end
+                look.unregister(fd)  # (one that closed its output and hung is stopped at its time like any other)
             if forward.over:
                 why = (f"printed more than {_mib(cap)} of output (its share of the stage log's limit): stopped "
                        "there")

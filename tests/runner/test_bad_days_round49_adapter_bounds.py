@@ -59,10 +59,18 @@ if len(sys.argv) == 3 and sys.argv[1].endswith("job.json"):
                 os.write(1, b"tick %d\\n" % i)
                 i += 1
                 time.sleep(0.05)
-    elif NAME == "r49a" and HOW in ("hang", "stop"):  # never ends by itself
+    elif NAME == "r49a" and HOW in ("hang", "stop", "closehang"):  # never ends by itself
         if HOW == "stop":
             import signal
             os.kill(os.getpid(), signal.SIGSTOP)
+        if HOW == "closehang":  # every descriptor of its output closed first: the pipe's end is not its end
+            pipe = os.readlink("/proc/self/fd/1")
+            for n in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{n}") == pipe:
+                        os.close(int(n))
+                except OSError:
+                    pass
         time.sleep(10000)
     elif NAME == "r49a" and HOW == "hello":
         print("r49a: hello from its own process", flush=True)
@@ -161,7 +169,7 @@ def test_a_daemon_that_keeps_printing_ends_with_its_adapters_process(plugins, tm
     assert "tick 0" in log and log.index("tick 0") < log.index("# r49b: runs in a process of its own"), log[-2000:]
 
 
-@pytest.mark.parametrize("how", ["hang", "stop"])
+@pytest.mark.parametrize("how", ["hang", "stop", "closehang"])
 def test_an_adapter_that_never_ends_is_stopped_before_the_stages_timeout(plugins, tmp_path, how):
     """Round 49 U49a-1 / U49b-1: an adapter's process that hung (or stopped itself) took the whole stage to its
     TIMEOUT, nsa_core's rows lost, the adapter named only through the log's last progress line. It is now stopped a
